@@ -1,0 +1,182 @@
+package layout
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// The tables are a verbatim copy of ../shared/ruby-layouts/x86_64; a test
+// checks that the copy is identical to the shared files.
+//
+//go:embed tables/x86_64/*.json
+var tables embed.FS
+
+// tableFile is the on-disk schema of one table.
+type tableFile struct {
+	RubyVersion string `json:"ruby_version"`
+	Patchlevel  string `json:"patchlevel"`
+	Arch        string `json:"arch"`
+	Structs     map[string]struct {
+		Size   uint64 `json:"size"`
+		Align  uint64 `json:"align"`
+		Fields map[string]struct {
+			Offset   uint64    `json:"offset"`
+			Size     uint64    `json:"size"`
+			Type     string    `json:"type"`
+			Bitfield *Bitfield `json:"bitfield"`
+		} `json:"fields"`
+	} `json:"structs"`
+}
+
+// BuiltinVersions lists the releases that have a built-in table, as their
+// file names say ("1.9.3-p0", "3.1.2"), oldest first.
+func BuiltinVersions() []string {
+	ents, err := tables.ReadDir("tables/x86_64")
+	if err != nil {
+		return nil
+	}
+	var vs []string
+	for _, e := range ents {
+		vs = append(vs, strings.TrimSuffix(e.Name(), ".json"))
+	}
+	sort.Slice(vs, func(i, j int) bool { return CompareVersions(vs[i], vs[j]) < 0 })
+	return vs
+}
+
+// Builtin returns the built-in layout for Ruby version v ("3.1.2"). When the
+// tables lack that exact release it takes the nearest release of the same
+// minor series (the highest not above v, else the lowest above it) and says
+// so in Source: "builtin:3.1.7 (nearest to 3.1.9)". It fails when no release
+// of that minor series is known.
+func Builtin(v string) (*Layout, error) {
+	name, exact, err := nearest(v)
+	if err != nil {
+		return nil, err
+	}
+	l, err := loadTable(name)
+	if err != nil {
+		return nil, err
+	}
+	l.Source = "builtin:" + l.RubyVersion
+	if !exact {
+		l.Source += " (nearest to " + v + ")"
+	}
+	return l, nil
+}
+
+func loadTable(name string) (*Layout, error) {
+	data, err := tables.ReadFile(path.Join("tables/x86_64", name+".json"))
+	if err != nil {
+		return nil, fmt.Errorf("read built-in layout %s: %w", name, err)
+	}
+	var tf tableFile
+	if err := json.Unmarshal(data, &tf); err != nil {
+		return nil, fmt.Errorf("parse built-in layout %s: %w", name, err)
+	}
+	l := &Layout{RubyVersion: tf.RubyVersion, Arch: tf.Arch, Structs: map[string]Struct{}}
+	for sn, s := range tf.Structs {
+		st := Struct{Size: s.Size, Align: s.Align, Fields: map[string]Field{}}
+		for fn, f := range s.Fields {
+			st.Fields[fn] = Field{Offset: f.Offset, Size: f.Size, Type: f.Type, Bitfield: f.Bitfield}
+		}
+		l.Structs[sn] = st
+	}
+	return l, nil
+}
+
+// nearest picks the table for v: the exact release when present, else the
+// closest release of the same major.minor series.
+func nearest(v string) (name string, exact bool, err error) {
+	all := BuiltinVersions()
+	want := parseVersion(v)
+	if len(want) < 2 {
+		return "", false, fmt.Errorf("ruby version %q is not of the form X.Y.Z", v)
+	}
+	var below, above string
+	for _, n := range all {
+		base := strings.SplitN(n, "-", 2)[0]
+		if base == v || n == v {
+			// 1.9.x and 2.0.0 files carry a patchlevel; rbspy uses -p0 for all.
+			if name == "" || strings.HasSuffix(n, "-p0") {
+				name = n
+			}
+			continue
+		}
+		p := parseVersion(base)
+		if len(p) < 2 || p[0] != want[0] || p[1] != want[1] {
+			continue
+		}
+		if CompareVersions(base, v) < 0 {
+			below = n
+		} else if above == "" {
+			above = n
+		}
+	}
+	if name != "" {
+		return name, true, nil
+	}
+	if below != "" {
+		return below, false, nil
+	}
+	if above != "" {
+		return above, false, nil
+	}
+	return "", false, fmt.Errorf("no built-in layout for Ruby %s (known: %s to %s): "+
+		"give rbscope a Ruby binary with DWARF or its debug file", v, all[0], all[len(all)-1])
+}
+
+func parseVersion(v string) []int {
+	v = strings.SplitN(v, "-", 2)[0]
+	var out []int
+	for _, p := range strings.Split(v, ".") {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return out
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// CompareVersions compares two Ruby versions ("2.7.2", "1.9.3-p551") by
+// their numeric parts, then by patchlevel; it returns -1, 0 or 1.
+func CompareVersions(a, b string) int {
+	pa, pb := parseVersion(a), parseVersion(b)
+	for i := 0; i < len(pa) || i < len(pb); i++ {
+		var x, y int
+		if i < len(pa) {
+			x = pa[i]
+		}
+		if i < len(pb) {
+			y = pb[i]
+		}
+		if x != y {
+			if x < y {
+				return -1
+			}
+			return 1
+		}
+	}
+	la, lb := patchlevel(a), patchlevel(b)
+	switch {
+	case la < lb:
+		return -1
+	case la > lb:
+		return 1
+	}
+	return 0
+}
+
+func patchlevel(v string) int {
+	parts := strings.SplitN(v, "-p", 2)
+	if len(parts) != 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(parts[1])
+	return n
+}

@@ -1,0 +1,252 @@
+package target
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxIovecs is the kernel's limit on iovecs per process_vm_readv call.
+const maxIovecs = 1024
+
+type live struct {
+	pid int
+	exe string
+}
+
+// OpenLive opens the running process pid for reading. It checks that the
+// process exists and that its memory can be read.
+func OpenLive(pid int) (Target, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("invalid pid %d", pid)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+		return nil, ErrProcessExited{Pid: pid}
+	}
+	l := &live{pid: pid}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return nil, ErrPermission{Pid: pid, Op: "inspect", Err: err}
+		}
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, ErrProcessExited{Pid: pid}
+		}
+		return nil, fmt.Errorf("read executable of process %d: %w", pid, err)
+	}
+	l.exe = strings.TrimSuffix(exe, " (deleted)")
+	return l, nil
+}
+
+func (l *live) Pid() int           { return l.pid }
+func (l *live) Executable() string { return l.exe }
+func (l *live) Close() error       { return nil }
+
+func (l *live) ReadAt(p []byte, addr uint64) error {
+	if len(p) == 0 {
+		return nil
+	}
+	local := []unix.Iovec{{Base: &p[0]}}
+	local[0].SetLen(len(p))
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(p)}}
+	n, err := unix.ProcessVMReadv(l.pid, local, remote, 0)
+	if err != nil {
+		return l.readErr(err, addr, len(p))
+	}
+	if n != len(p) {
+		return ErrUnmapped{Addr: addr + uint64(n), Len: len(p) - n}
+	}
+	return nil
+}
+
+func (l *live) readErr(err error, addr uint64, n int) error {
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return ErrProcessExited{Pid: l.pid}
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return ErrPermission{Pid: l.pid, Op: "read memory of", Err: err}
+	case errors.Is(err, unix.EFAULT):
+		if !l.alive() {
+			return ErrProcessExited{Pid: l.pid}
+		}
+		return ErrUnmapped{Addr: addr, Len: n}
+	}
+	return fmt.Errorf("read %d bytes at 0x%x of process %d: %w", n, addr, l.pid, err)
+}
+
+func (l *live) alive() bool {
+	return unix.Kill(l.pid, 0) == nil || errors.Is(unix.Kill(l.pid, 0), unix.EPERM)
+}
+
+// ReadBatch reads all requests with as few process_vm_readv calls as
+// possible. process_vm_readv stops at the first failing remote iovec, so
+// on a partial result the remaining requests are retried one by one to
+// name the failing address.
+func (l *live) ReadBatch(reqs []Read) error {
+	for len(reqs) > 0 {
+		n := len(reqs)
+		if n > maxIovecs {
+			n = maxIovecs
+		}
+		chunk := reqs[:n]
+		reqs = reqs[n:]
+		local := make([]unix.Iovec, 0, n)
+		remote := make([]unix.RemoteIovec, 0, n)
+		total := 0
+		for i := range chunk {
+			if len(chunk[i].Buf) == 0 {
+				continue
+			}
+			iv := unix.Iovec{Base: &chunk[i].Buf[0]}
+			iv.SetLen(len(chunk[i].Buf))
+			local = append(local, iv)
+			remote = append(remote, unix.RemoteIovec{Base: uintptr(chunk[i].Addr), Len: len(chunk[i].Buf)})
+			total += len(chunk[i].Buf)
+		}
+		if len(local) == 0 {
+			continue
+		}
+		got, err := unix.ProcessVMReadv(l.pid, local, remote, 0)
+		if err == nil && got == total {
+			continue
+		}
+		if err != nil && (errors.Is(err, unix.ESRCH) || errors.Is(err, unix.EPERM)) {
+			return l.readErr(err, chunk[0].Addr, len(chunk[0].Buf))
+		}
+		for i := range chunk {
+			if err := l.ReadAt(chunk[i].Buf, chunk[i].Addr); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *live) Mappings() ([]Mapping, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", l.pid))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, ErrProcessExited{Pid: l.pid}
+		}
+		return nil, fmt.Errorf("read mappings of process %d: %w", l.pid, err)
+	}
+	defer f.Close()
+	maps, err := ParseMaps(bufio.NewScanner(f))
+	if err != nil {
+		return nil, fmt.Errorf("read mappings of process %d: %w", l.pid, err)
+	}
+	if len(maps) == 0 && !l.alive() {
+		return nil, ErrProcessExited{Pid: l.pid}
+	}
+	return maps, nil
+}
+
+// ParseMaps parses the lines of a /proc/PID/maps file.
+func ParseMaps(sc *bufio.Scanner) ([]Mapping, error) {
+	var out []Mapping
+	for sc.Scan() {
+		line := sc.Text()
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			continue
+		}
+		rng := strings.SplitN(fields[0], "-", 2)
+		if len(rng) != 2 {
+			return nil, fmt.Errorf("bad maps line %q", line)
+		}
+		start, err1 := strconv.ParseUint(rng[0], 16, 64)
+		end, err2 := strconv.ParseUint(rng[1], 16, 64)
+		off, err3 := strconv.ParseUint(fields[2], 16, 64)
+		inode, err4 := strconv.ParseUint(fields[4], 10, 64)
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			return nil, fmt.Errorf("bad maps line %q: %w", line, err)
+		}
+		m := Mapping{Start: start, End: end, Offset: off, Perms: fields[1], Inode: inode}
+		if len(fields) >= 6 {
+			// Paths may contain spaces: take everything after the inode column.
+			idx := strings.Index(line, fields[5])
+			m.Path = strings.TrimSuffix(line[idx:], " (deleted)")
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
+}
+
+func (l *live) Threads() ([]Thread, error) {
+	dir := fmt.Sprintf("/proc/%d/task", l.pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, ErrProcessExited{Pid: l.pid}
+		}
+		return nil, fmt.Errorf("list threads of process %d: %w", l.pid, err)
+	}
+	var out []Thread
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		th := Thread{TID: tid}
+		if b, err := os.ReadFile(filepath.Join(dir, e.Name(), "comm")); err == nil {
+			th.Name = strings.TrimRight(string(b), "\n")
+		}
+		th.State = TaskState(l.pid, tid)
+		out = append(out, th)
+	}
+	return out, nil
+}
+
+// TaskState returns the kernel state letter of thread tid of pid from
+// /proc/PID/task/TID/stat ('R' running, 'S' sleeping, ...), 0 if unknown.
+func TaskState(pid, tid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
+	if err != nil {
+		return 0
+	}
+	// The command name is in parentheses and may contain spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
+}
+
+type osFile struct{ *os.File }
+
+func (f osFile) Size() int64 {
+	st, err := f.Stat()
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+func (l *live) OpenFile(path string) (File, error) {
+	// Through /proc/PID/root so that files in containers resolve.
+	p := filepath.Join(fmt.Sprintf("/proc/%d/root", l.pid), path)
+	f, err := os.Open(p)
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return nil, ErrPermission{Pid: l.pid, Op: "open files of", Err: err}
+		}
+		f, err = os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("open %s of process %d: %w", path, l.pid, err)
+		}
+	}
+	return osFile{f}, nil
+}
+
+// HostPath returns the path under which this host can open path of live
+// process pid (through /proc/PID/root).
+func HostPath(pid int, path string) string {
+	return filepath.Join(fmt.Sprintf("/proc/%d/root", pid), path)
+}
+

@@ -1,0 +1,108 @@
+// Package target gives read-only access to a process image: a live process
+// (memory through process_vm_readv, mappings and threads from /proc) or an
+// ELF core file (PT_LOAD segments, NT_FILE mapped files, NT_PRSTATUS
+// threads). Both sit behind the Target interface so that everything above
+// this package works the same on either.
+//
+// This is the only package that calls golang.org/x/sys/unix for process
+// access.
+package target
+
+import (
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Mapping is one memory mapping of the target.
+type Mapping struct {
+	Start, End uint64 // [Start, End)
+	Offset     uint64 // file offset of Start
+	Perms      string // "r-xp" as in /proc/PID/maps ("r--p" style for cores)
+	Path       string // mapped file, or "" / "[heap]" style names
+	Inode      uint64
+}
+
+// Contains reports whether addr lies in the mapping.
+func (m Mapping) Contains(addr uint64) bool { return addr >= m.Start && addr < m.End }
+
+// Thread is one OS thread of the target.
+type Thread struct {
+	TID  int    // Linux thread id, as in /proc/PID/task
+	Name string // /proc/PID/task/TID/comm, or the core's prpsinfo name
+	// State is the kernel's one-letter state ('R', 'S', 'D', ...) for live
+	// processes, 0 when unknown.
+	State byte
+}
+
+// Read is one request of a batched read: fill Buf from Addr.
+type Read struct {
+	Addr uint64
+	Buf  []byte
+}
+
+// Target is a process image rbscope can read.
+type Target interface {
+	// Pid is the process id (for a core, the pid recorded in it).
+	Pid() int
+	// ReadAt fills p from address addr. A short read is an error.
+	ReadAt(p []byte, addr uint64) error
+	// ReadBatch performs several reads, in as few system calls as the
+	// backend allows. It fails if any read fails.
+	ReadBatch(reqs []Read) error
+	// Mappings lists the memory mappings.
+	Mappings() ([]Mapping, error)
+	// Threads lists the OS threads.
+	Threads() ([]Thread, error)
+	// Executable is the path of the main executable (as the target saw it).
+	Executable() string
+	// OpenFile opens a file the target mapped, as the target sees it
+	// (through /proc/PID/root for live processes).
+	OpenFile(path string) (File, error)
+	// Close releases the target's resources.
+	Close() error
+}
+
+// File is a mapped file opened for reading.
+type File interface {
+	io.ReaderAt
+	io.Closer
+	Size() int64
+}
+
+// ErrProcessExited is returned when the live process no longer exists.
+type ErrProcessExited struct{ Pid int }
+
+func (e ErrProcessExited) Error() string { return fmt.Sprintf("process %d has exited", e.Pid) }
+
+// ErrPermission is returned when the kernel refuses access to the process.
+type ErrPermission struct {
+	Pid int
+	Op  string
+	Err error
+}
+
+func (e ErrPermission) Error() string {
+	return fmt.Sprintf("%s process %d: %v: rbscope needs CAP_SYS_PTRACE "+
+		"(run as root, or add --cap-add=SYS_PTRACE in a container; check /proc/sys/kernel/yama/ptrace_scope)",
+		e.Op, e.Pid, e.Err)
+}
+
+func (e ErrPermission) Unwrap() error { return e.Err }
+
+// ErrUnmapped is returned for a read of an address the target does not map
+// (or, for a core file, whose bytes the core does not hold).
+type ErrUnmapped struct {
+	Addr uint64
+	Len  int
+}
+
+func (e ErrUnmapped) Error() string {
+	return fmt.Sprintf("address 0x%x (%d bytes) is not mapped", e.Addr, e.Len)
+}
+
+// IsExited reports whether err says the process exited.
+func IsExited(err error) bool {
+	var e ErrProcessExited
+	return errors.As(err, &e)
+}

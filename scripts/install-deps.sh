@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs everything rbscope's build, demo and tests need on Debian 12.
+# Idempotent: installs only what is missing. Needs root (or sudo).
+set -euo pipefail
+
+packages=(
+  ruby                 # the Ruby the tests profile (Debian: 3.1.2)
+  ruby-stackprof       # in-process CPU profiler: ground truth for proportions
+  ruby-memory-profiler # in-process allocation profiler: ground truth for alloc
+  gcc binutils         # C fixtures for DWARF tests, objcopy
+  pahole               # reference struct layouts for DWARF tests
+  valgrind             # callgrind_annotate reads our callgrind output
+  clang llvm           # regenerates the eBPF objects (bpf2go)
+  elfutils             # eu-readelf for note checks
+  procps psmisc        # ps, pkill in tests and scripts
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ -n "${EXTRA_PACKAGES:-}" ]; then
+  for p in $EXTRA_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "installing: ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  export PATH=$PATH:/usr/local/go/bin
+fi
+command -v go >/dev/null || { echo "Go 1.26+ is needed (https://go.dev/dl)" >&2; exit 1; }

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs rbscope's whole test suite (installing what it needs first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+export PATH=$PATH:/usr/local/go/bin
+go vet ./...
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then echo "gofmt needed: $unformatted" >&2; exit 1; fi
+go test -count=1 -timeout 40m ./... "$@"
