@@ -8,8 +8,14 @@ package ruby
 
 import (
 	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 
-	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/elfx"
+	"github.com/rbscope/rbscope/internal/layout"
 	"github.com/rbscope/rbscope/internal/target"
 )
 
@@ -19,41 +25,333 @@ type Options struct {
 	// "ruby_current_vm_ptr", "ruby_current_thread",
 	// "ruby_current_execution_context_ptr", "ruby_global_symbols".
 	Hints map[string]uint64
+	// Version overrides version detection ("3.1.2").
+	Version string
 	// NoSymbols ignores symbol tables and finds the VM by scanning memory.
 	NoSymbols bool
 	// DebugRoots are extra directories searched for separate debug files.
 	DebugRoots []string
 	// NoDWARF uses only the built-in layout tables.
 	NoDWARF bool
+	// Layout, when set, is used instead of looking one up.
+	Layout *layout.Layout
+}
+
+// ErrNotRuby is returned when the process does not look like Ruby.
+var ErrNotRuby = errors.New("not a Ruby process")
+
+// Binary describes one Ruby binary found in the target.
+type Binary struct {
+	Path      string `json:"path"`
+	Base      uint64 `json:"base"`
+	Bias      uint64 `json:"bias"`
+	BuildID   string `json:"build_id,omitempty"`
+	SymSource string `json:"symbol_source"` // "file .dynsym+.symtab", "memory .dynsym", "none"
+	HasSymtab bool   `json:"has_symtab"`
+}
+
+// Info says what Open found and how.
+type Info struct {
+	Version        string            `json:"ruby_version"`
+	VersionSource  string            `json:"version_source"`
+	Binaries       []Binary          `json:"binaries"`
+	Addresses      map[string]uint64 `json:"addresses"`
+	AddressSources map[string]string `json:"address_sources"`
+	LayoutSource   string            `json:"layout_source"`
 }
 
 // Process is a Ruby process whose VM has been located.
 type Process struct {
-	t target.Target
+	t    target.Target
+	r    *reader
+	opts Options
+
+	version string
+	ver     int
+	lay     *layout.Layout
+	o       offsets
+	info    Info
+
+	syms []symSource
+
+	vmAddr      uint64 // rb_vm_t* (0 before it is known)
+	vmPtrAddr   uint64 // &ruby_current_vm_ptr
+	ecPtrAddr   uint64 // &ruby_current_execution_context_ptr (2.5-2.7)
+	thPtrAddr   uint64 // &ruby_current_thread (< 2.5)
+	symbolsAddr uint64 // &ruby_global_symbols
+
+	caches
+}
+
+type symSource struct {
+	bin  Binary
+	syms elfx.Symbols
+}
+
+func v(major, minor, patch int) int { return major*10000 + minor*100 + patch }
+
+func parseVer(s string) int {
+	s = strings.SplitN(s, "-", 2)[0]
+	parts := strings.Split(s, ".")
+	if len(parts) < 3 {
+		return 0
+	}
+	var n [3]int
+	for i := 0; i < 3; i++ {
+		x, err := strconv.Atoi(parts[i])
+		if err != nil {
+			return 0
+		}
+		n[i] = x
+	}
+	return v(n[0], n[1], n[2])
 }
 
 // Open locates the Ruby VM in t.
 func Open(t target.Target, opts Options) (*Process, error) {
-	return nil, errors.New("ruby: not implemented yet")
-}
-
-// Snapshot returns every Ruby thread's stack, innermost frame first.
-func (p *Process) Snapshot() ([]stack.Thread, error) {
-	return nil, errors.New("ruby: not implemented yet")
+	p := &Process{t: t, r: &reader{t: t}, opts: opts}
+	p.info.Addresses = map[string]uint64{}
+	p.info.AddressSources = map[string]string{}
+	p.caches.init()
+	if err := p.findBinaries(); err != nil {
+		return nil, err
+	}
+	if err := p.detectVersion(); err != nil {
+		return nil, err
+	}
+	if err := p.loadLayout(); err != nil {
+		return nil, err
+	}
+	if err := p.locate(); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Version is the Ruby version ("3.1.2").
-func (p *Process) Version() string { return "" }
+func (p *Process) Version() string { return p.version }
 
-// LayoutSource says where struct offsets came from: "dwarf:<file>",
-// "builtin:<version>" or "builtin:<version> (nearest to <actual>)".
-func (p *Process) LayoutSource() string { return "" }
+// LayoutSource says where struct offsets came from.
+func (p *Process) LayoutSource() string { return p.lay.Source }
+
+// Layout returns the struct layout in use.
+func (p *Process) Layout() *layout.Layout { return p.lay }
 
 // Target returns the process image.
 func (p *Process) Target() target.Target { return p.t }
 
-// ClassName returns the qualified name of the class or module at address
-// klass ("Outer::Inner"), read from memory.
-func (p *Process) ClassName(klass uint64) (string, error) {
-	return "", errors.New("ruby: not implemented yet")
+// Info says what Open found and how.
+func (p *Process) Info() Info { return p.info }
+
+var rubyLibRe = regexp.MustCompile(`(^|/)libruby[-.]`)
+
+// findBinaries finds libruby and the ruby executable among the mappings
+// and reads their symbols, from the files when they can be opened and
+// from the images in memory otherwise.
+func (p *Process) findBinaries() error {
+	maps, err := p.t.Mappings()
+	if err != nil {
+		return fmt.Errorf("read mappings: %w", err)
+	}
+	var paths []string
+	seen := map[string]bool{}
+	for _, m := range maps {
+		if m.Path != "" && rubyLibRe.MatchString(m.Path) && !seen[m.Path] {
+			seen[m.Path] = true
+			paths = append(paths, m.Path)
+		}
+	}
+	if exe := p.t.Executable(); exe != "" && !seen[exe] {
+		seen[exe] = true
+		paths = append(paths, exe)
+	}
+	for _, path := range paths {
+		base, off, ok := firstMapping(maps, path)
+		if !ok {
+			continue
+		}
+		bin := Binary{Path: path, Base: base}
+		var syms elfx.Symbols
+		if f, err := p.t.OpenFile(path); err == nil {
+			eb, err := elfx.Open(f)
+			if err == nil {
+				bin.Bias = eb.LoadBias(base, off)
+				bin.BuildID = eb.BuildID
+				bin.HasSymtab = eb.HasSymtab
+				bin.SymSource = "file .dynsym"
+				if eb.HasSymtab {
+					bin.SymSource = "file .dynsym+.symtab"
+				}
+				syms = biased{eb.Symbols, bin.Bias}
+			}
+			f.Close()
+		}
+		if syms == nil && off == 0 {
+			if img, err := readMemoryImage(p.t, base); err == nil {
+				bin.Bias = img.bias
+				bin.BuildID = img.buildID
+				bin.SymSource = "memory .dynsym"
+				syms = img.syms
+			}
+		}
+		if syms == nil {
+			bin.SymSource = "none"
+		}
+		p.info.Binaries = append(p.info.Binaries, bin)
+		if syms != nil {
+			p.syms = append(p.syms, symSource{bin: bin, syms: syms})
+		}
+	}
+	return nil
+}
+
+func firstMapping(maps []target.Mapping, path string) (start, off uint64, ok bool) {
+	for _, m := range maps {
+		if m.Path == path {
+			if !ok || m.Offset < off {
+				start, off, ok = m.Start, m.Offset, true
+			}
+			if m.Offset == 0 {
+				return m.Start, 0, true
+			}
+		}
+	}
+	return start, off, ok
+}
+
+// biased adds a load bias to link-time symbol values.
+type biased struct {
+	t    elfx.Symbols
+	bias uint64
+}
+
+func (b biased) Lookup(name string) (elfx.Symbol, bool) {
+	s, ok := b.t.Lookup(name)
+	if ok && !s.TLS {
+		s.Value += b.bias
+	}
+	return s, ok
+}
+
+// symbol returns the run-time address of a data symbol, from the hints or
+// the symbol tables.
+func (p *Process) symbol(name string) (uint64, bool) {
+	if a, ok := p.opts.Hints[name]; ok && a != 0 {
+		p.note(name, a, "hint")
+		return a, true
+	}
+	if p.opts.NoSymbols {
+		return 0, false
+	}
+	for _, s := range p.syms {
+		if sym, ok := s.syms.Lookup(name); ok && sym.Value != 0 && !sym.TLS {
+			p.note(name, sym.Value, "symbol in "+filepath.Base(s.bin.Path))
+			return sym.Value, true
+		}
+	}
+	return 0, false
+}
+
+func (p *Process) note(name string, addr uint64, src string) {
+	p.info.Addresses[name] = addr
+	p.info.AddressSources[name] = src
+}
+
+var versionRe = regexp.MustCompile(`ruby (\d+\.\d+\.\d+)(?:p\d+|dev|preview\d+|rc\d+)? \(`)
+var libVersionRe = regexp.MustCompile(`libruby[-.](?:so\.)?(\d+\.\d+\.\d+)`)
+
+func (p *Process) detectVersion() error {
+	if p.opts.Version != "" {
+		p.setVersion(p.opts.Version, "option")
+		return nil
+	}
+	if a, ok := p.symbol("ruby_version"); ok {
+		if s, err := p.r.cString(a, 32); err == nil && parseVer(s) != 0 {
+			p.setVersion(s, "ruby_version symbol")
+			return nil
+		}
+	}
+	if a, ok := p.symbol("ruby_description"); ok {
+		if s, err := p.r.cString(a, 256); err == nil {
+			if m := versionRe.FindStringSubmatch(s + " ("); m != nil {
+				p.setVersion(m[1], "ruby_description symbol")
+				return nil
+			}
+		}
+	}
+	// Stripped: look for the description string in the binaries' files.
+	for _, b := range p.info.Binaries {
+		if s := p.scanFileForVersion(b.Path); s != "" {
+			p.setVersion(s, "description string in "+filepath.Base(b.Path))
+			return nil
+		}
+		if m := libVersionRe.FindStringSubmatch(b.Path); m != nil {
+			p.setVersion(m[1], "file name "+filepath.Base(b.Path))
+			return nil
+		}
+	}
+	if len(p.info.Binaries) == 0 {
+		return fmt.Errorf("%w: no ruby executable or libruby is mapped (executable %s)", ErrNotRuby, p.t.Executable())
+	}
+	return fmt.Errorf("%w: cannot tell the Ruby version of %s (no ruby_version symbol or description string); pass --ruby-version",
+		ErrNotRuby, p.t.Executable())
+}
+
+func (p *Process) setVersion(s, src string) {
+	p.version = strings.TrimSpace(s)
+	p.ver = parseVer(p.version)
+	p.info.Version = p.version
+	p.info.VersionSource = src
+}
+
+// scanFileForVersion searches a binary for Ruby's description string
+// ("ruby 3.1.2p20 (2022-04-12 ...") in bounded chunks.
+func (p *Process) scanFileForVersion(path string) string {
+	f, err := p.t.OpenFile(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const chunk = 1 << 20
+	const maxScan = 256 << 20
+	buf := make([]byte, chunk+64)
+	for off := int64(0); off < maxScan && off < f.Size(); off += chunk {
+		n, _ := f.ReadAt(buf, off)
+		if n <= 0 {
+			break
+		}
+		if m := versionRe.FindSubmatch(buf[:n]); m != nil {
+			return string(m[1])
+		}
+	}
+	return ""
+}
+
+func (p *Process) loadLayout() error {
+	if p.opts.Layout != nil {
+		p.lay = p.opts.Layout
+	} else {
+		l, err := resolveLayout(p)
+		if err != nil {
+			return err
+		}
+		p.lay = l
+	}
+	p.info.LayoutSource = p.lay.Source
+	o, err := resolveOffsets(p.lay)
+	if err != nil {
+		return err
+	}
+	p.o = o
+	return nil
+}
+
+// resolveLayout finds the layout for the process: DWARF when available
+// (see layoutResolver), else the built-in table.
+var resolveLayout = func(p *Process) (*layout.Layout, error) {
+	l, err := layout.Builtin(p.version)
+	if err != nil {
+		return nil, fmt.Errorf("choose struct layout: %w", err)
+	}
+	return l, nil
 }

@@ -1,0 +1,157 @@
+package ruby
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+)
+
+// Succinct index table constants (iseq.c, Ruby 2.6+).
+const (
+	succImmediateSize = 54 // IMMEDIATE_TABLE_SIZE
+	succPartOffset    = 48 // imm_part is 54/9 = 6 uint64s
+	succBlockSize     = 80 // {uint32 rank; uint64 small_block_ranks; uint64 bits[8]}
+	maxLineTable      = 1 << 20
+)
+
+// lineFor returns the line being executed at pc in the iseq.
+func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
+	if pc < info.encoded {
+		return 0, invalidf("pc 0x%x before iseq code 0x%x", pc, info.encoded)
+	}
+	pos := (pc - info.encoded) / 8
+	if l, ok := info.lines[pos]; ok {
+		return l, nil
+	}
+	// The pc points at the next instruction; Ruby uses pos-1.
+	lookup := pos
+	if lookup > 0 {
+		lookup--
+	}
+	var line int
+	var err error
+	switch {
+	case p.o.bSuccTable.ok:
+		line, err = p.lineSucc(info, lookup)
+	case p.ver >= v(2, 0, 0) || p.o.insnPos.ok:
+		line, err = p.linePositions(info, lookup)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if len(info.lines) < 4096 {
+		info.lines[pos] = line
+	}
+	return line, nil
+}
+
+// lineSucc looks pos up in the succinct bit vector of Ruby 2.6+.
+func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
+	size := info.tableSize
+	if size == 0 || info.tableAddr == 0 {
+		return 0, invalidf("iseq has no line table")
+	}
+	if size > maxLineTable {
+		return 0, invalidf("iseq line table of %d entries", size)
+	}
+	entry := func(i uint64) (int, error) {
+		if i >= size {
+			return 0, invalidf("line index %d outside table of %d", i, size)
+		}
+		b, err := p.r.read(info.tableAddr+i*p.o.insnSize+p.o.insnLine.off, 4)
+		if err != nil {
+			return 0, fmt.Errorf("read line entry: %w", err)
+		}
+		return int(int32(binary.LittleEndian.Uint32(b))), nil
+	}
+	if size == 1 {
+		return entry(0)
+	}
+	if info.succTable == 0 {
+		// Positions not yet encoded (an iseq being compiled): search them.
+		if info.positions != 0 {
+			return p.linePositionsArray(info, pos, entry)
+		}
+		return 0, invalidf("iseq has neither succinct table nor positions")
+	}
+	var idx uint64
+	if pos < succImmediateSize {
+		v, err := p.r.u64(info.succTable + (pos/9)*8)
+		if err != nil {
+			return 0, fmt.Errorf("read line index: %w", err)
+		}
+		idx = (v >> ((pos % 9) * 7)) & 0x7f
+	} else {
+		x := pos - succImmediateSize
+		block := info.succTable + succPartOffset + (x/512)*succBlockSize
+		b, err := p.r.read(block, succBlockSize)
+		if err != nil {
+			return 0, fmt.Errorf("read line index block: %w", err)
+		}
+		rank := uint64(binary.LittleEndian.Uint32(b[0:]))
+		small := binary.LittleEndian.Uint64(b[8:])
+		bitIdx := x % 512
+		smallIdx := bitIdx / 64
+		var smallRank uint64
+		if smallIdx > 0 {
+			smallRank = (small >> ((smallIdx - 1) * 9)) & 0x1ff
+		}
+		word := binary.LittleEndian.Uint64(b[16+smallIdx*8:])
+		pop := uint64(bits.OnesCount64(word << (63 - bitIdx%64)))
+		idx = rank + smallRank + pop
+	}
+	if idx == 0 {
+		return 0, invalidf("line index 0 for position %d", pos)
+	}
+	return entry(idx - 1)
+}
+
+// linePositionsArray searches the positions array (2.6+, before encoding).
+func (p *Process) linePositionsArray(info *iseqInfo, pos uint64, entry func(uint64) (int, error)) (int, error) {
+	n := info.tableSize
+	data, err := p.r.readOwned(info.positions, int(n*4))
+	if err != nil {
+		return 0, fmt.Errorf("read line positions: %w", err)
+	}
+	best := uint64(0)
+	for i := uint64(0); i < n; i++ {
+		if uint64(binary.LittleEndian.Uint32(data[i*4:])) <= pos {
+			best = i
+		} else {
+			break
+		}
+	}
+	return entry(best)
+}
+
+// linePositions searches a table of {position, line_no, ...} entries
+// (1.9 to 2.5): the last entry whose position is at or before pos.
+func (p *Process) linePositions(info *iseqInfo, pos uint64) (int, error) {
+	n := info.tableSize
+	if n == 0 || info.tableAddr == 0 {
+		return 0, invalidf("iseq has no line table")
+	}
+	if n > maxLineTable {
+		return 0, invalidf("iseq line table of %d entries", n)
+	}
+	esize, posF, lineF := p.o.insnSize, p.o.insnPos, p.o.insnLine
+	if p.o.lineSize != 0 && (p.o.bLineInfoTable.ok) {
+		esize, posF, lineF = p.o.lineSize, p.o.linePos, p.o.lineLine
+	}
+	data, err := p.r.readOwned(info.tableAddr, int(n*esize))
+	if err != nil {
+		return 0, fmt.Errorf("read line table: %w", err)
+	}
+	line := 0
+	for i := uint64(0); i < n; i++ {
+		e := data[i*esize : (i+1)*esize]
+		if posF.u64(e) > pos {
+			if i == 0 {
+				line = int(int32(lineF.u64(e)))
+			}
+			break
+		}
+		line = int(int32(lineF.u64(e)))
+	}
+	return line, nil
+}

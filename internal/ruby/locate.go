@@ -1,0 +1,426 @@
+package ruby
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// locate finds the VM (3.x, 2.2+) or the current thread (older) and the
+// global symbol table, from symbols first and by scanning memory when the
+// binaries are stripped.
+func (p *Process) locate() error {
+	switch {
+	case p.ver >= v(3, 0, 0):
+		if a, ok := p.symbol("ruby_current_vm_ptr"); ok {
+			p.vmPtrAddr = a
+		}
+	case p.ver >= v(2, 5, 0):
+		if a, ok := p.symbol("ruby_current_execution_context_ptr"); ok {
+			p.ecPtrAddr = a
+		} else if a, ok := p.opts.Hints["ruby_current_thread"]; ok {
+			// rbspy's manifests name the EC pointer "current thread".
+			p.ecPtrAddr = a
+			p.note("ruby_current_execution_context_ptr", a, "hint")
+		}
+		if a, ok := p.symbol("ruby_current_vm_ptr"); ok {
+			p.vmPtrAddr = a
+		}
+	default:
+		if a, ok := p.symbol("ruby_current_thread"); ok {
+			p.thPtrAddr = a
+		}
+		if a, ok := p.symbol("ruby_current_vm"); ok {
+			p.vmPtrAddr = a
+		}
+	}
+	if p.vmPtrAddr == 0 && p.ecPtrAddr == 0 && p.thPtrAddr == 0 {
+		if err := p.scanForVM(); err != nil {
+			return err
+		}
+	}
+	if err := p.checkVM(); err != nil {
+		return err
+	}
+	if a, ok := p.symbol("ruby_global_symbols"); ok {
+		p.symbolsAddr = a
+	} else if a, ok := p.symbol("global_symbols"); ok {
+		p.symbolsAddr = a
+	}
+	// The global symbol table is needed only for C-function names; a
+	// failure to find it is reported per frame, not here.
+	return nil
+}
+
+// checkVM verifies that the located VM or thread has a plausible shape, so
+// that a wrong layout or address gives a clear error instead of garbage.
+func (p *Process) checkVM() error {
+	ths, err := p.threadList()
+	if err != nil {
+		return fmt.Errorf("read Ruby threads (layout %s): %w", p.lay.Source, err)
+	}
+	if len(ths) == 0 {
+		return fmt.Errorf("%w: the Ruby VM has no threads (layout %s)", ErrInvalid, p.lay.Source)
+	}
+	return nil
+}
+
+// currentVM reads the VM pointer.
+func (p *Process) currentVM() (uint64, error) {
+	if p.vmAddr != 0 {
+		return p.vmAddr, nil
+	}
+	if p.vmPtrAddr != 0 {
+		vm, err := p.r.u64(p.vmPtrAddr)
+		if err != nil {
+			return 0, fmt.Errorf("read ruby_current_vm_ptr: %w", err)
+		}
+		if !isHeapPtr(vm) {
+			return 0, fmt.Errorf("%w: ruby_current_vm_ptr is 0x%x (the VM is not initialised yet?)", ErrInvalid, vm)
+		}
+		p.vmAddr = vm
+		return vm, nil
+	}
+	// From the current thread / EC.
+	th, err := p.currentThread()
+	if err != nil {
+		return 0, err
+	}
+	if !p.o.thVM.ok {
+		return 0, errors.New("layout has no rb_thread_struct.vm")
+	}
+	vm, err := p.r.u64(th + p.o.thVM.off)
+	if err != nil {
+		return 0, fmt.Errorf("read thread's VM: %w", err)
+	}
+	if !isHeapPtr(vm) {
+		return 0, invalidf("thread 0x%x has VM pointer 0x%x", th, vm)
+	}
+	p.vmAddr = vm
+	return vm, nil
+}
+
+// currentThread returns the rb_thread_t running (holding the GVL) for
+// Rubies that export it (before 3.0).
+func (p *Process) currentThread() (uint64, error) {
+	switch {
+	case p.ecPtrAddr != 0:
+		ec, err := p.r.u64(p.ecPtrAddr)
+		if err != nil {
+			return 0, fmt.Errorf("read current execution context: %w", err)
+		}
+		if !isHeapPtr(ec) {
+			return 0, invalidf("current execution context is 0x%x", ec)
+		}
+		f, err := p.lay.Field("rb_execution_context_struct", "thread_ptr")
+		if err != nil {
+			return 0, err
+		}
+		th, err := p.r.u64(ec + f.Offset)
+		if err != nil {
+			return 0, fmt.Errorf("read EC's thread: %w", err)
+		}
+		return th, nil
+	case p.thPtrAddr != 0:
+		th, err := p.r.u64(p.thPtrAddr)
+		if err != nil {
+			return 0, fmt.Errorf("read ruby_current_thread: %w", err)
+		}
+		if !isHeapPtr(th) {
+			return 0, invalidf("ruby_current_thread is 0x%x", th)
+		}
+		return th, nil
+	}
+	return 0, errors.New("no current thread pointer known")
+}
+
+// threadRef is one Ruby thread found in the VM.
+type threadRef struct {
+	addr   uint64
+	main   bool
+	gvl    bool
+	ractor uint64
+}
+
+const maxListLen = 100000
+
+// walkList follows a ccan list_head at head, calling fn with each node's
+// address; it stops at head, on a cycle bound or on a read error.
+func (p *Process) walkList(head uint64, fn func(node uint64) error) error {
+	node, err := p.r.u64(head)
+	if err != nil {
+		return fmt.Errorf("read list head at 0x%x: %w", head, err)
+	}
+	for i := 0; node != head; i++ {
+		if i >= maxListLen || !isHeapPtr(node) {
+			return invalidf("list at 0x%x is broken at node 0x%x", head, node)
+		}
+		if err := fn(node); err != nil {
+			return err
+		}
+		next, err := p.r.u64(node)
+		if err != nil {
+			return fmt.Errorf("read list node at 0x%x: %w", node, err)
+		}
+		node = next
+	}
+	return nil
+}
+
+// threadList lists the VM's Ruby threads (the source of truth, re-read on
+// every snapshot).
+func (p *Process) threadList() ([]threadRef, error) {
+	o := &p.o
+	switch {
+	case p.ver >= v(3, 0, 0):
+		vm, err := p.currentVM()
+		if err != nil {
+			return nil, err
+		}
+		var ractors []uint64
+		if o.vmRactorSet.ok && o.ractorVMLRNode.ok {
+			err = p.walkList(vm+o.vmRactorSet.off, func(node uint64) error {
+				ractors = append(ractors, node-o.ractorVMLRNode.off)
+				return nil
+			})
+		}
+		if len(ractors) == 0 || err != nil {
+			mr, err2 := p.r.u64(vm + o.vmMainRactor.off)
+			if err2 != nil {
+				return nil, fmt.Errorf("read main ractor: %w", err2)
+			}
+			if !isHeapPtr(mr) {
+				return nil, invalidf("main ractor pointer 0x%x", mr)
+			}
+			ractors = []uint64{mr}
+		}
+		var out []threadRef
+		for _, ra := range ractors {
+			b, err := p.r.readOwned(ra, int(o.ractorSize))
+			if err != nil {
+				return nil, fmt.Errorf("read ractor at 0x%x: %w", ra, err)
+			}
+			mainTh := o.ractorThreadsMain.u64(b)
+			runEC := o.ractorRunningEC.u64(b)
+			err = p.walkList(ra+o.ractorThreadsSet.off, func(node uint64) error {
+				th := node - o.thLTNode.off
+				ref := threadRef{addr: th, main: th == mainTh, ractor: ra}
+				if runEC != 0 && o.thEC.ok {
+					ec, err := p.r.u64(th + o.thEC.off)
+					if err == nil && ec == runEC {
+						ref.gvl = true
+					}
+				}
+				out = append(out, ref)
+				return nil
+			})
+			if err != nil {
+				return nil, fmt.Errorf("list threads of ractor 0x%x: %w", ra, err)
+			}
+		}
+		return out, nil
+	case p.ver >= v(2, 2, 0):
+		vm, err := p.currentVM()
+		if err != nil {
+			return nil, err
+		}
+		cur, _ := p.currentThread()
+		b, err := p.r.readOwned(vm, int(o.vmSize))
+		if err != nil {
+			return nil, fmt.Errorf("read VM: %w", err)
+		}
+		mainTh := o.vmMainThread.u64(b)
+		var out []threadRef
+		err = p.walkList(vm+o.vmLivingThreads.off, func(node uint64) error {
+			th := node - o.thVMLTNode.off
+			out = append(out, threadRef{addr: th, main: th == mainTh, gvl: th == cur})
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list living threads: %w", err)
+		}
+		return out, nil
+	default:
+		// Ruby < 2.2 keeps threads in an st_table; report the running one.
+		cur, err := p.currentThread()
+		if err != nil {
+			return nil, err
+		}
+		return []threadRef{{addr: cur, main: true, gvl: true}}, nil
+	}
+}
+
+// scanForVM finds the VM (or the current EC/thread pointer) without
+// symbols: it scans the writable data of the Ruby binaries for a pointer
+// whose target passes structural checks, as rbspy does for stripped
+// binaries.
+func (p *Process) scanForVM() error {
+	maps, err := p.t.Mappings()
+	if err != nil {
+		return fmt.Errorf("read mappings: %w", err)
+	}
+	regions := dataRegions(maps, p.info.Binaries)
+	if len(regions) == 0 {
+		return fmt.Errorf("%w: no data segment of a Ruby binary to search", ErrNotRuby)
+	}
+	heap := readableRanges(maps)
+	for _, rg := range regions {
+		size := rg.End - rg.Start
+		if size > 64<<20 {
+			continue
+		}
+		data := make([]byte, size)
+		if err := p.t.ReadAt(data, rg.Start); err != nil {
+			continue
+		}
+		for off := uint64(0); off+8 <= size; off += 8 {
+			val := binary.LittleEndian.Uint64(data[off:])
+			if !isHeapPtr(val) || !inRanges(heap, val) {
+				continue
+			}
+			addr := rg.Start + off
+			if p.tryCandidate(addr) {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%w: no symbol for the Ruby VM and no plausible VM pointer in the data of %s",
+		ErrNotRuby, binaryNames(p.info.Binaries))
+}
+
+// tryCandidate checks whether addr holds the VM pointer (3.x), the EC
+// pointer (2.5-2.7) or the current thread pointer (older).
+func (p *Process) tryCandidate(addr uint64) bool {
+	save := *p
+	ok := false
+	switch {
+	case p.ver >= v(3, 0, 0):
+		p.vmPtrAddr = addr
+		ok = p.plausibleVM3()
+	case p.ver >= v(2, 5, 0):
+		p.ecPtrAddr = addr
+		ok = p.plausibleThread()
+	default:
+		p.thPtrAddr = addr
+		ok = p.plausibleThread()
+	}
+	if ok {
+		name := map[bool]string{true: "ruby_current_vm_ptr", false: "ruby_current_thread"}[p.ver >= v(3, 0, 0)]
+		if p.ecPtrAddr != 0 {
+			name = "ruby_current_execution_context_ptr"
+		}
+		p.note(name, addr, "memory scan")
+		return true
+	}
+	caches := p.caches
+	*p = save
+	p.caches = caches
+	return false
+}
+
+// plausibleVM3: vm.ractor.main_ractor -> ractor whose main thread points
+// back to the VM and the ractor.
+func (p *Process) plausibleVM3() bool {
+	o := &p.o
+	vm, err := p.r.u64(p.vmPtrAddr)
+	if err != nil || !isHeapPtr(vm) {
+		return false
+	}
+	mr, err := p.r.u64(vm + o.vmMainRactor.off)
+	if err != nil || !isHeapPtr(mr) {
+		return false
+	}
+	mainTh, err := p.r.u64(mr + o.ractorThreadsMain.off)
+	if err != nil || !isHeapPtr(mainTh) {
+		return false
+	}
+	thVM, err := p.r.u64(mainTh + o.thVM.off)
+	if err != nil || thVM != vm {
+		return false
+	}
+	if f, err := p.lay.Field("rb_thread_struct", "ractor"); err == nil {
+		r, err := p.r.u64(mainTh + f.Offset)
+		if err != nil || r != mr {
+			return false
+		}
+	}
+	p.vmAddr = 0
+	return true
+}
+
+// plausibleThread: the current thread's VM points to a VM whose main
+// thread's VM is the same VM.
+func (p *Process) plausibleThread() bool {
+	th, err := p.currentThread()
+	if err != nil || !isHeapPtr(th) {
+		return false
+	}
+	vm, err := p.r.u64(th + p.o.thVM.off)
+	if err != nil || !isHeapPtr(vm) {
+		return false
+	}
+	if p.o.vmMainThread.ok {
+		mt, err := p.r.u64(vm + p.o.vmMainThread.off)
+		if err != nil || !isHeapPtr(mt) {
+			return false
+		}
+		mvm, err := p.r.u64(mt + p.o.thVM.off)
+		if err != nil || mvm != vm {
+			return false
+		}
+	}
+	p.vmAddr = 0
+	return true
+}
+
+type addrRange struct{ Start, End uint64 }
+
+// dataRegions returns the writable mappings of the Ruby binaries and the
+// anonymous mapping right after each (.bss).
+func dataRegions(maps []target.Mapping, bins []Binary) []addrRange {
+	var out []addrRange
+	for i, m := range maps {
+		isRuby := false
+		for _, b := range bins {
+			if m.Path == b.Path {
+				isRuby = true
+			}
+		}
+		if !isRuby || !strings.Contains(m.Perms, "w") {
+			continue
+		}
+		out = append(out, addrRange{m.Start, m.End})
+		if i+1 < len(maps) && maps[i+1].Path == "" && maps[i+1].Start == m.End {
+			out = append(out, addrRange{maps[i+1].Start, maps[i+1].End})
+		}
+	}
+	return out
+}
+
+func readableRanges(maps []target.Mapping) []addrRange {
+	var out []addrRange
+	for _, m := range maps {
+		if strings.HasPrefix(m.Perms, "r") || m.Perms == "" {
+			out = append(out, addrRange{m.Start, m.End})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Start < out[j].Start })
+	return out
+}
+
+func inRanges(rs []addrRange, a uint64) bool {
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].End > a })
+	return i < len(rs) && rs[i].Start <= a
+}
+
+func binaryNames(bins []Binary) string {
+	var names []string
+	for _, b := range bins {
+		names = append(names, b.Path)
+	}
+	return strings.Join(names, ", ")
+}

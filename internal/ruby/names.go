@@ -1,0 +1,337 @@
+package ruby
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// The global symbol table (rb_symbols_t, symbol.c) is in no layout table;
+// from Ruby's own symbol.c, 2.2 to 4.0 all keep `ids` (an Array of
+// 512-entry chunks of [String, Symbol] pairs) at offset 16, after an
+// 8-byte-aligned last_id/next_id.
+const (
+	symbolsLastID = 0
+	symbolsIDs    = 16
+	idEntryUnit   = 512
+	idScopeShift  = 4
+	maxOpID       = 0xff // tLAST_OP_ID is below this in every version
+)
+
+type caches struct {
+	iseqCache   map[uint64]*iseqInfo
+	pathCache   map[uint64]string
+	ownerCache  map[uint64]string
+	cfuncCache  map[uint64]string
+	classCache  map[uint64]className
+	idCache     map[uint64]string
+	epBuf       []byte
+	symScanDone bool
+	classpathSerial,
+	attachedSerial uint64
+	serialsDone bool
+}
+
+type className struct {
+	name      string
+	singleton bool
+}
+
+func (c *caches) init() {
+	c.iseqCache = map[uint64]*iseqInfo{}
+	c.pathCache = map[uint64]string{}
+	c.ownerCache = map[uint64]string{}
+	c.cfuncCache = map[uint64]string{}
+	c.classCache = map[uint64]className{}
+	c.idCache = map[uint64]string{}
+	c.epBuf = make([]byte, 0, 24)
+}
+
+// errNoSymbols reports that the global symbol table was not found.
+var errNoSymbols = errors.New("global symbol table not found")
+
+// id2str returns the name of method id id, as rb_id2str does.
+func (p *Process) id2str(id uint64) (string, error) {
+	if s, ok := p.idCache[id]; ok {
+		return s, nil
+	}
+	if p.ver < v(2, 2, 0) {
+		return "", fmt.Errorf("method names of Ruby %s: %w", p.version, errNoSymbols)
+	}
+	if p.symbolsAddr == 0 && !p.symScanDone {
+		p.symScanDone = true
+		p.scanForSymbols()
+	}
+	if p.symbolsAddr == 0 {
+		return "", errNoSymbols
+	}
+	serial := id
+	if id > maxOpID {
+		serial = id >> idScopeShift
+	}
+	s, err := p.serialString(serial)
+	if err != nil {
+		return "", err
+	}
+	if len(p.idCache) > 100000 {
+		p.idCache = map[uint64]string{}
+	}
+	p.idCache[id] = s
+	return s, nil
+}
+
+// serialString reads the String registered for a symbol serial.
+func (p *Process) serialString(serial uint64) (string, error) {
+	last, err := p.r.u32(p.symbolsAddr + symbolsLastID)
+	if err != nil {
+		return "", fmt.Errorf("read symbol table: %w", err)
+	}
+	if serial == 0 || serial > uint64(last) {
+		return "", invalidf("symbol serial %d outside 1..%d", serial, last)
+	}
+	ids, err := p.r.u64(p.symbolsAddr + symbolsIDs)
+	if err != nil {
+		return "", fmt.Errorf("read symbol table: %w", err)
+	}
+	chunk, err := p.aryEntry(ids, serial/idEntryUnit)
+	if err != nil {
+		return "", fmt.Errorf("read symbol chunk: %w", err)
+	}
+	str, err := p.aryEntry(chunk, (serial%idEntryUnit)*2)
+	if err != nil {
+		return "", fmt.Errorf("read symbol entry: %w", err)
+	}
+	return p.rstring(str)
+}
+
+// scanForSymbols finds ruby_global_symbols in the Ruby binaries' data when
+// it is not exported: a struct whose last_id is plausible and whose ids
+// Array has one chunk per 512 serials, and where serial '+' names "+".
+func (p *Process) scanForSymbols() {
+	maps, err := p.t.Mappings()
+	if err != nil {
+		return
+	}
+	for _, rg := range dataRegions(maps, p.info.Binaries) {
+		size := rg.End - rg.Start
+		if size > 64<<20 {
+			continue
+		}
+		data := make([]byte, size)
+		if err := p.t.ReadAt(data, rg.Start); err != nil {
+			continue
+		}
+		for off := uint64(0); off+24 <= size; off += 8 {
+			last := binary.LittleEndian.Uint32(data[off:])
+			if last < 256 || last > 1<<26 || binary.LittleEndian.Uint32(data[off+4:]) != 0 {
+				continue
+			}
+			ids := binary.LittleEndian.Uint64(data[off+16:])
+			if !isHeapPtr(ids) {
+				continue
+			}
+			n, _, err := p.rarray(ids)
+			if err != nil || n != uint64(last)/idEntryUnit+1 {
+				continue
+			}
+			p.symbolsAddr = rg.Start + off
+			if s, err := p.serialString('+'); err == nil && s == "+" {
+				p.note("ruby_global_symbols", p.symbolsAddr, "memory scan")
+				return
+			}
+			p.symbolsAddr = 0
+		}
+	}
+}
+
+// ClassName returns the qualified name of the class or module at address
+// klass ("Outer::Inner"), read from memory. A singleton class is named
+// after the object it is attached to.
+func (p *Process) ClassName(klass uint64) (string, error) {
+	name, _, err := p.classNameOf(klass)
+	return name, err
+}
+
+// classNameOf returns the class path of klass and whether klass is a
+// singleton class (then name is the attached class's path).
+func (p *Process) classNameOf(klass uint64) (string, bool, error) {
+	if c, ok := p.classCache[klass]; ok {
+		return c.name, c.singleton, nil
+	}
+	name, singleton, err := p.readClassName(klass, 0)
+	if err != nil {
+		return "", false, err
+	}
+	if len(p.classCache) > 100000 {
+		p.classCache = map[uint64]className{}
+	}
+	p.classCache[klass] = className{name, singleton}
+	return name, singleton, nil
+}
+
+func (p *Process) readClassName(klass uint64, depth int) (string, bool, error) {
+	if depth > 4 || !isHeapPtr(klass) {
+		return "", false, invalidf("not a class: 0x%x", klass)
+	}
+	b, err := p.r.read(klass, 16)
+	if err != nil {
+		return "", false, fmt.Errorf("read class at 0x%x: %w", klass, err)
+	}
+	flags, kl := le64(b, 0), le64(b, 8)
+	switch flags & tMask {
+	case tClass, tModule:
+	case tIClass:
+		return p.readClassName(kl, depth+1)
+	default:
+		return "", false, invalidf("object at 0x%x is not a class (type 0x%x)", klass, flags&tMask)
+	}
+	singletonFlag := uint64(1) << 12 // FL_SINGLETON = FL_USER0
+	if p.ver >= v(3, 4, 0) {
+		singletonFlag = 1 << 13 // FL_USER1 from 3.4
+	}
+	if flags&singletonFlag != 0 {
+		att, err := p.attachedObject(klass)
+		if err != nil || att == 0 {
+			return "", true, err
+		}
+		name, _, err := p.readClassName(att, depth+1)
+		return name, true, err
+	}
+	name, err := p.classPath(klass)
+	return name, false, err
+}
+
+// classPath reads the permanent class path of a named class.
+func (p *Process) classPath(klass uint64) (string, error) {
+	o := &p.o
+	switch {
+	case o.classextOff.ok && o.classpathOff.ok: // 3.3+
+		cp, err := p.r.u64(klass + o.classextOff.off + o.classpathOff.off)
+		if err != nil {
+			return "", fmt.Errorf("read classpath: %w", err)
+		}
+		if !isHeapPtr(cp) {
+			return "", nil // anonymous
+		}
+		return p.rstring(cp)
+	case p.ver >= v(2, 2, 0) && p.ver < v(3, 2, 0):
+		val, ok, err := p.classIvar(klass, "__classpath__")
+		if err != nil || !ok {
+			return "", err
+		}
+		return p.rstring(val)
+	}
+	return "", nil
+}
+
+// attachedObject returns the object a singleton class is attached to.
+func (p *Process) attachedObject(klass uint64) (uint64, error) {
+	o := &p.o
+	if o.classextOff.ok && o.attachedOff.ok {
+		return p.r.u64(klass + o.classextOff.off + o.attachedOff.off)
+	}
+	if p.ver >= v(2, 2, 0) && p.ver < v(3, 2, 0) {
+		val, ok, err := p.classIvar(klass, "__attached__")
+		if err != nil || !ok {
+			return 0, err
+		}
+		return val, nil
+	}
+	return 0, nil
+}
+
+// Before 3.2, a class's hidden ivars (__classpath__, __attached__) live in
+// the st_table iv_tbl of its classext (RClass.ptr at 24; iv_tbl at 8 of
+// rb_classext_struct in 2.1 to 3.1).
+const (
+	rclassPtr      = 24
+	classextIvTbl  = 8
+	stNumEntries   = 16
+	stEntriesStart = 32
+	stEntriesBound = 40
+	stEntries      = 48
+	stEntrySize    = 24
+	maxStEntries   = 1 << 16
+)
+
+func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
+	serial, err := p.hiddenSerial(name)
+	if err != nil || serial == 0 {
+		return 0, false, err
+	}
+	ext, err := p.r.u64(klass + rclassPtr)
+	if err != nil || !isHeapPtr(ext) {
+		return 0, false, err
+	}
+	ivOff := uint64(classextIvTbl)
+	if f, err := p.lay.Field("rb_classext_struct", "iv_tbl"); err == nil {
+		ivOff = f.Offset
+	}
+	tbl, err := p.r.u64(ext + ivOff)
+	if err != nil || !isHeapPtr(tbl) {
+		return 0, false, err
+	}
+	hdr, err := p.r.readOwned(tbl, 56)
+	if err != nil {
+		return 0, false, fmt.Errorf("read ivar table: %w", err)
+	}
+	start, bound, entries := le64(hdr, stEntriesStart), le64(hdr, stEntriesBound), le64(hdr, stEntries)
+	if bound < start || bound-start > maxStEntries || !isHeapPtr(entries) {
+		return 0, false, invalidf("ivar table at 0x%x", tbl)
+	}
+	data, err := p.r.readOwned(entries+start*stEntrySize, int((bound-start)*stEntrySize))
+	if err != nil {
+		return 0, false, fmt.Errorf("read ivar entries: %w", err)
+	}
+	for i := uint64(0); i < bound-start; i++ {
+		e := data[i*stEntrySize:]
+		key := le64(e, 8)
+		if key>>idScopeShift == serial && key > maxOpID {
+			return le64(e, 16), true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// hiddenSerial finds the symbol serial of an internal name such as
+// "__classpath__" by searching the global symbol table (they are interned
+// early, so the search is short).
+func (p *Process) hiddenSerial(name string) (uint64, error) {
+	if !p.serialsDone {
+		p.serialsDone = true
+		if p.symbolsAddr == 0 && !p.symScanDone {
+			p.symScanDone = true
+			p.scanForSymbols()
+		}
+		if p.symbolsAddr == 0 {
+			return 0, errNoSymbols
+		}
+		last, err := p.r.u32(p.symbolsAddr + symbolsLastID)
+		if err != nil {
+			return 0, err
+		}
+		limit := uint64(last)
+		if limit > 20000 {
+			limit = 20000
+		}
+		for s := uint64(1); s <= limit && (p.classpathSerial == 0 || p.attachedSerial == 0); s++ {
+			str, err := p.serialString(s)
+			if err != nil {
+				continue
+			}
+			switch str {
+			case "__classpath__":
+				p.classpathSerial = s
+			case "__attached__":
+				p.attachedSerial = s
+			}
+		}
+	}
+	switch name {
+	case "__classpath__":
+		return p.classpathSerial, nil
+	case "__attached__":
+		return p.attachedSerial, nil
+	}
+	return 0, nil
+}

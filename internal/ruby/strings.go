@@ -1,0 +1,98 @@
+package ruby
+
+import "fmt"
+
+// rstring reads the Ruby String at addr (embedded or heap, any encoding),
+// at most maxString bytes.
+func (p *Process) rstring(addr uint64) (string, error) {
+	if !isHeapPtr(addr) {
+		return "", invalidf("0x%x is not a String", addr)
+	}
+	o := &p.o
+	b, err := p.r.read(addr, 48)
+	if err != nil {
+		return "", fmt.Errorf("read String at 0x%x: %w", addr, err)
+	}
+	flags := le64(b, 0)
+	if flags&tMask != tString {
+		return "", invalidf("object at 0x%x is not a String (type 0x%x)", addr, flags&tMask)
+	}
+	const noEmbed = 1 << 13 // RSTRING_NOEMBED = FL_USER1
+	var n uint64
+	var ptr uint64
+	if flags&noEmbed != 0 {
+		if o.strLen.ok {
+			n = o.strLen.u64(b)
+		} else {
+			n = o.strHeapLen.u64(b)
+		}
+		ptr = o.strHeapPtr.u64(b)
+	} else {
+		switch {
+		case o.strLen.ok:
+			n = o.strLen.u64(b)
+		case o.strEmbedLen.ok:
+			n = o.strEmbedLen.u64(b)
+		default:
+			n = (flags >> 14) & 0x1f
+		}
+		switch {
+		case o.strEmbedAry.ok:
+			ptr = addr + o.strEmbedAry.off
+		case o.strAsAry.ok:
+			ptr = addr + o.strAsAry.off
+		default:
+			ptr = addr + o.strHeapLen.off
+		}
+	}
+	if n == 0 {
+		return "", nil
+	}
+	if n > maxString {
+		n = maxString
+	}
+	if ptr == 0 {
+		return "", invalidf("String at 0x%x has no data", addr)
+	}
+	data, err := p.r.readOwned(ptr, int(n))
+	if err != nil {
+		return "", fmt.Errorf("read String data at 0x%x: %w", ptr, err)
+	}
+	return sanitize(string(data)), nil
+}
+
+// rarray returns the length and element pointer of the Array at addr.
+func (p *Process) rarray(addr uint64) (n, ptr uint64, err error) {
+	if !isHeapPtr(addr) {
+		return 0, 0, invalidf("0x%x is not an Array", addr)
+	}
+	b, err := p.r.read(addr, 40)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read Array at 0x%x: %w", addr, err)
+	}
+	flags := le64(b, 0)
+	if flags&tMask != tArray {
+		return 0, 0, invalidf("object at 0x%x is not an Array (type 0x%x)", addr, flags&tMask)
+	}
+	const embed = 1 << 13 // RARRAY_EMBED_FLAG = FL_USER1
+	if flags&embed != 0 {
+		mask := uint64(0x3)
+		if p.ver >= v(3, 2, 0) {
+			mask = 0x7f
+		}
+		return (flags >> 15) & mask, addr + p.o.aryAsAry.off, nil
+	}
+	return p.o.aryHeapLen.u64(b), p.o.aryHeapPtr.u64(b), nil
+}
+
+// aryEntry reads element i of the Array at addr.
+func (p *Process) aryEntry(addr uint64, i uint64) (uint64, error) {
+	n, ptr, err := p.rarray(addr)
+	if err != nil {
+		return 0, err
+	}
+	if i >= n {
+		return 0, invalidf("index %d outside Array of %d", i, n)
+	}
+	return p.r.u64(ptr + 8*i)
+}

@@ -1,0 +1,548 @@
+package ruby
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// maxFrameBytes bounds the control-frame region read per thread (16k
+// frames of 64 bytes).
+const maxFrameBytes = 1 << 20
+
+// Frame magic values in ep[0] (2.3+) and in cfp->flag (before 2.3).
+const (
+	magicMask = 0x7fff0001
+	magicMeth = 0x11110001
+	magicBlk  = 0x22220001
+	magicCls  = 0x33330001
+	magicTop  = 0x44440001
+	magicCFn  = 0x55550001
+	magicIFn  = 0x66660001
+	magicEval = 0x77770001
+	magicResc = 0x78880001
+	magicDumy = 0x79990001
+
+	oldMagicMask = 0xff
+	oldMagicCFn  = 0x61
+	oldMagicIFn  = 0x81
+
+	envFlagLocal = 0x0002
+)
+
+// Ruby thread status values (enum rb_thread_status).
+var statusNames = []string{"running", "stopped", "stopped_forever", "killed"}
+
+// Snapshot returns every Ruby thread's stack, innermost frame first.
+func (p *Process) Snapshot() ([]stack.Thread, error) {
+	refs, err := p.threadList()
+	if err != nil {
+		return nil, err
+	}
+	osThreads, _ := p.t.Threads()
+	names := map[int]string{}
+	for _, t := range osThreads {
+		names[t.TID] = t.Name
+	}
+	out := make([]stack.Thread, 0, len(refs))
+	for _, ref := range refs {
+		th, err := p.thread(ref, names)
+		if err != nil {
+			if target.IsExited(err) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("read thread 0x%x: %w", ref.addr, err)
+		}
+		out = append(out, th)
+	}
+	return out, nil
+}
+
+func (p *Process) thread(ref threadRef, osNames map[int]string) (stack.Thread, error) {
+	o := &p.o
+	tb, err := p.r.readOwned(ref.addr, int(o.thSize))
+	if err != nil {
+		return stack.Thread{}, fmt.Errorf("read rb_thread_t: %w", err)
+	}
+	th := stack.Thread{Main: ref.main, GVL: ref.gvl}
+	if st := o.thStatus.u64(tb); p.ver < v(2, 3, 0) {
+		// Older Rubies have THREAD_TO_KILL first.
+		if st == 0 {
+			th.State = "to_kill"
+		} else if int(st-1) < len(statusNames) {
+			th.State = statusNames[st-1]
+		}
+	} else if int(st) < len(statusNames) {
+		th.State = statusNames[st]
+	}
+	if th.State == "" {
+		th.State = "unknown"
+	}
+	th.TID = p.threadTID(tb)
+	if o.thName.ok {
+		if nv := o.thName.u64(tb); isHeapPtr(nv) {
+			if s, err := p.rstring(nv); err == nil {
+				th.Name = s
+			}
+		}
+	}
+	if th.Name == "" && th.TID != 0 {
+		th.Name = osNames[th.TID]
+	}
+	if th.Main && th.TID == 0 {
+		th.TID = p.t.Pid()
+	}
+
+	var stackStart, stackSize, cfp uint64
+	if o.thEC.ok {
+		ec := o.thEC.u64(tb)
+		if !isHeapPtr(ec) {
+			return th, invalidf("thread has execution context 0x%x", ec)
+		}
+		eb, err := p.r.read(ec, int(o.ecSize))
+		if err != nil {
+			return th, fmt.Errorf("read execution context: %w", err)
+		}
+		stackStart, stackSize, cfp = o.ecVMStack.u64(eb), o.ecVMStackSize.u64(eb), o.ecCFP.u64(eb)
+	} else {
+		stackStart, stackSize, cfp = o.thStack.u64(tb), o.thStackSize.u64(tb), o.thCFP.u64(tb)
+	}
+	if th.State == "killed" && cfp == 0 {
+		return th, nil
+	}
+	frames, err := p.walk(stackStart, stackSize, cfp)
+	if err != nil {
+		return th, err
+	}
+	th.Frames = frames
+	return th, nil
+}
+
+// glibcPthreadTID is the offset of the kernel tid in glibc's struct
+// pthread on x86_64 (stable since glibc 2.x); pthread_t is its address.
+const glibcPthreadTID = 0x2d0
+
+func (p *Process) threadTID(tb []byte) int {
+	o := &p.o
+	switch {
+	case o.thTID.ok:
+		if tid := o.thTID.u64(tb); tid != 0 {
+			return int(int32(tid))
+		}
+	case o.thNT.ok && p.o.ntTID.ok:
+		if nt := o.thNT.u64(tb); isHeapPtr(nt) {
+			if v, err := p.r.u32(nt + p.o.ntTID.off); err == nil && v != 0 {
+				return int(int32(v))
+			}
+		}
+	}
+	if o.thThreadID.ok {
+		if pt := o.thThreadID.u64(tb); isHeapPtr(pt) {
+			if v, err := p.r.u32(pt + glibcPthreadTID); err == nil && v != 0 && v < 1<<22 {
+				return int(v)
+			}
+		}
+	}
+	return 0
+}
+
+// walk reads the control frames from cfp (innermost) to the end of the VM
+// stack and names them.
+func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error) {
+	o := &p.o
+	end := stackStart + stackSize*8
+	if cfp == 0 || stackStart == 0 || cfp < stackStart || cfp > end {
+		return nil, invalidf("control frame 0x%x outside VM stack 0x%x+%d", cfp, stackStart, stackSize)
+	}
+	n := end - cfp
+	if n > maxFrameBytes {
+		n = maxFrameBytes
+	}
+	n -= n % o.cfpSize
+	buf, err := p.r.readOwned(cfp, int(n))
+	if err != nil {
+		return nil, fmt.Errorf("read control frames: %w", err)
+	}
+	var frames []stack.Frame
+	var pending []int // C frames waiting for their Ruby caller's path/line
+	for off := uint64(0); off+o.cfpSize <= uint64(len(buf)); off += o.cfpSize {
+		cf := buf[off : off+o.cfpSize]
+		fr, ok, err := p.frame(cf)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if fr.Kind == stack.KindCFunc {
+			pending = append(pending, len(frames))
+		} else if fr.Kind == stack.KindRuby {
+			for _, i := range pending {
+				frames[i].Path, frames[i].Line = fr.Path, fr.Line
+			}
+			pending = pending[:0]
+		}
+		frames = append(frames, fr)
+	}
+	return frames, nil
+}
+
+// frame names one control frame; ok is false for frames Ruby's own
+// backtraces skip (dummy and finish frames).
+func (p *Process) frame(cf []byte) (stack.Frame, bool, error) {
+	o := &p.o
+	iseq := o.cfpIseq.u64(cf)
+	pc := o.cfpPC.u64(cf)
+	ep := o.cfpEP.u64(cf)
+
+	var magic uint64
+	var epData []byte // ep[-2], ep[-1], ep[0]
+	if p.ver >= v(2, 3, 0) {
+		if !isHeapPtr(ep) {
+			return stack.Frame{}, false, invalidf("control frame has ep 0x%x", ep)
+		}
+		b, err := p.r.read(ep-16, 24)
+		if err != nil {
+			return stack.Frame{}, false, fmt.Errorf("read frame environment: %w", err)
+		}
+		epData = append(p.epBuf[:0], b...)
+		magic = le64(epData, 16) & magicMask
+	} else {
+		magic = o.cfpFlag.u64(cf) & oldMagicMask
+	}
+
+	isCFunc := (p.ver >= v(2, 3, 0) && magic == magicCFn) || (p.ver < v(2, 3, 0) && magic == oldMagicCFn)
+	if isCFunc {
+		var me uint64
+		if p.ver >= v(2, 3, 0) {
+			me = le64(epData, 0)
+		} else {
+			me = o.cfpMe.u64(cf)
+		}
+		name := p.cfuncName(me)
+		return stack.Frame{Name: name, Kind: stack.KindCFunc}, true, nil
+	}
+	if iseq == 0 || pc == 0 {
+		return stack.Frame{}, false, nil
+	}
+	if p.ver >= v(2, 3, 0) && (magic == magicIFn || magic == magicDumy) {
+		return stack.Frame{}, false, nil
+	}
+	if p.ver < v(2, 3, 0) && magic == oldMagicIFn {
+		return stack.Frame{}, false, nil
+	}
+	info, err := p.iseqInfo(iseq)
+	if err != nil {
+		return stack.Frame{}, false, err
+	}
+	if info == nil {
+		return stack.Frame{}, false, nil
+	}
+	line, err := p.lineFor(info, pc)
+	if err != nil {
+		line = 0
+	}
+	name := info.label
+	if p.ver >= v(2, 3, 0) && info.qualifiable {
+		if owner, ok := p.methodOwner(ep, epData); ok {
+			name = info.qualify(owner)
+		}
+	}
+	return stack.Frame{Name: name, Path: info.path, Line: line, Kind: stack.KindRuby}, true, nil
+}
+
+// methodOwner finds the method entry of a frame through its environment
+// chain (rb_vm_frame_method_entry) and returns the qualified owner prefix
+// ("Foo#", "Foo.") or "" for anonymous owners.
+func (p *Process) methodOwner(ep uint64, epData []byte) (string, bool) {
+	for i := 0; i < 64; i++ {
+		meCref := le64(epData, 0)
+		flags := le64(epData, 16)
+		local := flags&envFlagLocal != 0
+		if me, ok := p.checkMethodEntry(meCref, local); ok {
+			prefix, err := p.ownerPrefix(me)
+			if err != nil {
+				return "", false
+			}
+			return prefix, true
+		}
+		if local {
+			return "", false
+		}
+		prev := le64(epData, 8) &^ 3
+		if !isHeapPtr(prev) {
+			return "", false
+		}
+		b, err := p.r.read(prev-16, 24)
+		if err != nil {
+			return "", false
+		}
+		epData = append(p.epBuf[:0], b...)
+	}
+	return "", false
+}
+
+// checkMethodEntry returns obj when it is a method entry imemo (or an svar
+// holding one, at a local ep).
+func (p *Process) checkMethodEntry(obj uint64, canBeSvar bool) (uint64, bool) {
+	if !isHeapPtr(obj) {
+		return 0, false
+	}
+	b, err := p.r.read(obj, 24)
+	if err != nil {
+		return 0, false
+	}
+	flags := le64(b, 0)
+	if flags&tMask != tImemo {
+		return 0, false
+	}
+	switch (flags >> flUShift) & 0x0f {
+	case imemoMent:
+		return obj, true
+	case imemoSvar:
+		if canBeSvar {
+			// struct vm_svar { flags; cref_or_me; ... }
+			return p.checkMethodEntry(le64(b, 8), false)
+		}
+	}
+	return 0, false
+}
+
+// ownerPrefix returns "Owner#" or "Owner." for method entry me.
+func (p *Process) ownerPrefix(me uint64) (string, error) {
+	if s, ok := p.ownerCache[me]; ok {
+		return s, nil
+	}
+	owner, err := p.r.u64(me + p.o.meOwner.off)
+	if err != nil {
+		return "", err
+	}
+	prefix := ""
+	if name, singleton, err := p.classNameOf(owner); err == nil && name != "" {
+		if singleton {
+			prefix = name + "."
+		} else {
+			prefix = name + "#"
+		}
+	}
+	if len(p.ownerCache) > 100000 {
+		p.ownerCache = map[uint64]string{}
+	}
+	p.ownerCache[me] = prefix
+	return prefix, nil
+}
+
+// cfuncName names a C function frame from its method entry.
+func (p *Process) cfuncName(me uint64) string {
+	if !isHeapPtr(me) {
+		return "<cfunc>"
+	}
+	if s, ok := p.cfuncCache[me]; ok {
+		return s
+	}
+	name := "<cfunc>"
+	def, err := p.r.u64(me + p.o.meDef.off)
+	var id uint64
+	if err == nil && isHeapPtr(def) && p.o.defOriginalID.ok {
+		id, err = p.r.u64(def + p.o.defOriginalID.off)
+	}
+	if (err != nil || id == 0) && p.o.meCalledID.ok {
+		id, err = p.r.u64(me + p.o.meCalledID.off)
+	}
+	if err == nil && id != 0 {
+		if s, err := p.id2str(id); err == nil && s != "" {
+			name = s
+			if p.ver >= v(2, 3, 0) {
+				if prefix, err := p.ownerPrefix(me); err == nil {
+					name = prefix + s
+				}
+			}
+		}
+	}
+	p.cfuncCache[me] = name
+	return name
+}
+
+// iseqInfo holds the per-iseq facts a frame needs, cached by address.
+type iseqInfo struct {
+	addr, body  uint64
+	label       string
+	path        string
+	encoded     uint64
+	typ         uint64
+	qualifiable bool
+	prefix      string // "block in ", "block (2 levels) in ", ... for blocks
+	method      string // the method name to qualify
+	// line table
+	tableAddr, tableSize, succTable, positions uint64
+	lines                                      map[uint64]int
+}
+
+func (i *iseqInfo) qualify(owner string) string {
+	if owner == "" {
+		return i.label
+	}
+	return i.prefix + owner + i.method
+}
+
+// ISEQ_TYPE values (enum rb_iseq_type, 2.3+).
+const (
+	iseqTop    = 0
+	iseqMethod = 1
+	iseqBlock  = 2
+	iseqClass  = 3
+	iseqRescue = 4
+	iseqEnsure = 5
+	iseqEval   = 6
+	iseqMain   = 7
+)
+
+func (p *Process) iseqInfo(iseq uint64) (*iseqInfo, error) {
+	o := &p.o
+	body := iseq
+	if o.iseqBody.ok {
+		b, err := p.r.read(iseq, 24)
+		if err != nil {
+			return nil, fmt.Errorf("read iseq at 0x%x: %w", iseq, err)
+		}
+		flags := le64(b, 0)
+		if flags&tMask != tImemo || (flags>>flUShift)&0x0f != imemoIseq {
+			// Not an iseq (an ifunc, say): not a Ruby-level frame.
+			return nil, nil
+		}
+		body = o.iseqBody.u64(b)
+	}
+	if c, ok := p.iseqCache[iseq]; ok && c.body == body {
+		return c, nil
+	}
+	if !isHeapPtr(body) {
+		return nil, invalidf("iseq 0x%x has body 0x%x", iseq, body)
+	}
+	bb, err := p.r.readOwned(body, int(o.bodySize))
+	if err != nil {
+		return nil, fmt.Errorf("read iseq body at 0x%x: %w", body, err)
+	}
+	info := &iseqInfo{addr: iseq, body: body, lines: map[uint64]int{}}
+	info.encoded = o.bEncoded.u64(bb)
+	info.typ = o.bType.u64(bb)
+	if p.ver < v(2, 0, 0) {
+		// 1.9: name and filename are in the iseq itself.
+		if info.label, err = p.rstring(o.iseqName.u64(bb)); err != nil {
+			return nil, fmt.Errorf("read iseq name: %w", err)
+		}
+		if fp := o.iseqFilepath.u64(bb); isHeapPtr(fp) {
+			info.path, _ = p.rstring(fp)
+		}
+		if info.path == "" {
+			info.path, _ = p.rstring(o.iseqFilename.u64(bb))
+		}
+	} else {
+		if info.label, err = p.rstring(o.bLabel.u64(bb)); err != nil {
+			return nil, fmt.Errorf("read iseq label: %w", err)
+		}
+		if o.bPathobj.ok {
+			info.path, err = p.pathobj(o.bPathobj.u64(bb))
+			if err != nil {
+				return nil, fmt.Errorf("read iseq path: %w", err)
+			}
+		} else {
+			if ap := o.bAbsPath.u64(bb); isHeapPtr(ap) {
+				info.path, _ = p.rstring(ap)
+			}
+			if info.path == "" {
+				info.path, _ = p.rstring(o.bPath.u64(bb))
+			}
+		}
+	}
+	switch {
+	case o.bSuccTable.ok:
+		info.tableAddr = o.bInsnsInfo.u64(bb)
+		info.tableSize = o.bInsnsInfoSize.u64(bb) & 0xffffffff
+		info.succTable = o.bSuccTable.u64(bb)
+		info.positions = o.bInsnsPositions.u64(bb)
+	case o.bInsnsInfo.ok:
+		info.tableAddr = o.bInsnsInfo.u64(bb)
+		info.tableSize = o.bInsnsInfoSize.u64(bb) & 0xffffffff
+	case o.bLineInfoTable.ok:
+		info.tableAddr = o.bLineInfoTable.u64(bb)
+		info.tableSize = o.bLineInfoSize.u64(bb) & 0xffffffff
+	case o.bInsnInfoTable.ok:
+		info.tableAddr = o.bInsnInfoTable.u64(bb)
+		info.tableSize = o.bInsnInfoSize.u64(bb) & 0xffffffff
+	}
+	if p.ver >= v(2, 3, 0) {
+		p.setQualification(info)
+	}
+	if len(p.iseqCache) > 50000 {
+		p.iseqCache = map[uint64]*iseqInfo{}
+	}
+	p.iseqCache[iseq] = info
+	return info, nil
+}
+
+// setQualification decides how a label is qualified with its owner, as
+// Ruby 3.4's backtraces do: methods become "Owner#name", blocks (and
+// rescue/ensure) "block in Owner#name".
+func (p *Process) setQualification(info *iseqInfo) {
+	switch info.typ {
+	case iseqMethod:
+		info.qualifiable = true
+		info.method = info.label
+	case iseqBlock, iseqRescue, iseqEnsure:
+		i := strings.Index(info.label, " in ")
+		if i < 0 {
+			return
+		}
+		rest := info.label[i+4:]
+		if strings.HasPrefix(rest, "<") || strings.ContainsAny(rest, "#.") {
+			return // "block in <main>", "block in <class:Foo>", already qualified
+		}
+		info.qualifiable = true
+		info.prefix = info.label[:i+4]
+		info.method = rest
+	}
+}
+
+// pathobj returns the path of an iseq: its realpath (absolute) when Ruby
+// has one, else the path.
+func (p *Process) pathobj(v uint64) (string, error) {
+	if !isHeapPtr(v) {
+		return "", invalidf("iseq pathobj 0x%x", v)
+	}
+	if s, ok := p.pathCache[v]; ok {
+		return s, nil
+	}
+	flagsB, err := p.r.read(v, 8)
+	if err != nil {
+		return "", err
+	}
+	var s string
+	switch le64(flagsB, 0) & tMask {
+	case tString:
+		s, err = p.rstring(v)
+	case tArray:
+		// [path, realpath]
+		var real uint64
+		if real, err = p.aryEntry(v, 1); err == nil && isHeapPtr(real) {
+			s, err = p.rstring(real)
+		}
+		if s == "" {
+			var path uint64
+			if path, err = p.aryEntry(v, 0); err == nil {
+				s, err = p.rstring(path)
+			}
+		}
+	default:
+		err = invalidf("iseq pathobj 0x%x is neither String nor Array", v)
+	}
+	if err != nil {
+		return "", err
+	}
+	if len(p.pathCache) > 50000 {
+		p.pathCache = map[uint64]string{}
+	}
+	p.pathCache[v] = s
+	return s, nil
+}
