@@ -1,0 +1,375 @@
+// Package sampler takes stack samples of Ruby processes at a fixed rate.
+//
+// A Sampler calls a Source (one or more Ruby processes) on an absolute
+// schedule (deadline n = start + n*period, optionally jittered), so that
+// the rate does not drift however long a sample takes. A sample taken more
+// than one period after its deadline is counted late; ticks that could no
+// longer be taken in time are skipped and counted as missed. Failed
+// samples are counted by kind (the target exited, an unmapped or
+// inconsistent read, permission, other). Samples go to a sink function
+// called on the sampler's goroutine, or through a channel (Start).
+//
+// The Ruby sources (NewRubySource, NewTreeSource) read the kernel state of
+// each thread for the on-CPU flag, optionally pause the target for the
+// duration of one sample (blocking mode, see target.Pauser), and follow
+// child processes.
+package sampler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// Source produces one sample per Ruby thread of the process(es) it reads.
+// Each sample carries Pid, TID, ThreadName, OnCPU and Time.
+type Source interface {
+	Sample(ctx context.Context) ([]stack.Sample, error)
+}
+
+// SourceFunc adapts a function to Source.
+type SourceFunc func(ctx context.Context) ([]stack.Sample, error)
+
+// Sample calls f.
+func (f SourceFunc) Sample(ctx context.Context) ([]stack.Sample, error) { return f(ctx) }
+
+// DefaultRate is the sampling rate used when Config.Rate is zero.
+const DefaultRate = 100
+
+// MaxRate is the highest sampling rate accepted.
+const MaxRate = 10000
+
+// Config says how to sample.
+type Config struct {
+	// Rate is the number of samples per second (DefaultRate when 0).
+	Rate float64
+	// Duration stops sampling after this long; 0 samples until the context
+	// is cancelled or the target exits.
+	Duration time.Duration
+	// Jitter, between 0 and 1, moves each deadline by a random amount of
+	// up to Jitter*period/2 either way (to avoid lock-step with periodic
+	// work in the target). Deadlines stay anchored to the start: jitter
+	// never accumulates.
+	Jitter float64
+	// OnCPUOnly drops samples of threads that were not running on a CPU.
+	OnCPUOnly bool
+	// Progress, when set, is called on the sampler's goroutine about every
+	// ProgressEvery with the statistics so far.
+	Progress      func(Stats)
+	ProgressEvery time.Duration
+}
+
+// ErrorKind classifies a failed sample.
+type ErrorKind int
+
+// Error kinds.
+const (
+	ErrExited     ErrorKind = iota // the target process exited
+	ErrUnmapped                    // an unmapped or inconsistent read (the stack changed under us)
+	ErrPermission                  // the kernel refused access
+	ErrOther                       // anything else
+	numErrorKinds
+)
+
+var kindNames = [...]string{"exited", "unmapped/inconsistent", "permission", "other"}
+
+func (k ErrorKind) String() string {
+	if k < 0 || k >= numErrorKinds {
+		return fmt.Sprintf("ErrorKind(%d)", int(k))
+	}
+	return kindNames[k]
+}
+
+// Classify returns the kind of a sampling error.
+func Classify(err error) ErrorKind {
+	var perm target.ErrPermission
+	var unmapped target.ErrUnmapped
+	var inc interface{ Inconsistent() bool }
+	switch {
+	case target.IsExited(err):
+		return ErrExited
+	case errors.As(err, &perm):
+		return ErrPermission
+	case errors.As(err, &unmapped):
+		return ErrUnmapped
+	case errors.As(err, &inc) && inc.Inconsistent():
+		return ErrUnmapped
+	}
+	return ErrOther
+}
+
+// ThreadSpan records when a thread was seen.
+type ThreadSpan struct {
+	Pid, TID    int
+	Name        string // the latest name seen
+	First, Last time.Time
+	Samples     int
+}
+
+type threadKey struct{ pid, tid int }
+
+// Stats are a sampling run's counts.
+type Stats struct {
+	Start, End time.Time
+	Rate       float64
+	Ticks      int // ticks on which the source was called
+	Samples    int // thread samples delivered (after filtering)
+	Filtered   int // thread samples dropped by OnCPUOnly
+	Late       int // ticks sampled more than one period after their deadline
+	Missed     int // ticks skipped because the sampler was behind
+	Errors     [numErrorKinds]int
+	// LastError is the most recent sampling error.
+	LastError error
+	// Exited is set when sampling stopped because the target exited.
+	Exited bool
+	// SampleTime is the total time spent in Source.Sample.
+	SampleTime time.Duration
+	// Threads lists every thread seen, ordered by first sample.
+	Threads []ThreadSpan
+}
+
+// ErrorCount is the number of failed ticks of all kinds.
+func (s Stats) ErrorCount() int {
+	n := 0
+	for _, c := range s.Errors {
+		n += c
+	}
+	return n
+}
+
+// LateFraction is the share of ticks that were late or missed.
+func (s Stats) LateFraction() float64 {
+	total := s.Ticks + s.Missed
+	if total == 0 {
+		return 0
+	}
+	return float64(s.Late+s.Missed) / float64(total)
+}
+
+// ErrorSummary describes the errors by kind ("3 exited, 1 other"), or
+// "none".
+func (s Stats) ErrorSummary() string {
+	out := ""
+	for k, c := range s.Errors {
+		if c == 0 {
+			continue
+		}
+		if out != "" {
+			out += ", "
+		}
+		out += fmt.Sprintf("%d %s", c, ErrorKind(k))
+	}
+	if out == "" {
+		return "none"
+	}
+	return out
+}
+
+// Run samples src according to cfg, calling sink with each tick's samples
+// (the slice is only valid during the call), until cfg.Duration has
+// passed, ctx is cancelled or the target exits. It returns the statistics;
+// the error is non-nil only for an invalid configuration.
+func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
+	rate := cfg.Rate
+	if rate == 0 {
+		rate = DefaultRate
+	}
+	if rate < 0 || rate > MaxRate {
+		return Stats{}, fmt.Errorf("rate %g Hz is outside 0..%d", rate, MaxRate)
+	}
+	if cfg.Jitter < 0 || cfg.Jitter > 1 {
+		return Stats{}, fmt.Errorf("jitter %g is outside 0..1", cfg.Jitter)
+	}
+	period := time.Duration(float64(time.Second) / rate)
+	if period <= 0 {
+		period = 1
+	}
+	progressEvery := cfg.ProgressEvery
+	if progressEvery <= 0 {
+		progressEvery = 250 * time.Millisecond
+	}
+
+	st := Stats{Rate: rate}
+	spans := make(map[threadKey]int) // index into st.Threads
+	start := time.Now()
+	st.Start = start
+	var end time.Time
+	if cfg.Duration > 0 {
+		end = start.Add(cfg.Duration)
+	}
+	nextProgress := start.Add(progressEvery)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var kept []stack.Sample
+
+	for n := int64(0); ; n++ {
+		deadline := start.Add(time.Duration(n) * period)
+		if !end.IsZero() && !deadline.Before(end) {
+			break
+		}
+		if cfg.Jitter > 0 && n > 0 {
+			j := (rand.Float64() - 0.5) * cfg.Jitter * float64(period)
+			deadline = deadline.Add(time.Duration(j))
+		}
+		if err := sleepUntil(ctx, timer, deadline); err != nil {
+			break
+		}
+		t0 := time.Now()
+		samples, err := src.Sample(ctx)
+		now := time.Now()
+		st.Ticks++
+		st.SampleTime += now.Sub(t0)
+		if t0.Sub(deadline) > period {
+			st.Late++
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				st.Ticks--
+				break
+			}
+			k := Classify(err)
+			st.Errors[k]++
+			st.LastError = err
+			if k == ErrExited {
+				st.Exited = true
+				break
+			}
+		}
+		if len(samples) > 0 {
+			kept = kept[:0]
+			for i := range samples {
+				s := &samples[i]
+				if cfg.OnCPUOnly && !s.OnCPU {
+					st.Filtered++
+					continue
+				}
+				kept = append(kept, *s)
+				key := threadKey{s.Pid, s.TID}
+				if idx, ok := spans[key]; ok {
+					sp := &st.Threads[idx]
+					sp.Last = s.Time
+					sp.Samples++
+					if s.ThreadName != "" {
+						sp.Name = s.ThreadName
+					}
+				} else {
+					spans[key] = len(st.Threads)
+					st.Threads = append(st.Threads, ThreadSpan{Pid: s.Pid, TID: s.TID, Name: s.ThreadName, First: s.Time, Last: s.Time, Samples: 1})
+				}
+			}
+			st.Samples += len(kept)
+			if len(kept) > 0 && sink != nil {
+				sink(kept)
+			}
+		}
+		// Skip the ticks whose sample would already be late.
+		now = time.Now()
+		if behind := now.Sub(start.Add(time.Duration(n+1) * period)); behind > period {
+			skip := int64(behind / period)
+			if !end.IsZero() {
+				// Do not count ticks past the end as missed.
+				if left := int64((end.Sub(start)+period-1)/period) - (n + 1); skip > left {
+					skip = max(left, 0)
+				}
+			}
+			st.Missed += int(skip)
+			n += skip
+		}
+		if cfg.Progress != nil && !now.Before(nextProgress) {
+			st.End = now
+			cfg.Progress(st)
+			nextProgress = now.Add(progressEvery)
+		}
+	}
+	st.End = time.Now()
+	sort.SliceStable(st.Threads, func(i, j int) bool { return st.Threads[i].First.Before(st.Threads[j].First) })
+	return st, nil
+}
+
+// Go's timers wake up to a millisecond late on Linux (the runtime's
+// epoll wait has millisecond resolution), too coarse above ~500 Hz. The
+// last stretch before a deadline is slept with nanosleep, which blocks
+// only this goroutine's thread and wakes within ~100 µs.
+const fineSleep = 2 * time.Millisecond
+
+// sleepUntil waits for deadline or ctx.
+func sleepUntil(ctx context.Context, timer *time.Timer, deadline time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d := time.Until(deadline)
+	if d <= 0 {
+		return nil
+	}
+	if d > fineSleep {
+		timer.Reset(d - fineSleep)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			if !timer.Stop() {
+				<-timer.C
+			}
+			return ctx.Err()
+		}
+		d = time.Until(deadline)
+	}
+	for d > 0 {
+		ts := syscall.NsecToTimespec(int64(d))
+		if err := syscall.Nanosleep(&ts, nil); err != nil && err != syscall.EINTR {
+			time.Sleep(d)
+		}
+		d = time.Until(deadline)
+	}
+	return ctx.Err()
+}
+
+// Batch is one tick's samples, sent by a Sampler started with Start.
+type Batch struct {
+	Samples []stack.Sample
+}
+
+// Sampler runs Run on its own goroutine and sends each tick's samples on
+// a channel, like py-spy's Sampler.
+type Sampler struct {
+	ch    chan Batch
+	done  chan struct{}
+	stats Stats
+	err   error
+}
+
+// Start starts sampling src on a new goroutine. Read the batches from
+// Samples until it is closed, then call Wait for the statistics. The
+// channel is buffered; if the reader falls behind by more than the buffer
+// the sampler waits for it (and counts the resulting late ticks).
+func Start(ctx context.Context, src Source, cfg Config) *Sampler {
+	s := &Sampler{ch: make(chan Batch, 1024), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		defer close(s.ch)
+		s.stats, s.err = Run(ctx, src, cfg, func(b []stack.Sample) {
+			cp := make([]stack.Sample, len(b))
+			copy(cp, b)
+			select {
+			case s.ch <- Batch{Samples: cp}:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	return s
+}
+
+// Samples is the channel of batches; it is closed when sampling stops.
+func (s *Sampler) Samples() <-chan Batch { return s.ch }
+
+// Wait waits for sampling to stop and returns its statistics.
+func (s *Sampler) Wait() (Stats, error) {
+	<-s.done
+	return s.stats, s.err
+}

@@ -1,0 +1,364 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Pausing a live process: every thread is seized with PTRACE_SEIZE and
+// stopped with PTRACE_INTERRUPT; resuming detaches every thread with
+// PTRACE_DETACH (re-injecting a signal that arrived meanwhile). A seized
+// thread that was never stopped by us is not otherwise affected, and if
+// rbscope dies the kernel detaches (and so resumes) every tracee.
+//
+// ptrace requests are only accepted from the thread that attached, so all
+// of them run on one goroutine locked to its OS thread.
+
+// pauseStopTimeout bounds the wait for one thread to stop (a thread in
+// uninterruptible sleep stops only when it leaves it).
+const pauseStopTimeout = time.Second
+
+// maxRelist bounds the re-listing of /proc/PID/task for threads created
+// while the others were being stopped.
+const maxRelist = 8
+
+// Pauser stops and resumes live processes with ptrace. Its methods may be
+// called from any goroutine; the ptrace calls themselves all run on one
+// OS thread owned by the Pauser.
+type Pauser struct {
+	reqs      chan func()
+	closeOnce sync.Once
+	done      chan struct{}
+
+	// Owned by the ptrace goroutine.
+	pending map[int]int // tid -> pid: seized, interrupt sent, stop not yet seen
+}
+
+// NewPauser starts a Pauser. Close it when done.
+func NewPauser() *Pauser {
+	p := &Pauser{reqs: make(chan func()), done: make(chan struct{}), pending: map[int]int{}}
+	started := make(chan struct{})
+	go p.loop(started)
+	<-started
+	return p
+}
+
+func (p *Pauser) loop(started chan struct{}) {
+	runtime.LockOSThread()
+	// The thread stays locked until the goroutine exits; then the runtime
+	// ends the OS thread, which detaches anything still attached.
+	close(started)
+	for f := range p.reqs {
+		f()
+	}
+	p.settlePending(5 * time.Second)
+	close(p.done)
+}
+
+// do runs f on the ptrace thread.
+func (p *Pauser) do(f func()) (err error) {
+	defer func() {
+		if recover() != nil {
+			err = errors.New("pauser is closed")
+		}
+	}()
+	ran := make(chan struct{})
+	p.reqs <- func() { f(); close(ran) }
+	<-ran
+	return nil
+}
+
+// Close detaches from anything still attached (waiting up to a few
+// seconds for threads that have not stopped yet) and ends the Pauser.
+func (p *Pauser) Close() error {
+	p.closeOnce.Do(func() { close(p.reqs) })
+	<-p.done
+	return nil
+}
+
+type pausedThread struct {
+	tid int
+	sig int // signal to re-inject on detach
+}
+
+// Paused describes one pause: the threads that were stopped.
+type Paused struct {
+	Pid  int
+	TIDs []int
+}
+
+// Pause stops every thread of process pid and returns a function that
+// resumes them. The resume function must be called, also on error paths;
+// it is safe to call more than once. Pause itself leaves nothing stopped
+// when it fails.
+func (p *Pauser) Pause(pid int) (resume func() error, err error) {
+	_, resume, err = p.PauseInfo(pid)
+	return resume, err
+}
+
+// PauseInfo is Pause that also reports which threads were stopped.
+func (p *Pauser) PauseInfo(pid int) (Paused, func() error, error) {
+	var threads []pausedThread
+	var perr error
+	if e := p.do(func() { threads, perr = p.pause(pid) }); e != nil {
+		return Paused{}, nil, e
+	}
+	if perr != nil {
+		return Paused{}, nil, perr
+	}
+	info := Paused{Pid: pid}
+	for _, th := range threads {
+		info.TIDs = append(info.TIDs, th.tid)
+	}
+	var once sync.Once
+	var rerr error
+	return info, func() error {
+		once.Do(func() {
+			if e := p.do(func() { rerr = p.resume(pid, threads) }); e != nil {
+				rerr = e
+			}
+		})
+		return rerr
+	}, nil
+}
+
+var defaultPauser struct {
+	once sync.Once
+	p    *Pauser
+}
+
+// Pause stops every thread of live process pid (PTRACE_SEIZE and
+// PTRACE_INTERRUPT on each, waiting for each stop) and returns a function
+// that resumes them all (PTRACE_DETACH). It uses a process-wide Pauser.
+func Pause(pid int) (resume func() error, err error) {
+	defaultPauser.once.Do(func() { defaultPauser.p = NewPauser() })
+	return defaultPauser.p.Pause(pid)
+}
+
+func (p *Pauser) pause(pid int) ([]pausedThread, error) {
+	p.settlePending(0)
+	var seized []int
+	seen := map[int]bool{}
+	fail := func(err error) ([]pausedThread, error) {
+		// Stop what we started, then let everything go.
+		stopped := p.waitStops(pid, seized)
+		_ = p.resume(pid, stopped)
+		return nil, err
+	}
+	for round := 0; round < maxRelist; round++ {
+		tids, err := p.listTasks(pid)
+		if err != nil {
+			if len(seized) == 0 {
+				return nil, err
+			}
+			break
+		}
+		added := false
+		for _, tid := range tids {
+			if seen[tid] {
+				continue
+			}
+			seen[tid] = true
+			if err := unix.PtraceSeize(tid); err != nil {
+				if errors.Is(err, unix.ESRCH) {
+					continue // the thread exited
+				}
+				if errors.Is(err, unix.EPERM) {
+					if tracer := tracerPid(pid, tid); tracer != 0 {
+						return fail(fmt.Errorf("pause process %d: thread %d is already traced by process %d (a debugger?); use --nonblocking", pid, tid, tracer))
+					}
+					return fail(ErrPermission{Pid: pid, Op: "pause (ptrace) thread " + strconv.Itoa(tid) + " of", Err: err})
+				}
+				return fail(fmt.Errorf("seize thread %d of process %d: %w", tid, pid, err))
+			}
+			seized = append(seized, tid)
+			added = true
+			if err := unix.PtraceInterrupt(tid); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fail(fmt.Errorf("interrupt thread %d of process %d: %w", tid, pid, err))
+			}
+		}
+		if !added {
+			break
+		}
+	}
+	stopped := p.waitStops(pid, seized)
+	if len(stopped) == 0 && !processAlive(pid) {
+		return nil, ErrProcessExited{Pid: pid}
+	}
+	return stopped, nil
+}
+
+// waitStops waits for each seized thread's stop. Threads that exited are
+// dropped; threads that do not stop in time are left pending (detached
+// as soon as they stop, on a later call or on Close).
+func (p *Pauser) waitStops(pid int, tids []int) []pausedThread {
+	out := make([]pausedThread, 0, len(tids))
+	for _, tid := range tids {
+		sig, ok, gone := waitStop(pid, tid, pauseStopTimeout)
+		switch {
+		case gone:
+		case ok:
+			out = append(out, pausedThread{tid: tid, sig: sig})
+		default:
+			p.pending[tid] = pid
+		}
+	}
+	return out
+}
+
+// waitStop waits for seized thread tid to stop. It returns the signal to
+// re-inject on detach, ok when the thread is stopped, and gone when it
+// exited (or is a zombie that will never stop).
+func waitStop(pid, tid int, timeout time.Duration) (sig int, ok, gone bool) {
+	var ws unix.WaitStatus
+	var deadline time.Time
+	backoff := time.Duration(0)
+	for i := 0; ; i++ {
+		wpid, err := unix.Wait4(tid, &ws, unix.WALL|unix.WNOHANG, nil)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			// ECHILD: not (or no longer) our tracee.
+			return 0, false, true
+		}
+		if wpid == tid {
+			switch {
+			case ws.Exited() || ws.Signaled():
+				return 0, false, true
+			case ws.Stopped():
+				if int(ws)>>16 == unix.PTRACE_EVENT_STOP {
+					return 0, true, false // our interrupt, or a group stop
+				}
+				// A signal-delivery stop came first: the thread is stopped
+				// and the signal is delivered again when we detach.
+				return int(ws.StopSignal()), true, false
+			}
+			continue
+		}
+		if timeout == 0 {
+			return 0, false, false
+		}
+		// Not stopped yet: spin briefly (stops take microseconds), then
+		// back off, giving up at the deadline.
+		if i < 50 {
+			continue
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(timeout)
+			if s := TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
+				return 0, false, true
+			}
+		}
+		if time.Now().After(deadline) {
+			return 0, false, false
+		}
+		backoff = min(max(2*backoff, 10*time.Microsecond), time.Millisecond)
+		ts := unix.NsecToTimespec(int64(backoff))
+		_ = unix.Nanosleep(&ts, nil)
+	}
+}
+
+// settlePending detaches pending threads that have stopped since, waiting
+// up to wait for them.
+func (p *Pauser) settlePending(wait time.Duration) {
+	if len(p.pending) == 0 {
+		return
+	}
+	deadline := time.Now().Add(wait)
+	for len(p.pending) > 0 {
+		for tid, pid := range p.pending {
+			sig, ok, gone := waitStop(pid, tid, 0)
+			if gone {
+				delete(p.pending, tid)
+			} else if ok {
+				_ = detach(tid, sig)
+				delete(p.pending, tid)
+			}
+		}
+		if len(p.pending) == 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (p *Pauser) resume(pid int, threads []pausedThread) error {
+	var errs []error
+	for _, th := range threads {
+		if err := detach(th.tid, th.sig); err != nil {
+			if errors.Is(err, unix.ESRCH) && !taskExists(pid, th.tid) {
+				continue // killed while stopped
+			}
+			errs = append(errs, fmt.Errorf("resume thread %d of process %d: %w", th.tid, pid, err))
+		}
+	}
+	p.settlePending(0)
+	return errors.Join(errs...)
+}
+
+func detach(tid, sig int) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(tid), 0, uintptr(sig), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func (p *Pauser) listTasks(pid int) ([]int, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, ErrProcessExited{Pid: pid}
+		}
+		return nil, fmt.Errorf("list threads of process %d: %w", pid, err)
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("list threads of process %d: %w", pid, err)
+	}
+	tids := make([]int, 0, len(names))
+	for _, n := range names {
+		if tid, err := strconv.Atoi(n); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	if len(tids) == 0 {
+		return nil, ErrProcessExited{Pid: pid}
+	}
+	return tids, nil
+}
+
+func taskExists(pid, tid int) bool {
+	_, err := os.Stat("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid))
+	return err == nil
+}
+
+func processAlive(pid int) bool {
+	err := unix.Kill(pid, 0)
+	return err == nil || errors.Is(err, unix.EPERM)
+}
+
+// tracerPid returns the TracerPid of thread tid, 0 if none or unknown.
+func tracerPid(pid, tid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,233 @@
+package target
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// startSpinner starts a Ruby process with three busy threads besides the
+// main one and waits until they exist. It is killed on cleanup.
+func startSpinner(t *testing.T) *exec.Cmd { return startSpinnerB(t) }
+
+func startSpinnerB(t testing.TB) *exec.Cmd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("pausing needs CAP_SYS_PTRACE: run as root")
+	}
+	ruby, err := exec.LookPath("ruby")
+	if err != nil {
+		t.Skip("ruby not installed")
+	}
+	cmd := exec.Command(ruby, "-e", `
+		ths = 3.times.map { Thread.new { x = 0; loop { x += 1 } } }
+		$stdout.puts "ready"; $stdout.flush
+		sleep`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		t.Fatalf("ruby did not start: %v %v", line, err)
+	}
+	return cmd
+}
+
+// taskStates maps each thread of pid to its kernel state letter.
+func taskStates(t *testing.T, pid int) map[int]string {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]string{}
+	for _, e := range ents {
+		tid, _ := strconv.Atoi(e.Name())
+		out[tid] = string(rune(TaskState(pid, tid)))
+	}
+	return out
+}
+
+func countState(states map[int]string, s string) int {
+	n := 0
+	for _, st := range states {
+		if st == s {
+			n++
+		}
+	}
+	return n
+}
+
+func TestPauseStopsEveryThread(t *testing.T) {
+	cmd := startSpinner(t)
+	pid := cmd.Process.Pid
+	p := NewPauser()
+	defer p.Close()
+
+	for i := 0; i < 50; i++ {
+		info, resume, err := p.PauseInfo(pid)
+		if err != nil {
+			t.Fatalf("pause %d: %v", i, err)
+		}
+		states := taskStates(t, pid)
+		if len(states) < 4 {
+			t.Fatalf("only %d threads: %v", len(states), states)
+		}
+		if n := countState(states, "t"); n != len(states) || len(info.TIDs) != len(states) {
+			resume()
+			t.Fatalf("pause %d: states %v, paused %v: want every thread in 't'", i, states, info.TIDs)
+		}
+		if err := resume(); err != nil {
+			t.Fatalf("resume %d: %v", i, err)
+		}
+		if err := resume(); err != nil { // idempotent
+			t.Fatal(err)
+		}
+		states = taskStates(t, pid)
+		if n := countState(states, "t") + countState(states, "T"); n != 0 {
+			t.Fatalf("after resume %d: states %v", i, states)
+		}
+	}
+	// The busy threads keep running between pauses.
+	time.Sleep(50 * time.Millisecond)
+	if n := countState(taskStates(t, pid), "R"); n == 0 {
+		t.Errorf("no thread running after resuming: %v", taskStates(t, pid))
+	}
+}
+
+func TestPauseExitedProcess(t *testing.T) {
+	cmd := startSpinner(t)
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	_, err := Pause(pid)
+	if !IsExited(err) {
+		t.Fatalf("pause of exited process: %v, want ErrProcessExited", err)
+	}
+}
+
+// TestPauseSignalPreserved: a signal that arrives while the target is
+// stopped is delivered after resuming (not swallowed by ptrace).
+func TestPauseSignalPreserved(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("pausing needs CAP_SYS_PTRACE: run as root")
+	}
+	ruby, err := exec.LookPath("ruby")
+	if err != nil {
+		t.Skip("ruby not installed")
+	}
+	cmd := exec.Command(ruby, "-e", `
+		trap("USR1") { $stdout.puts "got usr1"; $stdout.flush; exit 0 }
+		$stdout.puts "ready"; $stdout.flush
+		loop { sleep 0.01 }`)
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	r := bufio.NewReader(out)
+	if l, _ := r.ReadString('\n'); l != "ready\n" {
+		t.Fatalf("ruby did not start: %v", l)
+	}
+	p := NewPauser()
+	defer p.Close()
+	resume, err := p.Pause(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Process.Signal(syscall.SIGUSR1)
+	time.Sleep(20 * time.Millisecond)
+	if err := resume(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan string, 1)
+	go func() { l, _ := r.ReadString('\n'); done <- l }()
+	select {
+	case l := <-done:
+		if l != "got usr1\n" {
+			t.Fatalf("got %v", l)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("SIGUSR1 sent during the pause was never handled")
+	}
+}
+
+// TestPauseHelperKilled: when the pausing process is SIGKILLed while the
+// target is stopped, the kernel detaches and the target runs again.
+func TestPauseHelperKilled(t *testing.T) {
+	cmd := startSpinner(t)
+	pid := cmd.Process.Pid
+	helper := exec.Command(os.Args[0], "-test.run=^TestHelperPauseAndHang$")
+	helper.Env = append(os.Environ(), "RBSCOPE_PAUSE_HELPER_PID="+strconv.Itoa(pid))
+	hout, _ := helper.StdoutPipe()
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = helper.Process.Kill(); _ = helper.Wait() })
+	sc := bufio.NewScanner(hout)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "paused") {
+	}
+	states := taskStates(t, pid)
+	if n := countState(states, "t"); n != len(states) {
+		t.Fatalf("helper did not pause the target: %v", states)
+	}
+	_ = helper.Process.Kill()
+	_ = helper.Wait()
+	deadline := time.Now().Add(time.Second)
+	for {
+		states = taskStates(t, pid)
+		if countState(states, "t")+countState(states, "T") == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("target still stopped 1 s after the pauser was killed: %v", states)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestHelperPauseAndHang is not a test: TestPauseHelperKilled runs the
+// test binary with this test selected to pause a process and hang.
+func TestHelperPauseAndHang(t *testing.T) {
+	pid, _ := strconv.Atoi(os.Getenv("RBSCOPE_PAUSE_HELPER_PID"))
+	if pid == 0 {
+		t.Skip("helper process for TestPauseHelperKilled")
+	}
+	if _, err := Pause(pid); err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println("paused")
+	time.Sleep(time.Minute)
+	os.Exit(0)
+}
+
+
+// BenchmarkPause measures one pause and resume of a Ruby process with four
+// threads (three busy).
+func BenchmarkPause(b *testing.B) {
+	cmd := startSpinnerB(b)
+	p := NewPauser()
+	defer p.Close()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		resume, err := p.Pause(cmd.Process.Pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := resume(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
