@@ -37,8 +37,8 @@ const (
 // Registers are a thread's general registers as the core recorded them
 // (x86_64 user_regs_struct).
 type Registers struct {
-	R15, R14, R13, R12, Rbp, Rbx, R11, R10, R9, R8 uint64
-	Rax, Rcx, Rdx, Rsi, Rdi, OrigRax, Rip, Cs      uint64
+	R15, R14, R13, R12, Rbp, Rbx, R11, R10, R9, R8  uint64
+	Rax, Rcx, Rdx, Rsi, Rdi, OrigRax, Rip, Cs       uint64
 	Eflags, Rsp, Ss, FSBase, GSBase, Ds, Es, Fs, Gs uint64
 }
 
