@@ -1,0 +1,386 @@
+package recording
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// Limits that bound a reader's memory on hostile or corrupt input.
+const (
+	maxBlock       = 64 << 20  // decompressed bytes in one block
+	maxStringBytes = 256 << 20 // interned string bytes in one file
+	maxRecordJSON  = 16 << 20  // header or trailer JSON
+)
+
+// MaxFrames is the deepest stack a recording holds.
+const MaxFrames = 1 << 17
+
+// ErrTruncated is wrapped by the error Next returns when the recording
+// ends inside a block (a torn write).
+var ErrTruncated = errors.New("truncated")
+
+// Reader reads a raw recording.
+type Reader struct {
+	br     *bufio.Reader
+	closer io.Closer
+	gz     *gzip.Reader
+
+	h        Header
+	block    []byte
+	pos      int
+	blockNum int
+	off      int64 // file offset of the next block; counts bytes consumed
+
+	strs      []string
+	strBytes  int
+	frames    []stack.Frame
+	threads   []ThreadInfo
+	prevNanos int64
+
+	trailer   *trailer
+	truncated bool
+	err       error // sticky: io.EOF or the error that stopped reading
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n *int64
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	*c.n += int64(n)
+	return n, err
+}
+
+// Open opens the raw recording at path and reads its header.
+func Open(path string) (*Reader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open recording: %w", err)
+	}
+	r, err := NewReader(f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	r.closer = f
+	return r, nil
+}
+
+// NewReader reads a raw recording's header from rd.
+func NewReader(rd io.Reader) (*Reader, error) {
+	r := &Reader{}
+	r.br = bufio.NewReaderSize(countingReader{rd, &r.off}, 64<<10)
+	var pre [12]byte
+	if n, err := io.ReadFull(r.br, pre[:]); err != nil {
+		if n > 0 && errors.Is(err, io.ErrUnexpectedEOF) || n == 0 && err == io.EOF {
+			return nil, fmt.Errorf("read magic: %w: file is %d bytes", ErrTruncated, n)
+		}
+		return nil, fmt.Errorf("read magic: %w", err)
+	}
+	if string(pre[:8]) != Magic {
+		return nil, errors.New("read magic: not an rbscope recording")
+	}
+	if v := binary.LittleEndian.Uint32(pre[8:]); v != FormatVersion {
+		return nil, fmt.Errorf("read header: unsupported format version %d (this rbscope reads %d)", v, FormatVersion)
+	}
+	if err := r.nextBlock(); err != nil {
+		if err == io.EOF {
+			err = fmt.Errorf("%w: no header block", ErrTruncated)
+		}
+		return nil, fmt.Errorf("read header: %w", err)
+	}
+	if r.pos >= len(r.block) || r.block[r.pos] != recHeader {
+		return nil, errors.New("read header: first record is not a header")
+	}
+	r.pos++
+	hj, err := r.bytes(maxRecordJSON)
+	if err != nil {
+		return nil, fmt.Errorf("read header: %w", err)
+	}
+	if err := json.Unmarshal(hj, &r.h); err != nil {
+		return nil, fmt.Errorf("decode header: %w", err)
+	}
+	r.prevNanos = r.h.Start.UnixNano()
+	return r, nil
+}
+
+// Header is the recording's header.
+func (r *Reader) Header() Header { return r.h }
+
+// Truncated reports whether the recording ended without its trailer (the
+// writer was killed or stopped before Close). Meaningful once Next has
+// returned an error.
+func (r *Reader) Truncated() bool { return r.truncated }
+
+// Stats returns the trailer's stats; ok is false until Next has reached the
+// trailer, and stays false for a truncated recording.
+func (r *Reader) Stats() (st Stats, ok bool) {
+	if r.trailer == nil {
+		return Stats{}, false
+	}
+	return r.trailer.Stats, true
+}
+
+// Threads returns per-thread metadata (pid, tid, name, sample count, first
+// and last sample time) of the samples read so far. A renamed thread
+// appears once per name.
+func (r *Reader) Threads() []ThreadInfo {
+	return append([]ThreadInfo(nil), r.threads...)
+}
+
+// Close closes the file opened by Open.
+func (r *Reader) Close() error {
+	if r.closer == nil {
+		return nil
+	}
+	err := r.closer.Close()
+	r.closer = nil
+	return err
+}
+
+// nextBlock decodes the next gzip member into r.block. It returns io.EOF at
+// a clean block boundary at the end of the file.
+func (r *Reader) nextBlock() error {
+	if _, err := r.br.Peek(1); err != nil {
+		if err == io.EOF {
+			return io.EOF
+		}
+		return fmt.Errorf("read block %d: %w", r.blockNum, err)
+	}
+	start := r.off - int64(r.br.Buffered())
+	var err error
+	if r.gz == nil {
+		r.gz, err = gzip.NewReader(r.br)
+	} else {
+		err = r.gz.Reset(r.br)
+	}
+	if err == nil {
+		r.gz.Multistream(false)
+		buf := bytes.NewBuffer(r.block[:0])
+		var n int64
+		n, err = io.Copy(buf, io.LimitReader(r.gz, maxBlock+1))
+		if err == nil && n > maxBlock {
+			err = fmt.Errorf("block larger than %d bytes", maxBlock)
+		}
+		r.block = buf.Bytes()
+	}
+	if err != nil {
+		r.block, r.pos = r.block[:0], 0
+		if errors.Is(err, io.ErrUnexpectedEOF) || err == io.EOF {
+			return fmt.Errorf("read block %d at offset %d: %w: %w", r.blockNum, start, ErrTruncated, err)
+		}
+		return fmt.Errorf("read block %d at offset %d: corrupt: %w", r.blockNum, start, err)
+	}
+	r.pos = 0
+	r.blockNum++
+	return nil
+}
+
+var errShort = errors.New("record runs past the end of its block")
+
+func (r *Reader) uvarint() (uint64, error) {
+	v, n := binary.Uvarint(r.block[r.pos:])
+	if n <= 0 {
+		return 0, errShort
+	}
+	r.pos += n
+	return v, nil
+}
+
+func (r *Reader) varint() (int64, error) {
+	v, n := binary.Varint(r.block[r.pos:])
+	if n <= 0 {
+		return 0, errShort
+	}
+	r.pos += n
+	return v, nil
+}
+
+func (r *Reader) bytes(limit int) ([]byte, error) {
+	n, err := r.uvarint()
+	if err != nil {
+		return nil, err
+	}
+	if n > uint64(limit) || n > uint64(len(r.block)-r.pos) {
+		return nil, errShort
+	}
+	b := r.block[r.pos : r.pos+int(n)]
+	r.pos += int(n)
+	return b, nil
+}
+
+func (r *Reader) strRef() (string, error) {
+	id, err := r.uvarint()
+	if err != nil {
+		return "", err
+	}
+	if id >= uint64(len(r.strs)) {
+		return "", fmt.Errorf("string %d not defined", id)
+	}
+	return r.strs[id], nil
+}
+
+// Next returns the next sample. At the end it returns io.EOF; when the
+// recording was cut at a block boundary, Truncated reports true. A
+// recording torn inside a block, or corrupt, yields an error (wrapping
+// ErrTruncated for a torn one) after the samples of every whole block
+// before it. Every call after an error returns the same error.
+func (r *Reader) Next() (stack.Sample, error) {
+	for r.err == nil {
+		if r.pos >= len(r.block) {
+			if r.trailer != nil {
+				r.err = io.EOF
+				break
+			}
+			if err := r.nextBlock(); err != nil {
+				r.truncated = true
+				r.err = err
+			}
+			continue
+		}
+		kind := r.block[r.pos]
+		r.pos++
+		s, ok, err := r.record(kind)
+		if err != nil {
+			r.truncated = r.trailer == nil
+			r.err = fmt.Errorf("decode block %d: %w", r.blockNum-1, err)
+			break
+		}
+		if ok {
+			return s, nil
+		}
+	}
+	return stack.Sample{}, r.err
+}
+
+// record decodes one record of the given kind; ok reports a sample.
+func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
+	switch kind {
+	case recString:
+		b, err := r.bytes(maxBlock)
+		if err != nil {
+			return s, false, err
+		}
+		if r.strBytes += len(b); r.strBytes > maxStringBytes {
+			return s, false, fmt.Errorf("more than %d bytes of strings", maxStringBytes)
+		}
+		r.strs = append(r.strs, string(b))
+	case recFrame:
+		var f stack.Frame
+		if f.Name, err = r.strRef(); err != nil {
+			return s, false, err
+		}
+		if f.Path, err = r.strRef(); err != nil {
+			return s, false, err
+		}
+		line, err := r.uvarint()
+		if err != nil {
+			return s, false, err
+		}
+		if line > 1<<31-1 {
+			return s, false, fmt.Errorf("line %d out of range", line)
+		}
+		f.Line = int(line)
+		if f.Kind, err = r.strRef(); err != nil {
+			return s, false, err
+		}
+		r.frames = append(r.frames, f)
+	case recThread:
+		pid, err := r.varint()
+		if err != nil {
+			return s, false, err
+		}
+		tid, err := r.varint()
+		if err != nil {
+			return s, false, err
+		}
+		name, err := r.strRef()
+		if err != nil {
+			return s, false, err
+		}
+		r.threads = append(r.threads, ThreadInfo{Pid: int(pid), TID: int(tid), Name: name})
+	case recSample:
+		d, err := r.varint()
+		if err != nil {
+			return s, false, err
+		}
+		r.prevNanos += d
+		ti, err := r.uvarint()
+		if err != nil {
+			return s, false, err
+		}
+		if ti >= uint64(len(r.threads)) {
+			return s, false, fmt.Errorf("thread %d not defined", ti)
+		}
+		if r.pos >= len(r.block) {
+			return s, false, errShort
+		}
+		flags := r.block[r.pos]
+		r.pos++
+		n, err := r.uvarint()
+		if err != nil {
+			return s, false, err
+		}
+		if n > uint64(len(r.block)-r.pos) { // every frame id takes a byte at least
+			return s, false, errShort
+		}
+		if n > MaxFrames {
+			return s, false, fmt.Errorf("sample of %d frames, more than %d", n, MaxFrames)
+		}
+		frames := make([]stack.Frame, n)
+		for i := range frames {
+			id, err := r.uvarint()
+			if err != nil {
+				return s, false, err
+			}
+			if id >= uint64(len(r.frames)) {
+				return s, false, fmt.Errorf("frame %d not defined", id)
+			}
+			frames[i] = r.frames[id]
+		}
+		t := &r.threads[ti]
+		s = stack.Sample{
+			Time:       time.Unix(0, r.prevNanos),
+			Pid:        t.Pid,
+			TID:        t.TID,
+			ThreadName: t.Name,
+			OnCPU:      flags&1 != 0,
+			Frames:     frames,
+		}
+		if t.Samples == 0 {
+			t.First = s.Time
+		}
+		t.Samples++
+		t.Last = s.Time
+		return s, true, nil
+	case recTrailer:
+		b, err := r.bytes(maxRecordJSON)
+		if err != nil {
+			return s, false, err
+		}
+		var tr trailer
+		if err := json.Unmarshal(b, &tr); err != nil {
+			return s, false, fmt.Errorf("decode trailer: %w", err)
+		}
+		r.trailer = &tr
+		r.pos = len(r.block) // nothing may follow the trailer
+	case recHeader:
+		return s, false, errors.New("second header")
+	default:
+		return s, false, fmt.Errorf("unknown record kind %#x", kind)
+	}
+	return s, false, nil
+}

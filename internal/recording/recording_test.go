@@ -1,0 +1,391 @@
+package recording
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+var t0 = time.Date(2026, 11, 21, 8, 30, 0, 123456789, time.UTC)
+
+// sampleN is the deterministic i-th sample of the synthetic recordings: two
+// processes, three threads (one renamed half-way), stacks of varying depth
+// mixing ruby, cfunc and gc frames, some empty.
+func sampleN(i int) stack.Sample {
+	tid := 100 + i%3
+	name := []string{"main", "alpha-worker", "beta"}[i%3]
+	if tid == 102 && i > 30 {
+		name = "beta-renamed"
+	}
+	pid := 4242
+	if i%7 == 0 {
+		pid = 4343
+	}
+	var frames []stack.Frame
+	depth := i % 6
+	for d := 0; d < depth; d++ {
+		frames = append(frames, stack.Frame{
+			Name: fmt.Sprintf("Outer::Inner#level%d", (i+d)%4),
+			Path: "/app/lib/outer.rb",
+			Line: 10 + (i+d)%5,
+			Kind: stack.KindRuby,
+		})
+	}
+	if depth > 0 && i%4 == 0 {
+		frames = append([]stack.Frame{{Name: "Array#each", Path: "/app/lib/outer.rb", Line: 11, Kind: stack.KindCFunc}}, frames...)
+	}
+	if i%11 == 5 {
+		frames = append([]stack.Frame{{Name: "(garbage collection)", Kind: stack.KindGC}}, frames...)
+	}
+	if depth > 0 {
+		frames = append(frames, stack.Frame{Name: "<main>", Path: "/app/main.rb", Line: 3, Kind: stack.KindRuby})
+	}
+	// Times go mostly forward, sometimes back a little (threads sampled
+	// out of order), and span more than a second.
+	dt := time.Duration(i)*10*time.Millisecond + time.Duration(i%3)*time.Microsecond - time.Duration(i%5)*3*time.Millisecond
+	return stack.Sample{
+		Time:       t0.Add(dt),
+		Pid:        pid,
+		TID:        tid,
+		ThreadName: name,
+		OnCPU:      i%2 == 0,
+		Frames:     frames,
+	}
+}
+
+func testHeader() Header {
+	return Header{
+		RateHz:         100,
+		Start:          t0,
+		RbscopeVersion: "0.1.0-test",
+		Pids:           []int{4242, 4343},
+		Command:        []string{"ruby", "app.rb", "--port", "8080"},
+		RubyVersion:    "3.1.2",
+		LayoutSource:   "builtin:3.1.2",
+		Hostname:       "testhost",
+		Options:        map[string]string{"on_cpu": "false"},
+	}
+}
+
+func sameSample(t *testing.T, i int, got, want stack.Sample) {
+	t.Helper()
+	if !got.Time.Equal(want.Time) {
+		t.Fatalf("sample %d: time %v, want %v", i, got.Time, want.Time)
+	}
+	got.Time, want.Time = time.Time{}, time.Time{}
+	if len(got.Frames) == 0 && len(want.Frames) == 0 {
+		got.Frames, want.Frames = nil, nil
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("sample %d:\n got %+v\nwant %+v", i, got, want)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "rec.raw.gz")
+	w, err := Create(path, testHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.FlushSamples = 17 // several blocks
+	const n = 200
+	for i := 0; i < n; i++ {
+		if err := w.Add(sampleN(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	end := t0.Add(3 * time.Second)
+	if err := w.Close(Stats{Samples: 999, Late: 4, Errors: map[string]int64{"exited": 1, "read": 2}, End: end}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Add(sampleN(0)); err == nil {
+		t.Fatal("Add after Close succeeded")
+	}
+
+	r, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if h := r.Header(); !reflect.DeepEqual(h.Command, testHeader().Command) || !h.Start.Equal(t0) ||
+		h.RateHz != 100 || h.RubyVersion != "3.1.2" || h.LayoutSource != "builtin:3.1.2" ||
+		h.Hostname != "testhost" || !reflect.DeepEqual(h.Pids, []int{4242, 4343}) || h.Options["on_cpu"] != "false" {
+		t.Fatalf("header %+v", h)
+	}
+	if _, ok := r.Stats(); ok {
+		t.Fatal("Stats ok before the trailer was read")
+	}
+	for i := 0; i < n; i++ {
+		s, err := r.Next()
+		if err != nil {
+			t.Fatalf("sample %d: %v", i, err)
+		}
+		sameSample(t, i, s, sampleN(i))
+	}
+	if _, err := r.Next(); err != io.EOF {
+		t.Fatalf("after the last sample: %v, want io.EOF", err)
+	}
+	if r.Truncated() {
+		t.Fatal("cleanly closed recording reported truncated")
+	}
+	st, ok := r.Stats()
+	if !ok || st.Samples != n || st.Late != 4 || st.Errors["exited"] != 1 || st.Errors["read"] != 2 || !st.End.Equal(end) {
+		t.Fatalf("stats %+v ok=%v", st, ok)
+	}
+	// Threads: 3 tids x pids seen, plus the renamed one.
+	var beta, renamed ThreadInfo
+	for _, ti := range r.Threads() {
+		if ti.TID == 102 && ti.Pid == 4242 && ti.Name == "beta" {
+			beta = ti
+		}
+		if ti.TID == 102 && ti.Pid == 4242 && ti.Name == "beta-renamed" {
+			renamed = ti
+		}
+	}
+	// tid 102 at i%3==2, pid 4242 unless i%7==0; renamed after i>30.
+	var wantBeta, wantRenamed int64
+	for i := 0; i < n; i++ {
+		if i%3 == 2 && i%7 != 0 {
+			if i > 30 {
+				wantRenamed++
+			} else {
+				wantBeta++
+			}
+		}
+	}
+	if beta.Samples != wantBeta || renamed.Samples != wantRenamed || !beta.First.Equal(sampleN(2).Time) || !renamed.Last.Equal(sampleN(197).Time) {
+		t.Fatalf("threads beta=%+v renamed=%+v, want %d and %d samples", beta, renamed, wantBeta, wantRenamed)
+	}
+}
+
+// buildSmall writes a recording of n samples flushed every `every` samples
+// and returns its bytes and the file size after each block.
+func buildSmall(t testing.TB, n, every int) (data []byte, boundaries []int64) {
+	path := filepath.Join(t.TempDir(), "small.raw.gz")
+	w, err := Create(path, testHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.FlushSamples = 1 << 30
+	w.FlushInterval = time.Hour
+	size := func() int64 {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	boundaries = append(boundaries, size())
+	for i := 0; i < n; i++ {
+		if err := w.Add(sampleN(i)); err != nil {
+			t.Fatal(err)
+		}
+		if (i+1)%every == 0 {
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			boundaries = append(boundaries, size())
+		}
+	}
+	if err := w.Close(Stats{Late: 1}); err != nil {
+		t.Fatal(err)
+	}
+	data, err = os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data, boundaries
+}
+
+func TestTruncatedAtEveryOffset(t *testing.T) {
+	const n, every = 12, 4
+	data, bounds := buildSmall(t, n, every)
+	// bounds[0] ends the header block, bounds[k] ends the block with
+	// samples [0, k*every).
+	for cut := 0; cut <= len(data); cut++ {
+		r, err := NewReader(bytes.NewReader(data[:cut]))
+		if cut < int(bounds[0]) {
+			if err == nil || !strings.Contains(err.Error(), "truncated") {
+				t.Fatalf("cut %d inside the header: err %v, want a truncated error", cut, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("cut %d: %v", cut, err)
+		}
+		var got int
+		for {
+			s, err := r.Next()
+			if err != nil {
+				whole := 0 // samples in whole blocks before the cut
+				boundary := false
+				for k, b := range bounds {
+					if int64(cut) >= b {
+						whole = k * every
+					}
+					boundary = boundary || int64(cut) == b
+				}
+				switch {
+				case cut == len(data):
+					if err != io.EOF || r.Truncated() || got != n {
+						t.Fatalf("whole file: err %v truncated %v, %d samples", err, r.Truncated(), got)
+					}
+					if st, ok := r.Stats(); !ok || st.Samples != n || st.Late != 1 {
+						t.Fatalf("whole file: stats %+v %v", st, ok)
+					}
+				case boundary:
+					if err != io.EOF || !r.Truncated() || got != whole {
+						t.Fatalf("cut %d at a block boundary: err %v truncated %v, %d samples, want io.EOF, true, %d", cut, err, r.Truncated(), got, whole)
+					}
+				default:
+					if !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), "truncated") || !r.Truncated() || got != whole {
+						t.Fatalf("cut %d inside a block: err %v truncated %v, %d samples, want ErrTruncated, true, %d", cut, err, r.Truncated(), got, whole)
+					}
+				}
+				if _, err2 := r.Next(); err2 != err {
+					t.Fatalf("cut %d: second call gave %v after %v", cut, err2, err)
+				}
+				break
+			}
+			sameSample(t, got, s, sampleN(got))
+			got++
+		}
+	}
+}
+
+func TestNotARecording(t *testing.T) {
+	for _, in := range []string{"", "RBSC", "hello world, not a recording", Magic + "\x02\x00\x00\x00"} {
+		if _, err := NewReader(strings.NewReader(in)); err == nil {
+			t.Fatalf("%q: no error", in)
+		}
+	}
+	_, err := NewReader(strings.NewReader(Magic + "\x02\x00\x00\x00"))
+	if err == nil || !strings.Contains(err.Error(), "version 2") {
+		t.Fatalf("version error %v", err)
+	}
+	if _, err := Open(filepath.Join(t.TempDir(), "missing.raw.gz")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestDefaultPath(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", "/var/cache/test-user")
+	got := DefaultPath(4242, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	want := "/var/cache/test-user/rbscope/recordings/rbscope-20260102-030405-4242.raw.gz"
+	if got != want {
+		t.Fatalf("DefaultPath = %q, want %q", got, want)
+	}
+}
+
+// TestKilledWriter re-executes the test binary as a writer that records
+// forever, SIGKILLs it once it has flushed some blocks, and reads what it
+// left.
+func TestKilledWriter(t *testing.T) {
+	if p := os.Getenv("RBSCOPE_RECORDING_CHILD"); p != "" {
+		childWriter(p)
+		return
+	}
+	path := filepath.Join(t.TempDir(), "killed.raw.gz")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledWriter$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "RBSCOPE_RECORDING_CHILD="+path)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	flushed := 0
+	for sc.Scan() && flushed < 20 {
+		flushed, _ = strconv.Atoi(sc.Text())
+	}
+	if flushed < 20 {
+		t.Fatalf("child stopped after %d blocks: %v", flushed, sc.Err())
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, out)
+	cmd.Wait()
+
+	r, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := 0
+	for {
+		s, err := r.Next()
+		if err != nil {
+			if err != io.EOF && !errors.Is(err, ErrTruncated) {
+				t.Fatalf("after %d samples: %v", got, err)
+			}
+			break
+		}
+		sameSample(t, got, s, sampleN(got))
+		got++
+	}
+	if !r.Truncated() {
+		t.Fatal("killed recording not reported truncated")
+	}
+	if got < 20*10 {
+		t.Fatalf("read %d samples, want at least the 200 of the 20 blocks the child reported", got)
+	}
+	t.Logf("read %d samples from the killed writer", got)
+}
+
+func childWriter(path string) {
+	w, err := Create(path, testHeader())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	w.FlushSamples = 10
+	for i := 0; ; i++ {
+		if err := w.Add(sampleN(i)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		if (i+1)%10 == 0 {
+			fmt.Println((i + 1) / 10)
+		}
+	}
+}
+
+func FuzzRead(f *testing.F) {
+	data, _ := buildSmall(f, 12, 4)
+	f.Add(data)
+	f.Add(data[:len(data)/2])
+	f.Add([]byte(Magic + "\x01\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		r, err := NewReader(bytes.NewReader(in))
+		if err != nil {
+			return
+		}
+		r.Header()
+		for i := 0; i < 1<<16; i++ {
+			if _, err := r.Next(); err != nil {
+				break
+			}
+		}
+		r.Stats()
+		r.Threads()
+		r.Truncated()
+	})
+}

@@ -1,0 +1,341 @@
+package recording
+
+import (
+	"compress/gzip"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// Magic starts every raw recording.
+const Magic = "RBSCOPE\x00"
+
+// FormatVersion is the version of the format this package writes.
+const FormatVersion = 1
+
+// Record kinds.
+const (
+	recHeader  = 'H'
+	recString  = 'S'
+	recFrame   = 'F'
+	recThread  = 'T'
+	recSample  = 'X'
+	recTrailer = 'E'
+)
+
+// Flush policy defaults: a block is written every FlushSamples samples or
+// when FlushInterval has passed since the last block, whichever comes first.
+const (
+	FlushSamples  = 512
+	FlushInterval = time.Second
+)
+
+// Header describes a recording; it is written first.
+type Header struct {
+	RateHz         float64   `json:"rate_hz"`                   // sampling rate asked for
+	Start          time.Time `json:"start"`                     // when sampling started
+	RbscopeVersion string    `json:"rbscope_version,omitempty"` // rbscope's version
+	Pids           []int     `json:"pids,omitempty"`            // the profiled process(es)
+	Command        []string  `json:"command,omitempty"`         // target command line
+	RubyVersion    string    `json:"ruby_version,omitempty"`    // "3.1.2"
+	LayoutSource   string    `json:"layout_source,omitempty"`   // "builtin:3.1.2", "dwarf:..."
+	Hostname       string    `json:"hostname,omitempty"`        // machine the target ran on
+	// Options are free-form recording settings ("on_cpu": "true", ...).
+	Options map[string]string `json:"options,omitempty"`
+}
+
+// Stats are end-of-recording counters, written in the trailer by Close.
+type Stats struct {
+	Samples int64            `json:"samples"`          // samples written (set by Writer.Close)
+	Late    int64            `json:"late"`             // samples taken later than scheduled
+	Errors  map[string]int64 `json:"errors,omitempty"` // failed samples, by kind
+	End     time.Time        `json:"end"`              // when sampling stopped
+}
+
+// ThreadInfo is per-thread metadata, gathered while writing.
+type ThreadInfo struct {
+	Pid     int       `json:"pid"`
+	TID     int       `json:"tid"`
+	Name    string    `json:"name"`
+	Samples int64     `json:"samples"`
+	First   time.Time `json:"first"` // time of its first sample
+	Last    time.Time `json:"last"`  // time of its last sample
+}
+
+type trailer struct {
+	Stats   Stats        `json:"stats"`
+	Threads []ThreadInfo `json:"threads"`
+}
+
+type threadKey struct {
+	pid, tid int
+	name     string
+}
+
+// Writer streams samples into a raw recording. It is safe for use by
+// several goroutines.
+type Writer struct {
+	mu  sync.Mutex
+	f   *os.File
+	gz  *gzip.Writer
+	buf []byte // records of the block being built
+
+	strings map[string]uint64
+	frames  map[stack.Frame]uint64
+	threads map[threadKey]uint64
+	tinfo   []ThreadInfo
+
+	prevNanos int64
+	pending   int
+	lastFlush time.Time
+	samples   int64
+	err       error // first write error; sticky
+	closed    bool
+
+	// FlushSamples and FlushInterval set the flush policy; Create sets
+	// them to the package defaults.
+	FlushSamples  int
+	FlushInterval time.Duration
+}
+
+// Create creates (truncating) the file at path, creating its directory if
+// needed, and writes the magic, version and header h, flushed to disk at
+// once. A zero h.Start is set to now and an empty h.Hostname to this host's.
+func Create(path string, h Header) (*Writer, error) {
+	if h.Start.IsZero() {
+		h.Start = time.Now()
+	}
+	if h.Hostname == "" {
+		h.Hostname, _ = os.Hostname()
+	}
+	hj, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("encode header: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("create recording directory: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create recording: %w", err)
+	}
+	w := &Writer{
+		f:             f,
+		strings:       make(map[string]uint64),
+		frames:        make(map[stack.Frame]uint64),
+		threads:       make(map[threadKey]uint64),
+		prevNanos:     h.Start.UnixNano(),
+		lastFlush:     time.Now(),
+		FlushSamples:  FlushSamples,
+		FlushInterval: FlushInterval,
+	}
+	var pre [12]byte
+	copy(pre[:], Magic)
+	binary.LittleEndian.PutUint32(pre[8:], FormatVersion)
+	if _, err := f.Write(pre[:]); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("write magic: %w", err)
+	}
+	w.gz, err = gzip.NewWriterLevel(f, gzip.BestSpeed)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("create compressor: %w", err)
+	}
+	w.buf = append(w.buf, recHeader)
+	w.buf = binary.AppendUvarint(w.buf, uint64(len(hj)))
+	w.buf = append(w.buf, hj...)
+	if err := w.flushLocked(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("write header: %w", err)
+	}
+	return w, nil
+}
+
+// Path is the name of the file being written.
+func (w *Writer) Path() string { return w.f.Name() }
+
+func (w *Writer) str(s string) uint64 {
+	if id, ok := w.strings[s]; ok {
+		return id
+	}
+	id := uint64(len(w.strings))
+	w.strings[s] = id
+	w.buf = append(w.buf, recString)
+	w.buf = binary.AppendUvarint(w.buf, uint64(len(s)))
+	w.buf = append(w.buf, s...)
+	return id
+}
+
+func (w *Writer) frame(f stack.Frame) uint64 {
+	if id, ok := w.frames[f]; ok {
+		return id
+	}
+	name, path, kind := w.str(f.Name), w.str(f.Path), w.str(f.Kind)
+	id := uint64(len(w.frames))
+	w.frames[f] = id
+	w.buf = append(w.buf, recFrame)
+	w.buf = binary.AppendUvarint(w.buf, name)
+	w.buf = binary.AppendUvarint(w.buf, path)
+	line := f.Line
+	if line < 0 {
+		line = 0
+	}
+	w.buf = binary.AppendUvarint(w.buf, uint64(line))
+	w.buf = binary.AppendUvarint(w.buf, kind)
+	return id
+}
+
+func (w *Writer) thread(s *stack.Sample) uint64 {
+	k := threadKey{s.Pid, s.TID, s.ThreadName}
+	id, ok := w.threads[k]
+	if !ok {
+		name := w.str(s.ThreadName)
+		id = uint64(len(w.threads))
+		w.threads[k] = id
+		w.tinfo = append(w.tinfo, ThreadInfo{Pid: s.Pid, TID: s.TID, Name: s.ThreadName, First: s.Time})
+		w.buf = append(w.buf, recThread)
+		w.buf = binary.AppendVarint(w.buf, int64(s.Pid))
+		w.buf = binary.AppendVarint(w.buf, int64(s.TID))
+		w.buf = binary.AppendUvarint(w.buf, name)
+	}
+	ti := &w.tinfo[id]
+	ti.Samples++
+	ti.Last = s.Time
+	return id
+}
+
+// Add appends one sample. The block being built is written to disk when
+// the flush policy says so. After a write error every call returns it.
+func (w *Writer) Add(s stack.Sample) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return w.err
+	}
+	if w.closed {
+		return errors.New("add sample: recording closed")
+	}
+	if len(s.Frames) > MaxFrames {
+		return fmt.Errorf("add sample: %d frames, more than %d", len(s.Frames), MaxFrames)
+	}
+	// Interned definitions go into the buffer before the sample that
+	// uses them; collect the frame ids first.
+	tid := w.thread(&s)
+	var idsBuf [64]uint64
+	ids := idsBuf[:0]
+	for _, f := range s.Frames {
+		ids = append(ids, w.frame(f))
+	}
+	ns := s.Time.UnixNano()
+	w.buf = append(w.buf, recSample)
+	w.buf = binary.AppendVarint(w.buf, ns-w.prevNanos)
+	w.prevNanos = ns
+	w.buf = binary.AppendUvarint(w.buf, tid)
+	var flags byte
+	if s.OnCPU {
+		flags |= 1
+	}
+	w.buf = append(w.buf, flags)
+	w.buf = binary.AppendUvarint(w.buf, uint64(len(ids)))
+	for _, id := range ids {
+		w.buf = binary.AppendUvarint(w.buf, id)
+	}
+	w.samples++
+	w.pending++
+	if w.pending >= w.FlushSamples || time.Since(w.lastFlush) >= w.FlushInterval {
+		if err := w.flushLocked(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Flush writes the samples added so far as one block.
+func (w *Writer) Flush() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return w.err
+	}
+	if w.closed {
+		return nil
+	}
+	return w.flushLocked()
+}
+
+func (w *Writer) flushLocked() error {
+	w.lastFlush = time.Now()
+	if len(w.buf) == 0 {
+		return nil
+	}
+	w.gz.Reset(w.f)
+	if _, err := w.gz.Write(w.buf); err != nil {
+		w.err = fmt.Errorf("write block: %w", err)
+		return w.err
+	}
+	if err := w.gz.Close(); err != nil {
+		w.err = fmt.Errorf("write block: %w", err)
+		return w.err
+	}
+	w.buf = w.buf[:0]
+	w.pending = 0
+	return nil
+}
+
+// Close writes the pending samples and the trailer (st with Samples set to
+// the number of samples written, End set to now if zero, and per-thread
+// metadata), and closes the file.
+func (w *Writer) Close(st Stats) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return errors.New("close recording: already closed")
+	}
+	w.closed = true
+	if w.err != nil {
+		w.f.Close()
+		return w.err
+	}
+	st.Samples = w.samples
+	if st.End.IsZero() {
+		st.End = time.Now()
+	}
+	tj, err := json.Marshal(trailer{Stats: st, Threads: w.tinfo})
+	if err != nil {
+		w.f.Close()
+		return fmt.Errorf("encode trailer: %w", err)
+	}
+	w.buf = append(w.buf, recTrailer)
+	w.buf = binary.AppendUvarint(w.buf, uint64(len(tj)))
+	w.buf = append(w.buf, tj...)
+	if err := w.flushLocked(); err != nil {
+		w.f.Close()
+		return err
+	}
+	if err := w.f.Close(); err != nil {
+		return fmt.Errorf("close recording: %w", err)
+	}
+	return nil
+}
+
+// DefaultPath is where a recording of pid started at t goes by default:
+// <user cache dir>/rbscope/recordings/rbscope-<time>-<pid>.raw.gz. When the
+// cache directory is unknown, the current directory is used.
+func DefaultPath(pid int, t time.Time) string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = "."
+	} else {
+		dir = filepath.Join(dir, "rbscope", "recordings")
+	}
+	name := "rbscope-" + t.Format("20060102-150405") + "-" + strconv.Itoa(pid) + ".raw.gz"
+	return filepath.Join(dir, name)
+}
