@@ -18,9 +18,9 @@ var tables embed.FS
 
 // tableFile is the on-disk schema of one table.
 type tableFile struct {
-	RubyVersion string `json:"ruby_version"`
-	Patchlevel  string `json:"patchlevel"`
-	Arch        string `json:"arch"`
+	RubyVersion string          `json:"ruby_version"`
+	Patchlevel  json.RawMessage `json:"patchlevel"`
+	Arch        string          `json:"arch"`
 	Structs     map[string]struct {
 		Size   uint64 `json:"size"`
 		Align  uint64 `json:"align"`

@@ -25,7 +25,7 @@ func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
 	}
 	// The pc points at the next instruction; Ruby uses pos-1.
 	lookup := pos
-	if lookup > 0 {
+	if lookup > 0 && !p.opts.nextInsnLines {
 		lookup--
 	}
 	var line int

@@ -14,14 +14,14 @@ const maxString = 4096
 
 // Ruby object type tags (flags & 0x1f).
 const (
-	tClass  = 0x02
-	tModule = 0x03
-	tString = 0x05
-	tArray  = 0x07
-	tHash   = 0x08
-	tImemo  = 0x1a
-	tIClass = 0x1c
-	tMask   = 0x1f
+	tClass   = 0x02
+	tModule  = 0x03
+	tString  = 0x05
+	tArray   = 0x07
+	tHash    = 0x08
+	tImemo   = 0x1a
+	tIClass  = 0x1c
+	tMask    = 0x1f
 	flUShift = 12
 )
 

@@ -51,10 +51,10 @@ type offsets struct {
 	// Fields of the struct that holds the iseq facts: rb_iseq_constant_body
 	// from 2.3, rb_iseq_struct before.
 	bType, bEncoded, bLabel, bPathobj, bPath, bAbsPath, bLocalIseq fieldOff
-	bInsnsInfo, bInsnsInfoSize, bInsnsPositions, bSuccTable              fieldOff
-	bLineInfoTable, bLineInfoSize, bInsnInfoTable, bInsnInfoSize         fieldOff
-	bodySize                                                             uint64
-	bodyStruct                                                           string
+	bInsnsInfo, bInsnsInfoSize, bInsnsPositions, bSuccTable        fieldOff
+	bLineInfoTable, bLineInfoSize, bInsnInfoTable, bInsnInfoSize   fieldOff
+	bodySize                                                       uint64
+	bodyStruct                                                     string
 
 	insnLine, insnPos fieldOff
 	insnSize          uint64

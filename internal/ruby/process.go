@@ -9,6 +9,7 @@ package ruby
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -35,6 +36,12 @@ type Options struct {
 	NoDWARF bool
 	// Layout, when set, is used instead of looking one up.
 	Layout *layout.Layout
+
+	// nextInsnLines reports the line of the instruction after the pc
+	// instead of the one being executed. Ruby's own backtraces use the
+	// executing one; rbspy's 2.6+ walker reports the next one, and the
+	// shared core-dump manifests were written by rbspy. Tests only.
+	nextInsnLines bool
 }
 
 // ErrNotRuby is returned when the process does not look like Ruby.
@@ -110,6 +117,9 @@ func parseVer(s string) int {
 // Open locates the Ruby VM in t.
 func Open(t target.Target, opts Options) (*Process, error) {
 	p := &Process{t: t, r: &reader{t: t}, opts: opts}
+	if os.Getenv("RBSCOPE_NEXT_INSN_LINES") == "1" {
+		p.opts.nextInsnLines = true
+	}
 	p.info.Addresses = map[string]uint64{}
 	p.info.AddressSources = map[string]string{}
 	p.caches.init()
@@ -258,6 +268,7 @@ func (p *Process) note(name string, addr uint64, src string) {
 }
 
 var versionRe = regexp.MustCompile(`ruby (\d+\.\d+\.\d+)(?:p\d+|dev|preview\d+|rc\d+)? \(`)
+var pathVersionRe = regexp.MustCompile(`(?:versions|rubies|Ruby)/(?:ruby-)?(\d+\.\d+\.\d+)|/ruby-(\d+\.\d+\.\d+)/`)
 var libVersionRe = regexp.MustCompile(`libruby[-.](?:so\.)?(\d+\.\d+\.\d+)`)
 
 func (p *Process) detectVersion() error {
@@ -288,6 +299,18 @@ func (p *Process) detectVersion() error {
 		if m := libVersionRe.FindStringSubmatch(b.Path); m != nil {
 			p.setVersion(m[1], "file name "+filepath.Base(b.Path))
 			return nil
+		}
+	}
+	// Last resort: a version in the path of a mapped Ruby file
+	// (~/.rbenv/versions/2.5.0/bin/ruby, /opt/ruby-2.7.2/lib/libruby.so).
+	if len(p.info.Binaries) > 0 {
+		if maps, err := p.t.Mappings(); err == nil {
+			for _, m := range maps {
+				if mm := pathVersionRe.FindStringSubmatch(m.Path); mm != nil {
+					p.setVersion(mm[1], "path "+m.Path+" (the patch level may differ)")
+					return nil
+				}
+			}
 		}
 	}
 	if len(p.info.Binaries) == 0 {

@@ -113,10 +113,14 @@ func (p *Process) thread(ref threadRef, osNames map[int]string) (stack.Thread, e
 		return th, nil
 	}
 	frames, err := p.walk(stackStart, stackSize, cfp)
-	if err != nil {
-		return th, err
-	}
 	th.Frames = frames
+	if err != nil {
+		if len(frames) == 0 || target.IsExited(err) {
+			return th, err
+		}
+		// Keep the frames read so far and say why the stack stops.
+		th.Error = err.Error()
+	}
 	return th, nil
 }
 
@@ -171,7 +175,7 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		cf := buf[off : off+o.cfpSize]
 		fr, ok, err := p.frame(cf)
 		if err != nil {
-			return nil, err
+			return frames, fmt.Errorf("frame %d: %w", len(frames), err)
 		}
 		if !ok {
 			continue
@@ -237,7 +241,9 @@ func (p *Process) frame(cf []byte) (stack.Frame, bool, error) {
 	if err != nil {
 		return stack.Frame{}, false, err
 	}
-	if info == nil {
+	if info == nil || info.tableSize == 0 {
+		// Not an iseq, or the VM's dummy top-level iseq (no code, no
+		// lines), which Ruby's own backtraces skip.
 		return stack.Frame{}, false, nil
 	}
 	line, err := p.lineFor(info, pc)
@@ -440,7 +446,16 @@ func (p *Process) iseqInfo(iseq uint64) (*iseqInfo, error) {
 		}
 	} else {
 		if info.label, err = p.rstring(o.bLabel.u64(bb)); err != nil {
-			return nil, fmt.Errorf("read iseq label: %w", err)
+			// Static labels live in libruby's .rodata, which a core file
+			// may lack; the iseq type names the two that matter.
+			switch {
+			case p.ver >= v(2, 3, 0) && info.typ == iseqMain:
+				info.label = "<main>"
+			case p.ver >= v(2, 3, 0) && info.typ == iseqTop:
+				info.label = "<top (required)>"
+			default:
+				return nil, fmt.Errorf("read iseq label: %w", err)
+			}
 		}
 		if o.bPathobj.ok {
 			info.path, err = p.pathobj(o.bPathobj.u64(bb))

@@ -28,6 +28,9 @@ type Thread struct {
 	GVL    bool    `json:"gvl"`   // its execution context is the running one
 	State  string  `json:"state"` // Ruby status: running, stopped, killed, ...
 	Frames []Frame `json:"frames"`
+	// Error, when set, says why the stack stops early (frames past it could
+	// not be read, as in a core file that lacks part of the memory).
+	Error string `json:"error,omitempty"`
 }
 
 // Sample is one thread's stack taken by the sampler.

@@ -1,0 +1,252 @@
+package ruby
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// rubyReport is what testdata/ruby/stacks.rb prints: Ruby's own
+// caller_locations for one thread.
+type rubyReport struct {
+	Thread string `json:"thread"`
+	Frames []struct {
+		Label string `json:"label"`
+		Path  string `json:"path"`
+		Line  int    `json:"line"`
+	} `json:"frames"`
+}
+
+// qualified maps Ruby 3.1's unqualified labels to the Ruby 3.4-style
+// names rbscope must print for the methods in stacks.rb.
+var qualified = map[string]string{
+	"checkpoint":       "Object#checkpoint",
+	"block in level3":  "block in Outer::Inner#level3",
+	"each":             "Array#each",
+	"level3":           "Outer::Inner#level3",
+	"block in level2":  "block in Outer::Inner#level2",
+	"times":            "Integer#times",
+	"level2":           "Outer::Inner#level2",
+	"helper":           "Outer.helper",
+	"recurse":          "Deep#recurse",
+	"método_ñ":         "Ünïcödé#método_ñ",
+	"boot":             "Loaded.boot",
+	"require_relative": "Kernel#require_relative",
+	"block in <main>":  "block in <main>",
+	"<top (required)>": "<top (required)>",
+	"<main>":           "<main>",
+}
+
+func snapshotLive(t *testing.T, pid int) ([]stack.Thread, *Process) {
+	t.Helper()
+	tg, err := target.OpenLive(pid)
+	if err != nil {
+		t.Fatalf("open live target: %v", err)
+	}
+	t.Cleanup(func() { tg.Close() })
+	p, err := Open(tg, Options{})
+	if err != nil {
+		t.Fatalf("open Ruby process: %v", err)
+	}
+	// A thread may still be between printing its report and sleeping:
+	// retry until every reported thread is inside Kernel#sleep.
+	var threads []stack.Thread
+	for i := 0; i < 50; i++ {
+		threads, err = p.Snapshot()
+		if err != nil {
+			t.Fatalf("snapshot: %v", err)
+		}
+		if allSleeping(threads) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return threads, p
+}
+
+func allSleeping(ths []stack.Thread) bool {
+	for _, th := range ths {
+		if th.Name == "gamma-spinner" || len(th.Frames) == 0 {
+			continue
+		}
+		if th.Frames[0].Name != "Kernel#sleep" {
+			return false
+		}
+	}
+	return true
+}
+
+func reports(t *testing.T, p *testutil.Proc) map[string]rubyReport {
+	t.Helper()
+	out := map[string]rubyReport{}
+	for _, l := range p.Lines {
+		var r rubyReport
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("bad report line %q: %v", l, err)
+		}
+		out[r.Thread] = r
+	}
+	return out
+}
+
+// checkAgainstRuby asserts that th's frames are exactly Ruby's view: the
+// innermost Kernel#sleep (at the checkpoint's line) and then every frame
+// caller_locations listed, with qualified names, paths and lines.
+func checkAgainstRuby(t *testing.T, th stack.Thread, want rubyReport) {
+	t.Helper()
+	if len(th.Frames) != len(want.Frames)+1 {
+		t.Errorf("thread %q: %d frames, Ruby says %d (+1 for sleep):\n%s", th.Name, len(th.Frames), len(want.Frames), dump(th.Frames))
+		return
+	}
+	sl := th.Frames[0]
+	if sl.Name != "Kernel#sleep" || sl.Kind != stack.KindCFunc || sl.Path != want.Frames[0].Path || sl.Line != want.Frames[0].Line {
+		t.Errorf("thread %q: innermost frame %+v, want Kernel#sleep cfunc at %s:%d", th.Name, sl, want.Frames[0].Path, want.Frames[0].Line)
+	}
+	for i, wf := range want.Frames {
+		got := th.Frames[i+1]
+		wantName, ok := qualified[wf.Label]
+		if !ok {
+			t.Fatalf("test has no qualified name for label %q", wf.Label)
+		}
+		if got.Name != wantName || got.Path != wf.Path || got.Line != wf.Line {
+			t.Errorf("thread %q frame %d: got %s (%s:%d), Ruby says %s (%s:%d)", th.Name, i+1,
+				got.Name, got.Path, got.Line, wantName, wf.Path, wf.Line)
+		}
+	}
+}
+
+func dump(fs []stack.Frame) string {
+	var b strings.Builder
+	for _, f := range fs {
+		fmt.Fprintf(&b, "  %s (%s:%d) %s\n", f.Name, f.Path, f.Line, f.Kind)
+	}
+	return b.String()
+}
+
+func findThread(ths []stack.Thread, name string) (stack.Thread, bool) {
+	for _, th := range ths {
+		if th.Name == name {
+			return th, true
+		}
+	}
+	return stack.Thread{}, false
+}
+
+func TestLiveScenariosMatchRuby(t *testing.T) {
+	for _, sc := range []string{"nested", "deep", "unicode", "require"} {
+		t.Run(sc, func(t *testing.T) {
+			proc := testutil.StartRuby(t, "stacks.rb", sc)
+			want := reports(t, proc)
+			threads, p := snapshotLive(t, proc.Pid)
+			if p.Version() != "3.1.2" && !strings.HasPrefix(p.Version(), "3.") {
+				t.Logf("Ruby %s", p.Version())
+			}
+			if len(threads) != 2 {
+				t.Fatalf("want 2 Ruby threads (main + worker), got %d", len(threads))
+			}
+			var main, worker stack.Thread
+			for _, th := range threads {
+				if th.Main {
+					main = th
+				} else {
+					worker = th
+				}
+			}
+			if main.TID != proc.Pid {
+				t.Errorf("main thread tid %d, want the pid %d", main.TID, proc.Pid)
+			}
+			if worker.TID == 0 || worker.TID == proc.Pid {
+				t.Errorf("worker tid %d", worker.TID)
+			} else if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", proc.Pid, worker.TID)); err != nil {
+				t.Errorf("worker tid %d is not a thread of %d", worker.TID, proc.Pid)
+			}
+			checkAgainstRuby(t, worker, want["main"])
+			if sc == "deep" && len(worker.Frames) < 500 {
+				t.Errorf("deep recursion: %d frames", len(worker.Frames))
+			}
+			// The main thread waits in Kernel#sleep called from <main>.
+			if n := len(main.Frames); n < 2 || main.Frames[0].Name != "Kernel#sleep" || main.Frames[n-1].Name != "<main>" {
+				t.Errorf("main thread frames:\n%s", dump(main.Frames))
+			}
+		})
+	}
+}
+
+func TestLiveThreadsNamesAndStates(t *testing.T) {
+	proc := testutil.StartRuby(t, "stacks.rb", "threads")
+	want := reports(t, proc)
+	threads, _ := snapshotLive(t, proc.Pid)
+	if len(threads) != 4 {
+		t.Fatalf("want 4 threads, got %d: %+v", len(threads), threads)
+	}
+	tids := map[int]bool{}
+	gvl := 0
+	for _, th := range threads {
+		if tids[th.TID] {
+			t.Errorf("duplicate tid %d", th.TID)
+		}
+		tids[th.TID] = true
+		if th.GVL {
+			gvl++
+		}
+	}
+	if gvl > 1 {
+		t.Errorf("%d threads claim the GVL", gvl)
+	}
+	for _, name := range []string{"alpha-worker", "beta-worker"} {
+		th, ok := findThread(threads, name)
+		if !ok {
+			t.Fatalf("no thread named %q", name)
+		}
+		if th.State != "stopped" && th.State != "stopped_forever" {
+			t.Errorf("%s state %q, want stopped", name, th.State)
+		}
+		checkAgainstRuby(t, th, want[name])
+	}
+	sp, ok := findThread(threads, "gamma-spinner")
+	if !ok {
+		t.Fatal("no gamma-spinner thread")
+	}
+	if sp.State != "running" {
+		t.Errorf("spinner state %q", sp.State)
+	}
+	names := []string{}
+	for _, f := range sp.Frames {
+		names = append(names, f.Name)
+	}
+	if got := strings.Join(names, " < "); !strings.Contains(got, "Kernel#loop < block in <main>") {
+		t.Errorf("spinner frames: %s", got)
+	}
+}
+
+func TestNoSymbolsFindsVMByScan(t *testing.T) {
+	proc := testutil.StartRuby(t, "stacks.rb", "nested")
+	want := reports(t, proc)
+	tg, err := target.OpenLive(proc.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Open(tg, Options{NoSymbols: true, Version: "3.1.2"})
+	if err != nil {
+		t.Fatalf("open without symbols: %v", err)
+	}
+	if src := p.Info().AddressSources["ruby_current_vm_ptr"]; src != "memory scan" {
+		t.Errorf("VM found by %q, want memory scan", src)
+	}
+	ths, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, th := range ths {
+		if !th.Main {
+			checkAgainstRuby(t, th, want["main"])
+		}
+	}
+}

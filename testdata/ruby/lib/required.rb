@@ -1,0 +1,6 @@
+class Loaded
+  def self.boot
+    checkpoint
+  end
+end
+Loaded.boot

@@ -1,0 +1,5 @@
+class Ünïcödé
+  def método_ñ
+    checkpoint
+  end
+end

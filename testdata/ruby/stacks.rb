@@ -1,0 +1,70 @@
+# A target for rbscope's live tests. Each scenario brings threads to a known
+# point, prints Ruby's own view of their stacks (caller_locations) as JSON,
+# prints "ready" and then stays there (sleeping) until killed.
+#
+#   ruby stacks.rb nested|threads|deep|unicode|require
+require 'json'
+
+$reports = Queue.new
+
+# checkpoint records the caller's stack as Ruby sees it and sleeps on the
+# same line, so the stack a profiler reads matches the recorded one.
+def checkpoint(name = Thread.current.name) = ($reports << report(name, caller_locations(0)); sleep)
+
+def report(name, locs)
+  { "thread" => name || "main", "frames" => locs.map { |l|
+    { "label" => l.label, "path" => l.absolute_path || l.path, "line" => l.lineno } } }
+end
+
+module Outer
+  class Inner
+    def level3
+      [1].each { |_| checkpoint }
+    end
+
+    def level2
+      2.times { level3 }
+    end
+  end
+
+  def self.helper
+    Inner.new.level2
+  end
+end
+
+class Deep
+  def recurse(n)
+    return checkpoint if n.zero?
+    recurse(n - 1)
+  end
+end
+
+def wait_reports(n)
+  n.times { puts JSON.generate($reports.pop) }
+  puts "ready"
+  $stdout.flush
+end
+
+case ARGV[0]
+when "nested"
+  Thread.new { Outer.helper }
+  wait_reports(1)
+when "threads"
+  Thread.new { Thread.current.name = "alpha-worker"; Outer.helper }
+  Thread.new { Thread.current.name = "beta-worker"; Deep.new.recurse(3) }
+  Thread.new { Thread.current.name = "gamma-spinner"; loop { 1 + 1 } }
+  wait_reports(2)
+when "deep"
+  Thread.new { Deep.new.recurse(520) }
+  wait_reports(1)
+when "unicode"
+  require_relative "lib/ユニコード"
+  Thread.new { Ünïcödé.new.método_ñ }
+  wait_reports(1)
+when "require"
+  Thread.new { require_relative "lib/required" }
+  wait_reports(1)
+else
+  abort "usage: stacks.rb nested|threads|deep|unicode|require"
+end
+sleep
