@@ -1,0 +1,202 @@
+package target_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/rbscope/rbscope/internal/elfx"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// startRuby starts a Debian ruby running script and waits until it prints
+// a line; the process is killed in t.Cleanup.
+func startRuby(t testing.TB, script string) *exec.Cmd {
+	t.Helper()
+	ruby, err := exec.LookPath("ruby")
+	if err != nil {
+		t.Skipf("ruby not installed: %v", err)
+	}
+	cmd := exec.Command(ruby, "-e", script)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatalf("ruby did not start: %v", err)
+	}
+	return cmd
+}
+
+// gcoreOf dumps pid with gdb's gcore into a test directory.
+func gcoreOf(t testing.TB, pid int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("gcore needs to ptrace the process: run as root")
+	}
+	if _, err := exec.LookPath("gcore"); err != nil {
+		t.Skipf("gcore (gdb) not installed: %v", err)
+	}
+	prefix := filepath.Join(t.TempDir(), "core")
+	if out, err := exec.Command("gcore", "-o", prefix, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+		t.Fatalf("gcore: %v\n%s", err, out)
+	}
+	return fmt.Sprintf("%s.%d", prefix, pid)
+}
+
+const twoThreads = `t = Thread.new { sleep }; sleep 0.05; puts RUBY_VERSION; $stdout.flush; sleep`
+
+// TestCoreMatchesLive dumps a live Ruby with gcore and checks that the core
+// target says what the live target says: pid, threads, executable, file
+// mappings, and the bytes at the same addresses (including pages gcore
+// left out, read from the files on disk).
+func TestCoreMatchesLive(t *testing.T) {
+	cmd := startRuby(t, twoThreads)
+	pid := cmd.Process.Pid
+	path := gcoreOf(t, pid)
+	live, err := target.OpenLive(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	core, err := target.OpenCore(path, target.CoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer core.Close()
+
+	if core.Pid() != pid {
+		t.Errorf("core Pid() = %d, want %d", core.Pid(), pid)
+	}
+	if core.Executable() != live.Executable() {
+		t.Errorf("core Executable() = %q, live %q", core.Executable(), live.Executable())
+	}
+	tids := func(tg target.Target) []int {
+		th, err := tg.Threads()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []int
+		for _, x := range th {
+			out = append(out, x.TID)
+		}
+		sort.Ints(out)
+		return out
+	}
+	if c, l := tids(core), tids(live); fmt.Sprint(c) != fmt.Sprint(l) || len(c) < 2 {
+		t.Errorf("core threads %v, live threads %v (want the same, at least 2)", c, l)
+	}
+	regs, ok := core.(target.CoreInfo).Registers(pid)
+	if !ok {
+		t.Fatal("no registers for the main thread")
+	}
+
+	lmaps, _ := live.Mappings()
+	cmaps, _ := core.Mappings()
+	byStart := map[uint64]target.Mapping{}
+	for _, m := range lmaps {
+		byStart[m.Start] = m
+	}
+	files, stackOK := 0, false
+	var text []target.Mapping
+	for _, m := range cmaps {
+		l, ok := byStart[m.Start]
+		if m.Path == "[stack]" {
+			stackOK = ok && l.Path == "[stack]" && m.Contains(regs.Rsp)
+		}
+		if m.Path == "" || strings.HasPrefix(m.Path, "[") {
+			continue
+		}
+		files++
+		if !ok || l.End != m.End || l.Offset != m.Offset || l.Path != m.Path {
+			t.Errorf("core mapping %x-%x %x %s; live has %+v", m.Start, m.End, m.Offset, m.Path, l)
+		}
+		if l.Perms == "r-xp" && strings.Contains(m.Path, "libruby") {
+			text = append(text, m)
+		}
+	}
+	if files < 10 || len(text) != 1 || !stackOK {
+		t.Fatalf("%d file mappings, libruby text %v, [stack] holding rsp %v", files, text, stackOK)
+	}
+
+	// Bytes: libruby's text (not in the core: read from disk), its data,
+	// the main thread's stack near rsp (stopped while dumping), and the
+	// VM's globals through libruby's dynamic symbols.
+	compare := func(what string, addr uint64, n int) {
+		t.Helper()
+		c, l := make([]byte, n), make([]byte, n)
+		if err := core.ReadAt(c, addr); err != nil {
+			t.Errorf("core read of %s (0x%x): %v", what, addr, err)
+			return
+		}
+		if err := live.ReadAt(l, addr); err != nil {
+			t.Fatalf("live read of %s (0x%x): %v", what, addr, err)
+		}
+		if !bytes.Equal(c, l) {
+			t.Errorf("%s at 0x%x differs between the core and the live process", what, addr)
+		}
+	}
+	compare("libruby text", text[0].Start, int(min(text[0].End-text[0].Start, 1<<20)))
+	var base uint64
+	for _, m := range cmaps {
+		if strings.Contains(m.Path, "libruby") && m.Offset == 0 {
+			base = m.Start
+		}
+	}
+	ci, err := elfx.ReadMemoryImage(core, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	li, err := elfx.ReadMemoryImage(live, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.Bias != li.Bias || ci.BuildID != li.BuildID || len(ci.Symbols) != len(li.Symbols) || len(ci.Symbols) < 1000 {
+		t.Errorf("core image bias %x build %s %d symbols; live %x %s %d", ci.Bias, ci.BuildID, len(ci.Symbols), li.Bias, li.BuildID, len(li.Symbols))
+	}
+	for _, name := range []string{"ruby_version", "ruby_description", "ruby_current_vm_ptr"} {
+		s, ok := ci.Lookup(name)
+		if !ok {
+			t.Fatalf("%s not in libruby's dynamic symbols", name)
+		}
+		compare(name, s.Value, 16)
+	}
+	v, _ := ci.Lookup("ruby_version")
+	var b [6]byte
+	if err := core.ReadAt(b[:], v.Value); err != nil || string(b[:]) != "3.1.2\x00" {
+		t.Errorf("ruby_version from the core = %q, %v; want 3.1.2", b, err)
+	}
+	vm, _ := ci.Lookup("ruby_current_vm_ptr")
+	var p [8]byte
+	core.ReadAt(p[:], vm.Value)
+	compare("the VM", uint64(p[0])|uint64(p[1])<<8|uint64(p[2])<<16|uint64(p[3])<<24|uint64(p[4])<<32|uint64(p[5])<<40, 256)
+	compare("the stack", regs.Rsp&^7, 512)
+
+	// The text came from disk: with an empty sysroot it is unreadable,
+	// and the error names the file.
+	bare, err := target.OpenCore(path, target.CoreOptions{SysRoot: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	var u target.ErrUnmapped
+	err = bare.ReadAt(b[:], text[0].Start)
+	if !errors.As(err, &u) || u.Addr != text[0].Start || !strings.Contains(err.Error(), text[0].Path) {
+		t.Errorf("text read without the files: %v; want ErrUnmapped naming %s", err, text[0].Path)
+	}
+}
