@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/* rbscope alloc: count a Ruby process's object allocations in the kernel.
+ *
+ * One program is attached to every USDT probe site (ruby:object__create,
+ * array__create, ...) or, for Rubies without probes, to the entry of the
+ * allocation function. The attach cookie indexes `probe_specs`, which says what
+ * the site's arguments are and where they live (register, stack slot,
+ * constant). Counts are aggregated here per (kind, class, file, line);
+ * user space reads the maps once per refresh. No strings are copied: the
+ * class and file name pointers are keys, and user space reads each
+ * distinct pointer once from the target's memory. */
+#include "minbpf.h"
+
+#define MAX_SPECS 256
+#define MAX_SITES 65536
+#define MAX_CLASSES 16384
+
+/* Argument kinds, as in package usdt. */
+#define ARG_NONE 0
+#define ARG_CONST 1
+#define ARG_REG 2
+#define ARG_MEM 3
+
+/* Probe kinds. */
+enum kind {
+	KIND_OBJECT = 1, /* object__create(const char *classname, file, line) */
+	KIND_ARRAY = 2,  /* array__create(long length, file, line) */
+	KIND_HASH = 3,   /* hash__create(long length, file, line) */
+	KIND_STRING = 4, /* string__create(long length, file, line) */
+	KIND_SYMBOL = 5, /* symbol__create(const char *str, file, line) */
+	KIND_NEWOBJ = 6, /* newobj function entry: arg 0 is the klass VALUE */
+	KIND_GC_MARK_BEGIN = 16,
+	KIND_GC_MARK_END = 17,
+	KIND_GC_SWEEP_BEGIN = 18,
+	KIND_GC_SWEEP_END = 19,
+};
+
+/* Statistics slots. */
+enum stat {
+	STAT_EVENTS = 0,       /* allocation events seen (before sampling) */
+	STAT_SAMPLED = 1,      /* events counted */
+	STAT_SITES_FULL = 2,   /* counted events whose site did not fit */
+	STAT_CLASSES_FULL = 3, /* counted events whose class did not fit */
+	STAT_ARG_ERRORS = 4,   /* argument reads that failed */
+	STAT_GC_MARK_NS = 5,
+	STAT_GC_MARK_COUNT = 6,
+	STAT_GC_SWEEP_NS = 7,
+	STAT_GC_SWEEP_COUNT = 8,
+	STAT_MAX = 16,
+};
+
+struct arg_spec {
+	__u8 kind;
+	__u8 size;
+	__u8 is_signed;
+	__u8 pad;
+	__u16 reg_off;
+	__u16 pad2;
+	__u32 pad3;
+	__s64 val;
+};
+
+struct probe_spec {
+	struct arg_spec args[3];
+	__u32 kind;
+	__u32 pad;
+};
+
+struct site_key {
+	__u64 cls;  /* class name pointer, klass VALUE, or 0 */
+	__u64 file; /* file name pointer, or 0 */
+	__u32 line;
+	__u32 kind;
+};
+
+struct class_key {
+	__u64 cls;
+	__u32 kind;
+	__u32 pad;
+};
+
+struct counter {
+	__u64 count;
+	__u64 bytes;
+};
+
+/* Set by the loader before loading. */
+const volatile __u32 target_tgid = 0;
+const volatile __u32 sample_period = 1;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SPECS);
+	__type(key, __u32);
+	__type(value, struct probe_spec);
+} probe_specs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, MAX_SITES);
+	__type(key, struct site_key);
+	__type(value, struct counter);
+} sites SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, MAX_CLASSES);
+	__type(key, struct class_key);
+	__type(value, struct counter);
+} classes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+/* Start times of the GC phase in progress: [0] mark, [1] sweep. Ruby's
+ * GC runs one phase at a time per process, but may migrate CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} gc_start SEC(".maps");
+
+static __always_inline void stat_add(__u32 slot, __u64 v)
+{
+	__u64 *p = bpf_map_lookup_elem(&stats, &slot);
+	if (p)
+		*p += v;
+}
+
+static __always_inline int read_arg(struct pt_regs *ctx, const struct arg_spec *a, __u64 *out)
+{
+	__u64 v = 0;
+	__u32 shift;
+
+	switch (a->kind) {
+	case ARG_CONST:
+		v = a->val;
+		break;
+	case ARG_REG:
+		if (a->reg_off > PT_REGS_SIZE - 8)
+			return -1;
+		if (bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + a->reg_off))
+			return -1;
+		break;
+	case ARG_MEM:
+		if (a->reg_off > PT_REGS_SIZE - 8)
+			return -1;
+		if (bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + a->reg_off))
+			return -1;
+		if (bpf_probe_read_user(&v, sizeof(v), (void *)(v + a->val)))
+			return -1;
+		break;
+	default:
+		*out = 0;
+		return 0;
+	}
+	if (a->size < 8 && a->size > 0) {
+		shift = 64 - 8 * (__u32)a->size;
+		v <<= shift;
+		if (a->is_signed)
+			v = (__u64)((__s64)v >> shift);
+		else
+			v >>= shift;
+	}
+	*out = v;
+	return 0;
+}
+
+static __always_inline void gc_phase(__u32 kind)
+{
+	__u32 slot = (kind == KIND_GC_MARK_BEGIN || kind == KIND_GC_MARK_END) ? 0 : 1;
+	__u64 *start = bpf_map_lookup_elem(&gc_start, &slot);
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!start)
+		return;
+	if (kind == KIND_GC_MARK_BEGIN || kind == KIND_GC_SWEEP_BEGIN) {
+		*start = now;
+		return;
+	}
+	if (*start == 0 || now < *start)
+		return;
+	if (slot == 0) {
+		stat_add(STAT_GC_MARK_NS, now - *start);
+		stat_add(STAT_GC_MARK_COUNT, 1);
+	} else {
+		stat_add(STAT_GC_SWEEP_NS, now - *start);
+		stat_add(STAT_GC_SWEEP_COUNT, 1);
+	}
+	*start = 0;
+}
+
+static __always_inline void bump(void *map, const void *key, __u64 bytes, __u32 full_slot)
+{
+	struct counter *c = bpf_map_lookup_elem(map, key);
+	if (c) {
+		c->count++;
+		c->bytes += bytes;
+		return;
+	}
+	struct counter init = {.count = 1, .bytes = bytes};
+	if (bpf_map_update_elem(map, key, &init, BPF_NOEXIST)) {
+		/* Another program on this CPU cannot have raced us (uprobes do
+		 * not nest), so a failure means the map is full. */
+		stat_add(full_slot, 1);
+	}
+}
+
+SEC("uprobe")
+int ruby_alloc(struct pt_regs *ctx)
+{
+	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != target_tgid)
+		return 0;
+
+	__u32 idx = (__u32)bpf_get_attach_cookie(ctx);
+	struct probe_spec *spec = bpf_map_lookup_elem(&probe_specs, &idx);
+	if (!spec)
+		return 0;
+	__u32 kind = spec->kind;
+	if (kind >= KIND_GC_MARK_BEGIN) {
+		gc_phase(kind);
+		return 0;
+	}
+
+	stat_add(STAT_EVENTS, 1);
+	if (sample_period > 1 && bpf_get_prandom_u32() % sample_period != 0)
+		return 0;
+	stat_add(STAT_SAMPLED, 1);
+
+	__u64 a0 = 0, a1 = 0, a2 = 0;
+	if (read_arg(ctx, &spec->args[0], &a0) || read_arg(ctx, &spec->args[1], &a1) ||
+	    read_arg(ctx, &spec->args[2], &a2)) {
+		stat_add(STAT_ARG_ERRORS, 1);
+		return 0;
+	}
+
+	struct site_key sk = {};
+	struct class_key ck = {};
+	__u64 bytes = 0;
+	sk.kind = kind;
+	ck.kind = kind;
+	switch (kind) {
+	case KIND_OBJECT:
+	case KIND_NEWOBJ:
+		sk.cls = a0;
+		ck.cls = a0;
+		break;
+	case KIND_STRING:
+		/* The length in bytes of the new string. */
+		if ((__s64)a0 > 0)
+			bytes = a0;
+		break;
+	case KIND_ARRAY:
+		/* Elements are VALUEs: 8 bytes each on 64-bit. */
+		if ((__s64)a0 > 0)
+			bytes = a0 * 8;
+		break;
+	}
+	sk.file = a1;
+	sk.line = (__u32)a2;
+	bump(&sites, &sk, bytes, STAT_SITES_FULL);
+	bump(&classes, &ck, bytes, STAT_CLASSES_FULL);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";

@@ -1,0 +1,19 @@
+// Package alloc counts a running Ruby process's object allocations, by
+// class and by file:line, with eBPF — without touching the process's code.
+//
+// It attaches one small eBPF program (bpf/alloc.bpf.c, compiled by bpf2go
+// and committed) to Ruby's USDT probes ruby:object__create, array__create,
+// hash__create, string__create and symbol__create, and to the GC phase
+// probes for GC time. The kernel increments each probe's semaphore while
+// the program is attached, which is what makes Ruby fire the probes.
+// Counts are aggregated in the kernel per (probe kind, class-name pointer,
+// file-name pointer, line); user space reads the maps once per refresh and
+// reads each distinct name pointer once from the target's memory. Rubies
+// built without probes but with symbols fall back to uprobes on the entry
+// of the exported allocation functions (rb_wb_protected_newobj_of, ...),
+// which give the class but not the allocating file:line.
+//
+// Counting is exact by default. Sampling (1 in N events, in the kernel)
+// and a duty cycle (attached for part of each second) trade precision for
+// overhead; reports made that way are marked Estimated.
+package alloc

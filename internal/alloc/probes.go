@@ -1,0 +1,230 @@
+package alloc
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/usdt"
+)
+
+// Kind is what an attached site reports. The values are shared with the
+// eBPF program.
+type Kind uint32
+
+// Probe kinds.
+const (
+	KindObject      Kind = 1 // ruby:object__create(classname, file, line)
+	KindArray       Kind = 2 // ruby:array__create(length, file, line)
+	KindHash        Kind = 3 // ruby:hash__create(length, file, line)
+	KindString      Kind = 4 // ruby:string__create(length, file, line)
+	KindSymbol      Kind = 5 // ruby:symbol__create(str, file, line)
+	KindNewobj      Kind = 6 // entry of an allocation function: klass VALUE
+	KindGCMarkBegin Kind = 16
+	KindGCMarkEnd   Kind = 17
+	KindGCSwpBegin  Kind = 18
+	KindGCSwpEnd    Kind = 19
+)
+
+var probeKinds = map[string]Kind{
+	"object__create":   KindObject,
+	"array__create":    KindArray,
+	"hash__create":     KindHash,
+	"string__create":   KindString,
+	"symbol__create":   KindSymbol,
+	"gc__mark__begin":  KindGCMarkBegin,
+	"gc__mark__end":    KindGCMarkEnd,
+	"gc__sweep__begin": KindGCSwpBegin,
+	"gc__sweep__end":   KindGCSwpEnd,
+}
+
+// kindClass names the class of the objects a kind counts, when the probe
+// does not say.
+var kindClass = map[Kind]string{
+	KindArray:  "Array",
+	KindHash:   "Hash",
+	KindString: "String",
+	KindSymbol: "Symbol",
+}
+
+// Site is one place a program is attached.
+type Site struct {
+	Kind Kind
+	Name string // probe or function name
+	// Offset and RefCtrOffset are file offsets of the site and of its
+	// semaphore (0: none) in Binary.
+	Offset, RefCtrOffset uint64
+	Args                 []usdt.Arg
+}
+
+// Plan is what Attach will attach to in one process.
+type Plan struct {
+	// Binary is the path of the ELF file in the target's mount namespace
+	// ("/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1").
+	Binary string
+	// HostPath opens Binary from this host (through /proc/PID/root).
+	HostPath string
+	// Mode is "usdt" or "symbols".
+	Mode  string
+	Sites []Site
+	// Skipped lists probe sites left out, with the reason.
+	Skipped []string
+}
+
+// ErrNoProbes means the Ruby binary has neither USDT probes nor symbols
+// for its allocation functions.
+var ErrNoProbes = errors.New("this Ruby has neither USDT probes (built without --enable-dtrace) nor symbols for its allocation functions")
+
+// newobjFuncs are exported allocation functions and the register holding
+// their klass argument at entry (System V: rdi, rsi, ...).
+var newobjFuncs = []struct {
+	name string
+	reg  string
+}{
+	{"rb_wb_protected_newobj_of", "rdi"},
+	{"rb_wb_unprotected_newobj_of", "rdi"},
+	{"rb_ec_wb_protected_newobj_of", "rsi"},
+	{"rb_newobj_of", "rdi"},
+}
+
+// PlanFor finds the Ruby binary mapped into the target (the executable or
+// a libruby) and decides where to attach: USDT probes if it has them,
+// allocation functions otherwise. forceSymbols skips the probes (to test
+// the fallback).
+func PlanFor(t target.Target, forceSymbols bool) (*Plan, error) {
+	maps, err := t.Mappings()
+	if err != nil {
+		return nil, fmt.Errorf("read mappings: %w", err)
+	}
+	var cands []string
+	seen := map[string]bool{}
+	add := func(p string) {
+		if p != "" && !seen[p] {
+			seen[p] = true
+			cands = append(cands, p)
+		}
+	}
+	for _, m := range maps {
+		if strings.Contains(filepath.Base(m.Path), "libruby") {
+			add(m.Path)
+		}
+	}
+	add(t.Executable())
+	var errs []error
+	var symPlan *Plan
+	for _, c := range cands {
+		host := target.HostPath(t.Pid(), c)
+		if _, err := os.Stat(host); err != nil {
+			host = c
+		}
+		p, err := planBinary(c, host, forceSymbols)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if p == nil {
+			continue
+		}
+		if p.Mode == "usdt" {
+			return p, nil
+		}
+		if symPlan == nil {
+			symPlan = p
+		}
+	}
+	if symPlan != nil {
+		return symPlan, nil
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%w (%v)", ErrNoProbes, errors.Join(errs...))
+	}
+	return nil, fmt.Errorf("%w: looked in %s", ErrNoProbes, strings.Join(cands, ", "))
+}
+
+// planBinary returns the plan for one binary, nil if it has nothing to
+// attach to.
+func planBinary(path, host string, forceSymbols bool) (*Plan, error) {
+	f, err := elf.Open(host)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	if f.Machine != elf.EM_X86_64 {
+		return nil, fmt.Errorf("%s: %v is not supported (x86_64 only)", path, f.Machine)
+	}
+	plan := &Plan{Binary: path, HostPath: host}
+	if !forceSymbols {
+		probes, err := usdt.FromELF(f)
+		if err != nil {
+			return nil, fmt.Errorf("read probes of %s: %w", path, err)
+		}
+		plan.Mode = "usdt"
+		haveAlloc := false
+		for _, p := range probes {
+			if p.Provider != "ruby" {
+				continue
+			}
+			k, ok := probeKinds[p.Name]
+			if !ok {
+				continue
+			}
+			where := fmt.Sprintf("%s at 0x%x", p.Name, p.Offset)
+			if p.ArgErr != nil {
+				plan.Skipped = append(plan.Skipped, fmt.Sprintf("%s: %v", where, p.ArgErr))
+				continue
+			}
+			if k < KindGCMarkBegin && len(p.Args) < 3 {
+				plan.Skipped = append(plan.Skipped, fmt.Sprintf("%s: %d arguments, want 3", where, len(p.Args)))
+				continue
+			}
+			if (k == KindArray || k == KindHash || k == KindString) && p.Args[0].Kind == usdt.ArgConst && p.Args[0].Disp == 0 {
+				// RUBY_DTRACE_CREATE_HOOK(ARRAY, 0) and friends sit in the
+				// allocators (empty_ary_alloc, ...), which run only after
+				// object__create has counted the same object with its
+				// real class: counting them again would double count.
+				plan.Skipped = append(plan.Skipped, where+": allocator site, counted by object__create")
+				continue
+			}
+			plan.Sites = append(plan.Sites, Site{Kind: k, Name: p.Name, Offset: p.Offset, RefCtrOffset: p.SemaphoreOffset, Args: p.Args})
+			if k < KindGCMarkBegin {
+				haveAlloc = true
+			}
+		}
+		if haveAlloc {
+			return plan, nil
+		}
+		plan.Sites, plan.Skipped = nil, nil
+	}
+	plan.Mode = "symbols"
+	syms, _ := f.Symbols()
+	dyn, _ := f.DynamicSymbols()
+	byName := map[string]elf.Symbol{}
+	for _, s := range append(dyn, syms...) {
+		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Value != 0 && s.Section != elf.SHN_UNDEF {
+			byName[s.Name] = s
+		}
+	}
+	for _, fn := range newobjFuncs {
+		s, ok := byName[fn.name]
+		if !ok {
+			continue
+		}
+		off, err := usdt.VaddrToOffset(f, s.Value)
+		if err != nil {
+			return nil, fmt.Errorf("%s in %s: %w", fn.name, path, err)
+		}
+		arg, err := usdt.ParseArg("8@%" + fn.reg)
+		if err != nil {
+			return nil, err
+		}
+		plan.Sites = append(plan.Sites, Site{Kind: KindNewobj, Name: fn.name, Offset: off, Args: []usdt.Arg{arg}})
+	}
+	if len(plan.Sites) == 0 {
+		return nil, nil
+	}
+	return plan, nil
+}

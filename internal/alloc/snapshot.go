@@ -1,0 +1,273 @@
+package alloc
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// Stats slots, as in the eBPF program.
+const (
+	statEvents = iota
+	statSampled
+	statSitesFull
+	statClassesFull
+	statArgErrors
+	statGCMarkNS
+	statGCMarkCount
+	statGCSweepNS
+	statGCSweepCount
+)
+
+// ClassCount is the allocations of one class.
+type ClassCount struct {
+	Class string `json:"class"`
+	Count uint64 `json:"count"`
+	// Bytes is the payload size the probes report: string lengths for
+	// String, 8 bytes per element for Array; 0 where the probe gives no
+	// size (object__create, hash__create, symbol__create).
+	Bytes uint64 `json:"bytes"`
+}
+
+// SiteCount is the allocations of one class at one file:line.
+type SiteCount struct {
+	Class string `json:"class"`
+	Path  string `json:"path"`
+	Line  int    `json:"line"`
+	Count uint64 `json:"count"`
+	Bytes uint64 `json:"-"`
+}
+
+// Report is the cumulative count since Attach, names resolved and scaled
+// when sampling or duty-cycling. ByClass and BySite are sorted by count,
+// descending (then by name).
+type Report struct {
+	Pid       int           `json:"pid"`
+	Duration  time.Duration `json:"-"`
+	Estimated bool          `json:"estimated"`
+	ByClass   []ClassCount  `json:"by_class"`
+	BySite    []SiteCount   `json:"by_site"`
+
+	// Mode is "usdt" or "symbols"; in "symbols" mode sites have no
+	// file:line.
+	Mode string `json:"-"`
+	// Scale is the factor raw counts were multiplied by.
+	Scale float64 `json:"-"`
+	// Events is the number of allocation probe hits the kernel saw
+	// (before sampling), Counted how many were counted.
+	Events, Counted uint64 `json:"-"`
+	// SitesDropped counts events whose file:line did not fit in the
+	// kernel's site table (their class is still counted).
+	SitesDropped, ClassesDropped, ArgErrors uint64 `json:"-"`
+	// GC time and phase counts from the gc__mark/gc__sweep probes
+	// (unscaled: GC probes are never sampled, but are missed while a
+	// duty cycle has the probes detached).
+	GCMark, GCSweep   time.Duration `json:"-"`
+	GCMarks, GCSweeps uint64        `json:"-"`
+	UnreadableNames   uint64        `json:"-"`
+}
+
+// Snapshot reads the kernel's counters and returns the cumulative report.
+func (tr *Tracker) Snapshot() (*Report, error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.dutyErr != nil {
+		return nil, fmt.Errorf("re-attach for duty cycle: %w", tr.dutyErr)
+	}
+	now := time.Now()
+	r := &Report{Pid: tr.pid, Duration: now.Sub(tr.start), Mode: tr.plan.Mode}
+	scale := float64(tr.opts.SamplePeriod)
+	if tr.opts.DutyCycle > 0 && tr.opts.DutyCycle < 1 {
+		on := tr.onTotal
+		if tr.attached {
+			on += now.Sub(tr.onSince)
+		}
+		if on > 0 {
+			scale *= float64(r.Duration) / float64(on)
+		}
+	}
+	r.Scale = scale
+	r.Estimated = scale != 1
+
+	stats, err := readStats(tr.objs.Stats)
+	if err != nil {
+		return nil, err
+	}
+	r.Events, r.Counted = stats[statEvents], stats[statSampled]
+	r.SitesDropped, r.ClassesDropped, r.ArgErrors = stats[statSitesFull], stats[statClassesFull], stats[statArgErrors]
+	r.GCMark, r.GCSweep = time.Duration(stats[statGCMarkNS]), time.Duration(stats[statGCSweepNS])
+	r.GCMarks, r.GCSweeps = stats[statGCMarkCount], stats[statGCSweepCount]
+
+	sites, err := readPerCPU[allocSiteKey](tr.objs.Sites)
+	if err != nil {
+		return nil, fmt.Errorf("read site counts: %w", err)
+	}
+	classes, err := readPerCPU[allocClassKey](tr.objs.Classes)
+	if err != nil {
+		return nil, fmt.Errorf("read class counts: %w", err)
+	}
+	sc := func(v uint64) uint64 { return uint64(math.Round(float64(v) * scale)) }
+
+	byClass := map[string]*ClassCount{}
+	for k, c := range classes {
+		name := tr.className(Kind(k.Kind), k.Cls, r)
+		cc := byClass[name]
+		if cc == nil {
+			cc = &ClassCount{Class: name}
+			byClass[name] = cc
+		}
+		cc.Count += c.Count
+		cc.Bytes += c.Bytes
+	}
+	type siteID struct {
+		class, path string
+		line        int
+	}
+	bySite := map[siteID]*SiteCount{}
+	for k, c := range sites {
+		name := tr.className(Kind(k.Kind), k.Cls, r)
+		path := ""
+		if k.File != 0 {
+			p, err := tr.names.cString(k.File)
+			if err != nil {
+				r.UnreadableNames++
+				p = fmt.Sprintf("(unreadable 0x%x)", k.File)
+			}
+			path = p
+		}
+		id := siteID{name, path, int(int32(k.Line))}
+		s := bySite[id]
+		if s == nil {
+			s = &SiteCount{Class: name, Path: path, Line: id.line}
+			bySite[id] = s
+		}
+		s.Count += c.Count
+		s.Bytes += c.Bytes
+	}
+	r.ByClass = make([]ClassCount, 0, len(byClass))
+	for _, c := range byClass {
+		c.Count, c.Bytes = sc(c.Count), sc(c.Bytes)
+		r.ByClass = append(r.ByClass, *c)
+	}
+	r.BySite = make([]SiteCount, 0, len(bySite))
+	for _, s := range bySite {
+		s.Count, s.Bytes = sc(s.Count), sc(s.Bytes)
+		r.BySite = append(r.BySite, *s)
+	}
+	sortReport(r)
+	return r, nil
+}
+
+func sortReport(r *Report) {
+	sort.Slice(r.ByClass, func(i, j int) bool {
+		a, b := r.ByClass[i], r.ByClass[j]
+		if a.Count != b.Count {
+			return a.Count > b.Count
+		}
+		return a.Class < b.Class
+	})
+	sort.Slice(r.BySite, func(i, j int) bool {
+		a, b := r.BySite[i], r.BySite[j]
+		if a.Count != b.Count {
+			return a.Count > b.Count
+		}
+		if a.Path != b.Path {
+			return a.Path < b.Path
+		}
+		if a.Line != b.Line {
+			return a.Line < b.Line
+		}
+		return a.Class < b.Class
+	})
+}
+
+func (tr *Tracker) className(k Kind, cls uint64, r *Report) string {
+	switch k {
+	case KindObject:
+		if cls == 0 {
+			return "(anonymous)"
+		}
+		s, err := tr.names.cString(cls)
+		if err != nil {
+			r.UnreadableNames++
+			return fmt.Sprintf("(unreadable 0x%x)", cls)
+		}
+		return s
+	case KindNewobj:
+		return tr.names.class(cls)
+	}
+	if s, ok := kindClass[k]; ok {
+		return s
+	}
+	return fmt.Sprintf("(kind %d)", k)
+}
+
+func readStats(m *ebpf.Map) ([]uint64, error) {
+	out := make([]uint64, 16)
+	for i := range out {
+		var per []uint64
+		if err := m.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("read stats: %w", err)
+		}
+		for _, v := range per {
+			out[i] += v
+		}
+	}
+	return out, nil
+}
+
+// readPerCPU reads a per-CPU hash of counters, summing CPUs, with batch
+// lookups (one syscall per 4096 entries) where the kernel has them.
+func readPerCPU[K comparable](m *ebpf.Map) (map[K]allocCounter, error) {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("count CPUs: %w", err)
+	}
+	out := map[K]allocCounter{}
+	const batch = 4096
+	keys := make([]K, batch)
+	vals := make([]allocCounter, batch*ncpu)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			var sum allocCounter
+			for c := 0; c < ncpu; c++ {
+				v := vals[i*ncpu+c]
+				sum.Count += v.Count
+				sum.Bytes += v.Bytes
+			}
+			out[keys[i]] = sum
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	// No batch operations: iterate.
+	out = map[K]allocCounter{}
+	var k K
+	var per []allocCounter
+	it := m.Iterate()
+	for it.Next(&k, &per) {
+		var sum allocCounter
+		for _, v := range per {
+			sum.Count += v.Count
+			sum.Bytes += v.Bytes
+		}
+		out[k] = sum
+	}
+	if err := it.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
