@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 )
@@ -100,6 +101,8 @@ func Classify(err error) ErrorKind {
 	case errors.As(err, &unmapped):
 		return ErrUnmapped
 	case errors.As(err, &inc) && inc.Inconsistent():
+		return ErrUnmapped
+	case errors.Is(err, ruby.ErrInvalid):
 		return ErrUnmapped
 	}
 	return ErrOther

@@ -213,7 +213,6 @@ func TestHelperPauseAndHang(t *testing.T) {
 	os.Exit(0)
 }
 
-
 // BenchmarkPause measures one pause and resume of a Ruby process with four
 // threads (three busy).
 func BenchmarkPause(b *testing.B) {

@@ -1,0 +1,232 @@
+package sampler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// Pauser stops a process for the duration of one sample; *target.Pauser
+// implements it.
+type Pauser interface {
+	Pause(pid int) (resume func() error, err error)
+}
+
+// RubyOptions tunes a RubySource.
+type RubyOptions struct {
+	// Pauser, when set, stops the process while its stacks are read
+	// (blocking mode: consistent stacks, a short pause of the target per
+	// sample). Nil reads the running process (nonblocking mode).
+	Pauser Pauser
+}
+
+// RubySource samples every Ruby thread of one process.
+type RubySource struct {
+	p      *ruby.Process
+	pid    int
+	pauser Pauser
+	states *taskStates
+	out    []stack.Sample
+}
+
+// NewRubySource samples the Ruby process p.
+func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
+	pid := p.Target().Pid()
+	return &RubySource{p: p, pid: pid, pauser: opts.Pauser, states: newTaskStates(pid)}
+}
+
+// Process is the Ruby process sampled.
+func (s *RubySource) Process() *ruby.Process { return s.p }
+
+// Sample takes one sample of every Ruby thread. The kernel state of every
+// thread (for OnCPU) is read before the process is paused. The returned
+// slice is reused by the next call.
+func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
+	if err := s.states.refresh(); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var threads []stack.Thread
+	var err error
+	if s.pauser != nil {
+		resume, perr := s.pauser.Pause(s.pid)
+		if perr != nil {
+			return nil, fmt.Errorf("pause: %w", perr)
+		}
+		threads, err = s.p.Snapshot()
+		if rerr := resume(); rerr != nil {
+			return nil, fmt.Errorf("resume: %w", rerr)
+		}
+	} else {
+		threads, err = s.p.Snapshot()
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.out = s.out[:0]
+	for i := range threads {
+		th := &threads[i]
+		s.out = append(s.out, stack.Sample{
+			Time:       now,
+			Pid:        s.pid,
+			TID:        th.TID,
+			ThreadName: th.Name,
+			OnCPU:      s.states.state(th.TID) == 'R',
+			Frames:     th.Frames,
+		})
+	}
+	return s.out, nil
+}
+
+// Close releases the files kept open for reading thread states.
+func (s *RubySource) Close() error {
+	s.states.close()
+	return nil
+}
+
+// taskStates reads the kernel state of every thread of a process from
+// /proc/PID/task/TID/stat, keeping each file open and re-reading it with
+// pread (procfs regenerates the contents at offset 0).
+type taskStates struct {
+	pid   int
+	dir   string
+	files map[int]*os.File
+	cur   map[int]byte
+	seen  map[int]bool
+	buf   []byte
+}
+
+func newTaskStates(pid int) *taskStates {
+	return &taskStates{
+		pid: pid, dir: "/proc/" + strconv.Itoa(pid) + "/task/",
+		files: map[int]*os.File{}, cur: map[int]byte{}, seen: map[int]bool{},
+		buf: make([]byte, 1024),
+	}
+}
+
+func (ts *taskStates) refresh() error {
+	d, err := os.Open(ts.dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return target.ErrProcessExited{Pid: ts.pid}
+		}
+		return fmt.Errorf("list threads of process %d: %w", ts.pid, err)
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return fmt.Errorf("list threads of process %d: %w", ts.pid, err)
+	}
+	if len(names) == 0 {
+		return target.ErrProcessExited{Pid: ts.pid}
+	}
+	clear(ts.seen)
+	for _, n := range names {
+		tid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		ts.seen[tid] = true
+		f := ts.files[tid]
+		if f == nil {
+			f, err = os.Open(ts.dir + n + "/stat")
+			if err != nil {
+				continue // exited meanwhile
+			}
+			ts.files[tid] = f
+		}
+		k, err := f.ReadAt(ts.buf, 0)
+		if k == 0 && err != nil {
+			f.Close()
+			delete(ts.files, tid)
+			delete(ts.cur, tid)
+			continue
+		}
+		ts.cur[tid] = stateLetter(ts.buf[:k])
+	}
+	for tid, f := range ts.files {
+		if !ts.seen[tid] {
+			f.Close()
+			delete(ts.files, tid)
+			delete(ts.cur, tid)
+		}
+	}
+	return nil
+}
+
+// stateLetter returns the state field of a stat line: the first
+// character after the last ')' and a space.
+func stateLetter(b []byte) byte {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] == ')' {
+			if i+2 < len(b) {
+				return b[i+2]
+			}
+			return 0
+		}
+	}
+	return 0
+}
+
+func (ts *taskStates) state(tid int) byte { return ts.cur[tid] }
+
+func (ts *taskStates) close() {
+	for tid, f := range ts.files {
+		f.Close()
+		delete(ts.files, tid)
+	}
+}
+
+// OpenRuby opens live process pid as a Ruby process, retrying until Ruby
+// has initialized (a freshly started or exec'd process is not ready at
+// once), the process exits, ctx is done or timeout passes. It returns the
+// last error on failure.
+func OpenRuby(ctx context.Context, pid int, opts ruby.Options, timeout time.Duration) (*ruby.Process, error) {
+	deadline := time.Now().Add(timeout)
+	delay := 5 * time.Millisecond
+	for {
+		p, err := openRubyOnce(pid, opts)
+		if err == nil {
+			return p, nil
+		}
+		if target.IsExited(err) || time.Now().After(deadline) {
+			return nil, err
+		}
+		var perm target.ErrPermission
+		if errors.As(err, &perm) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 100*time.Millisecond)
+	}
+}
+
+func openRubyOnce(pid int, opts ruby.Options) (*ruby.Process, error) {
+	t, err := target.OpenLive(pid)
+	if err != nil {
+		return nil, err
+	}
+	p, err := ruby.Open(t, opts)
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	// A process that is still starting may have a VM without threads
+	// yet: check that a snapshot works.
+	if _, err := p.Snapshot(); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("first snapshot: %w", err)
+	}
+	return p, nil
+}

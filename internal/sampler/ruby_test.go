@@ -1,0 +1,259 @@
+package sampler
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+func needRuby(t testing.TB) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("reading another process needs CAP_SYS_PTRACE: run as root")
+	}
+	rb, err := exec.LookPath("ruby")
+	if err != nil {
+		t.Skip("ruby not installed")
+	}
+	return rb
+}
+
+// startRuby runs script in its own process group (killed on cleanup) and
+// waits for it to print "ready".
+func startRuby(t testing.TB, script string, args ...string) *exec.Cmd {
+	t.Helper()
+	rb := needRuby(t)
+	path := filepath.Join(t.TempDir(), "script.rb")
+	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(rb, append([]string{path}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if sc.Text() == "ready" {
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			return cmd
+		}
+	}
+	t.Fatalf("script did not get ready: %v", sc.Err())
+	return nil
+}
+
+const twoThreads = `
+def busy_worker
+  x = 0
+  loop { x += 1 }
+end
+def idle_waiter
+  sleep
+end
+t1 = Thread.new { busy_worker }
+t1.name = "busy"
+t2 = Thread.new { idle_waiter }
+t2.name = "idle"
+sleep 0.1
+puts "ready"
+$stdout.flush
+t1.join
+`
+
+func openRuby(t testing.TB, pid int) *ruby.Process {
+	t.Helper()
+	p, err := OpenRuby(context.Background(), pid, ruby.Options{}, 5*time.Second)
+	if err != nil {
+		t.Fatalf("open ruby %d: %v", pid, err)
+	}
+	t.Cleanup(func() { p.Target().Close() })
+	return p
+}
+
+func frameNames(fs []stack.Frame) string {
+	var b []string
+	for _, f := range fs {
+		b = append(b, f.Name)
+	}
+	return strings.Join(b, ";")
+}
+
+func TestRubySource(t *testing.T) {
+	for _, blocking := range []bool{false, true} {
+		name := "nonblocking"
+		if blocking {
+			name = "blocking"
+		}
+		t.Run(name, func(t *testing.T) {
+			cmd := startRuby(t, twoThreads)
+			p := openRuby(t, cmd.Process.Pid)
+			var opts RubyOptions
+			if blocking {
+				pz := target.NewPauser()
+				defer pz.Close()
+				opts.Pauser = pz
+			}
+			src := NewRubySource(p, opts)
+			defer src.Close()
+			onCPU := map[string]int{}
+			seen := map[string]int{}
+			st, err := Run(context.Background(), src, Config{Rate: 200, Duration: time.Second}, func(b []stack.Sample) {
+				for _, s := range b {
+					if s.Pid != cmd.Process.Pid || s.TID == 0 || s.Time.IsZero() {
+						t.Errorf("sample without pid/tid/time: %+v", s)
+					}
+					seen[s.ThreadName]++
+					if s.OnCPU {
+						onCPU[s.ThreadName]++
+					}
+					top := ""
+					if len(s.Frames) > 0 {
+						top = frameNames(s.Frames)
+					}
+					switch s.ThreadName {
+					case "busy":
+						if !strings.Contains(top, "Object#busy_worker") {
+							t.Errorf("busy thread stack %q", top)
+						}
+					case "idle":
+						if !strings.HasPrefix(top, "Kernel#sleep;Object#idle_waiter") {
+							t.Errorf("idle thread stack %q", top)
+						}
+					}
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Ticks < 150 || seen["busy"] != st.Ticks || seen["idle"] != st.Ticks {
+				t.Fatalf("ticks %d, samples per thread %v, errors %s (%v)", st.Ticks, seen, st.ErrorSummary(), st.LastError)
+			}
+			// The busy thread competes for the GVL with the main thread
+			// (sleeping in join): it is on a CPU most of the time, the
+			// sleeper never.
+			if onCPU["busy"] < st.Ticks/2 || onCPU["idle"] != 0 {
+				t.Errorf("on-CPU counts %v of %d ticks", onCPU, st.Ticks)
+			}
+			if len(st.Threads) != 3 {
+				t.Errorf("threads %+v, want main, busy, idle", st.Threads)
+			}
+			// After sampling, the target runs normally.
+			for tid, s := range threadStates(cmd.Process.Pid) {
+				if s == 't' || s == 'T' {
+					t.Errorf("thread %d left in state %c", tid, s)
+				}
+			}
+		})
+	}
+}
+
+func threadStates(pid int) map[int]byte {
+	ts := newTaskStates(pid)
+	defer ts.close()
+	_ = ts.refresh()
+	out := map[int]byte{}
+	for k, v := range ts.cur {
+		out[k] = v
+	}
+	return out
+}
+
+// TestRubySourceTargetExits: the sampler stops with Exited when the
+// target ends, keeping what it sampled.
+func TestRubySourceTargetExits(t *testing.T) {
+	cmd := startRuby(t, `
+def work; x = 0; loop { x += 1 }; end
+Thread.new { sleep 0.6; exit! 0 }
+puts "ready"; $stdout.flush
+work`)
+	p := openRuby(t, cmd.Process.Pid)
+	src := NewRubySource(p, RubyOptions{})
+	defer src.Close()
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	n := 0
+	st, err := Run(context.Background(), src, Config{Rate: 100, Duration: 10 * time.Second}, func(b []stack.Sample) { n += len(b) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Exited || n == 0 || st.End.Sub(st.Start) > 3*time.Second {
+		t.Fatalf("exited %v after %v with %d samples (errors %s)", st.Exited, st.End.Sub(st.Start), n, st.ErrorSummary())
+	}
+}
+
+// TestTreeSource: a Ruby script that forks a Ruby child and runs another
+// Ruby with system (and a non-Ruby child): samples come from three pids,
+// each with its own methods; the non-Ruby child is skipped.
+func TestTreeSource(t *testing.T) {
+	rb := needRuby(t)
+	cmd := startRuby(t, `
+def forked_child; x = 0; loop { x += 1 }; end
+def parent_work; x = 0; loop { x += 1 }; end
+fork { forked_child }
+Thread.new { system("sleep", "30") }
+Thread.new { system(ARGV[0], "-e", "def system_child; x = 0; loop { x += 1 }; end; system_child") }
+puts "ready"; $stdout.flush
+parent_work
+`, rb)
+	p := openRuby(t, cmd.Process.Pid)
+	src := NewTreeSource(cmd.Process.Pid, p, TreeOptions{OpenTimeout: time.Second})
+	defer src.Close()
+	names := map[int]map[string]bool{}
+	st, err := Run(context.Background(), src, Config{Rate: 50, Duration: 3 * time.Second}, func(b []stack.Sample) {
+		for _, s := range b {
+			if names[s.Pid] == nil {
+				names[s.Pid] = map[string]bool{}
+			}
+			for _, f := range s.Frames {
+				names[s.Pid][f.Name] = true
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 3 {
+		t.Fatalf("samples from %d pids (%v), want 3; errors %s %v", len(names), names, st.ErrorSummary(), st.LastError)
+	}
+	want := map[string]bool{}
+	for pid, fs := range names {
+		for _, m := range []string{"Object#parent_work", "Object#forked_child", "Object#system_child"} {
+			if fs[m] {
+				want[m] = true
+				if m == "Object#parent_work" && pid != cmd.Process.Pid {
+					t.Errorf("parent_work seen in pid %d", pid)
+				}
+			}
+		}
+	}
+	if len(want) != 3 {
+		t.Errorf("methods seen %v, want parent_work, forked_child and system_child", want)
+	}
+	skipped := src.Skipped()
+	if len(skipped) != 1 {
+		t.Errorf("skipped %v, want the sleep child", skipped)
+	}
+}
