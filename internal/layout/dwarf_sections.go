@@ -234,4 +234,3 @@ func uleb(b []byte) (uint64, error) {
 	}
 	return 0, errShortBuffer
 }
-

@@ -1,0 +1,226 @@
+package layout
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync/atomic"
+)
+
+// BinaryInfo names one binary of a Ruby process (libruby, the executable)
+// for Resolve.
+type BinaryInfo struct {
+	// Path is the binary's path as the target names it.
+	Path string
+	// Open opens the binary's bytes; when nil, HostPath (or Path) is
+	// opened from this host's file system.
+	Open func() (io.ReaderAt, io.Closer, error)
+	// HostPath is where this process finds the binary (for a process in
+	// a container, under /proc/PID/root); "" means Path.
+	HostPath string
+	// BuildID is the binary's GNU build id in hex; read from the binary
+	// when "".
+	BuildID string
+}
+
+// ResolveOptions tunes Resolve.
+type ResolveOptions struct {
+	// DebugRoots are searched for separate debug files; nil means
+	// DefaultDebugRoots().
+	DebugRoots []string
+	// CacheDir holds extracted layouts by build id; "" means
+	// DefaultCacheDir().
+	CacheDir string
+	// NoCache neither reads nor writes the cache.
+	NoCache bool
+	// NoDWARF skips DWARF and returns the built-in table.
+	NoDWARF bool
+}
+
+// coreStructs are the structs a DWARF layout must define to be used: one
+// without them (an executable whose DWARF covers only main.c) says
+// nothing about the VM.
+var coreStructs = []string{"rb_execution_context_struct", "rb_control_frame_struct"}
+
+// dwarfExtractions counts DWARF reads by Resolve, for tests of the cache.
+var dwarfExtractions atomic.Int64
+
+// DWARFExtractions returns how many times Resolve has read DWARF in this
+// process (cache hits do not count).
+func DWARFExtractions() int64 { return dwarfExtractions.Load() }
+
+// Resolve returns the layout of a Ruby build: from the DWARF of the first
+// of bins that has it (in the binary itself, then in a separate debug
+// file), completed field by field from the built-in table for rubyVersion
+// (fields taken from the table say so in Field.Source); otherwise the
+// built-in table. Layouts read from DWARF are cached by build id, so a
+// later run reads no DWARF.
+func Resolve(bins []BinaryInfo, rubyVersion string, opts ResolveOptions) (*Layout, error) {
+	builtin, berr := Builtin(rubyVersion)
+	if opts.NoDWARF {
+		return builtin, berr
+	}
+	roots := opts.DebugRoots
+	if roots == nil {
+		roots = DefaultDebugRoots()
+	}
+	cacheDir := opts.CacheDir
+	if cacheDir == "" {
+		cacheDir = DefaultCacheDir()
+	}
+	if opts.NoCache {
+		cacheDir = ""
+	}
+	var notes []string
+	for _, b := range bins {
+		l, err := dwarfLayout(b, roots, cacheDir)
+		if err != nil {
+			notes = append(notes, err.Error())
+			continue
+		}
+		if !usable(l) {
+			notes = append(notes, fmt.Sprintf("%s: DWARF lacks %s", l.Source, strings.Join(coreStructs, " and ")))
+			continue
+		}
+		return complete(l, builtin, rubyVersion), nil
+	}
+	if berr != nil {
+		if len(notes) > 0 {
+			return nil, fmt.Errorf("%w; no usable DWARF either: %s", berr, strings.Join(notes, "; "))
+		}
+		return nil, berr
+	}
+	return builtin, nil
+}
+
+func usable(l *Layout) bool {
+	for _, s := range coreStructs {
+		if l.Has(s, "") {
+			return true
+		}
+	}
+	return false
+}
+
+// dwarfLayout returns the DWARF layout of one binary, from the cache or
+// by extraction (and then caches it).
+func dwarfLayout(b BinaryInfo, roots []string, cacheDir string) (*Layout, error) {
+	if b.BuildID != "" {
+		if l := cacheLoad(cacheDir, b.BuildID, WantedStructs); l != nil {
+			return l, nil
+		}
+	}
+	r, closer, err := openBinary(b)
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	host := b.HostPath
+	if host == "" {
+		host = b.Path
+	}
+	q, err := QueryFromELF(r, b.Path, host)
+	if err != nil {
+		return nil, err
+	}
+	if b.BuildID != "" {
+		q.BuildID = b.BuildID
+	} else if l := cacheLoad(cacheDir, q.BuildID, WantedStructs); l != nil {
+		return l, nil
+	}
+	l, err := extractFor(r, q, roots)
+	if err != nil {
+		return nil, err
+	}
+	if err := cacheStore(cacheDir, q.BuildID, WantedStructs, l); err != nil {
+		// A read-only cache costs time on the next run, nothing more.
+		_ = err
+	}
+	return l, nil
+}
+
+// extractFor reads the layout from the binary's own DWARF, else from its
+// separate debug file.
+func extractFor(r io.ReaderAt, q DebugFileQuery, roots []string) (*Layout, error) {
+	var own error
+	if f, err := elf.NewFile(r); err == nil && hasDWARF(f) {
+		dwarfExtractions.Add(1)
+		l, err := FromDWARF(r, WantedStructs)
+		if err == nil && usable(l) {
+			l.Source = "dwarf:" + q.Path
+			return l, nil
+		}
+		own = err
+	}
+	dbg, tried := FindDebugFile(q, roots)
+	if dbg == "" {
+		msg := fmt.Sprintf("%s: no DWARF", q.Path)
+		if own != nil {
+			msg = fmt.Sprintf("%s: %v", q.Path, own)
+		}
+		if len(tried) == 0 {
+			return nil, fmt.Errorf("%s and no debug file (no build id or .gnu_debuglink to look for)", msg)
+		}
+		return nil, fmt.Errorf("%s and no debug file (looked for %s)", msg, strings.Join(tried, ", "))
+	}
+	dwarfExtractions.Add(1)
+	return FromDWARFFile(dbg, WantedStructs)
+}
+
+func openBinary(b BinaryInfo) (io.ReaderAt, io.Closer, error) {
+	if b.Open != nil {
+		r, c, err := b.Open()
+		if err != nil {
+			return nil, nil, fmt.Errorf("open %s: %w", b.Path, err)
+		}
+		if c == nil {
+			c = io.NopCloser(nil)
+		}
+		return r, c, nil
+	}
+	p := b.HostPath
+	if p == "" {
+		p = b.Path
+	}
+	if p == "" {
+		return nil, nil, errors.New("binary has no path")
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open binary: %w", err)
+	}
+	return f, f, nil
+}
+
+// complete copies the DWARF layout l and adds every struct and field of
+// the built-in table that l lacks, marking them with the table's source.
+func complete(l, builtin *Layout, rubyVersion string) *Layout {
+	out := &Layout{RubyVersion: rubyVersion, Arch: l.Arch, Source: l.Source, Structs: map[string]Struct{}}
+	for name, s := range l.Structs {
+		fs := make(map[string]Field, len(s.Fields))
+		for k, v := range s.Fields {
+			fs[k] = v
+		}
+		out.Structs[name] = Struct{Size: s.Size, Align: s.Align, Fields: fs}
+	}
+	if builtin == nil {
+		return out
+	}
+	for name, bs := range builtin.Structs {
+		s, ok := out.Structs[name]
+		if !ok {
+			s = Struct{Size: bs.Size, Align: bs.Align, Fields: map[string]Field{}}
+		}
+		for k, f := range bs.Fields {
+			if _, ok := s.Fields[k]; !ok {
+				f.Source = builtin.Source
+				s.Fields[k] = f
+			}
+		}
+		out.Structs[name] = s
+	}
+	return out
+}
