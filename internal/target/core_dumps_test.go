@@ -1,9 +1,11 @@
 package target_test
 
 import (
+	"compress/gzip"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -287,5 +289,143 @@ func TestCoreDumps(t *testing.T) {
 				t.Errorf("libruby path %s does not hold the version %s", img.Path, d.RubyVersion)
 			}
 		})
+	}
+}
+
+// decompressDump writes the plain core of a shared dump to a test
+// directory.
+func decompressDump(t *testing.T, dir, file string) string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), strings.TrimSuffix(file, ".gz"))
+	out, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if _, err := io.Copy(out, zr); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestCoreDumpSysRoot gives the 3.3.0 dump a sysroot holding a stand-in
+// for libruby with known bytes where ruby_version is: the core reads them
+// from there, at the file offset NT_FILE gives.
+func TestCoreDumpSysRoot(t *testing.T) {
+	dir, _ := loadManifest(t)
+	const file = "ruby-coredump-with-classes-3.3.0.gz"
+	tg, err := target.OpenCore(filepath.Join(dir, file), target.CoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, _ := rubyImage(t, tg)
+	mi, err := elfx.ReadMemoryImage(tg, img.Start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := mi.Lookup("ruby_version")
+	maps, _ := tg.Mappings()
+	var off int64 = -1
+	for _, m := range maps {
+		if m.Path == img.Path && m.Contains(v.Value) {
+			off = int64(m.Offset + v.Value - m.Start)
+		}
+	}
+	tg.Close()
+	if off < 0 {
+		t.Fatalf("ruby_version 0x%x is in no mapping of %s", v.Value, img.Path)
+	}
+	root := t.TempDir()
+	p := filepath.Join(root, img.Path)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stand, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stand.WriteAt([]byte("3.3.0\x00"), off)
+	stand.Truncate(off + 4096)
+	stand.Close()
+
+	tg, err = target.OpenCore(filepath.Join(dir, file), target.CoreOptions{SysRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	if got := readCString(t, tg, v.Value); got != "3.3.0" {
+		t.Errorf("ruby_version through the sysroot = %q, want 3.3.0", got)
+	}
+}
+
+// TestCoreDumpTruncated cuts real dumps: 2.1.6 (notes before memory, as
+// the kernel writes them) reads up to the cut; 3.1.0 (gcore writes its
+// notes last) says it is truncated.
+func TestCoreDumpTruncated(t *testing.T) {
+	dir, man := loadManifest(t)
+	hints := map[string]uint64{}
+	for _, d := range man.Dumps {
+		hints[d.File] = hexAddr(t, d.CurrentThreadPtr+d.CurrentVMPtr)
+	}
+	for _, file := range []string{"ruby-coredump-2.1.6.gz", "ruby-coredump-3.1.0.gz"} {
+		plain := decompressDump(t, dir, file)
+		full, err := target.OpenCore(plain, target.CoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want [8]byte
+		if err := full.ReadAt(want[:], hints[file]); err != nil {
+			t.Fatal(err)
+		}
+		full.Close()
+		st, _ := os.Stat(plain)
+		opened := 0
+		// Cut ever shorter: each cut keeps a prefix of the real dump.
+		for _, cut := range []int64{st.Size() - 1, st.Size() / 3, 4096, 100, 64, 63, 3} {
+			if err := os.Truncate(plain, cut); err != nil {
+				t.Fatal(err)
+			}
+			tg, err := target.OpenCore(plain, target.CoreOptions{})
+			if err != nil {
+				if !strings.Contains(err.Error(), "truncated") && !strings.Contains(err.Error(), "not an ELF") {
+					t.Errorf("%s cut at %d: %v; want a truncation error", file, cut, err)
+				}
+				continue
+			}
+			if strings.Contains(file, "3.1.0") && cut != st.Size()-1 {
+				// (Its last bytes are section headers, which it does without.)
+				t.Errorf("%s cut at %d opened without its notes", file, cut)
+			}
+			var got [8]byte
+			err = tg.ReadAt(got[:], hints[file])
+			var u target.ErrUnmapped
+			if err != nil && !errors.As(err, &u) {
+				t.Errorf("%s cut at %d: read hint: %v, want the bytes or ErrUnmapped", file, cut, err)
+			}
+			if err == nil && got != want {
+				t.Errorf("%s cut at %d: hint reads %x, uncut %x", file, cut, got, want)
+			}
+			if cut == st.Size()/3 {
+				// The stack is in the last third of the 2.1.6 dump.
+				regs, _ := tg.(target.CoreInfo).Registers(tg.Pid())
+				if err := tg.ReadAt(got[:], regs.Rsp); !errors.As(err, &u) || !strings.Contains(err.Error(), "truncated") {
+					t.Errorf("%s cut at %d: stack read: %v, want ErrUnmapped saying truncated", file, cut, err)
+				}
+			}
+			opened++
+			tg.Close()
+		}
+		if strings.Contains(file, "2.1.6") && opened != 2 {
+			t.Errorf("%s: %d cuts opened, want 2 (a third and all but one byte)", file, opened)
+		}
 	}
 }
