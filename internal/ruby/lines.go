@@ -25,7 +25,7 @@ func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
 	}
 	// The pc points at the next instruction; Ruby uses pos-1.
 	lookup := pos
-	if lookup > 0 && !p.opts.nextInsnLines {
+	if lookup > 0 && !(p.opts.nextInsnLines && p.o.bSuccTable.ok) {
 		lookup--
 	}
 	var line int
@@ -37,7 +37,7 @@ func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
 		line, err = p.linePositions(info, lookup)
 	}
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("line at position %d of %d-entry table: %w", lookup, info.tableSize, err)
 	}
 	if len(info.lines) < 4096 {
 		info.lines[pos] = line

@@ -20,12 +20,12 @@ func (p *Process) locate() error {
 			p.vmPtrAddr = a
 		}
 	case p.ver >= v(2, 5, 0):
-		if a, ok := p.symbol("ruby_current_execution_context_ptr"); ok {
-			p.ecPtrAddr = a
-		} else if a, ok := p.opts.Hints["ruby_current_thread"]; ok {
+		if a, ok := p.opts.Hints["ruby_current_thread"]; ok {
 			// rbspy's manifests name the EC pointer "current thread".
 			p.ecPtrAddr = a
 			p.note("ruby_current_execution_context_ptr", a, "hint")
+		} else if a, ok := p.symbol("ruby_current_execution_context_ptr"); ok {
+			p.ecPtrAddr = a
 		}
 		if a, ok := p.symbol("ruby_current_vm_ptr"); ok {
 			p.vmPtrAddr = a

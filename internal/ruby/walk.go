@@ -2,6 +2,7 @@ package ruby
 
 import (
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/rbscope/rbscope/internal/stack"
@@ -248,6 +249,9 @@ func (p *Process) frame(cf []byte) (stack.Frame, bool, error) {
 	}
 	line, err := p.lineFor(info, pc)
 	if err != nil {
+		if os.Getenv("RBSCOPE_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "debug: %s: %v (pc 0x%x encoded 0x%x)\n", info.label, err, pc, info.encoded)
+		}
 		line = 0
 	}
 	name := info.label
