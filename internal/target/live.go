@@ -249,4 +249,3 @@ func (l *live) OpenFile(path string) (File, error) {
 func HostPath(pid int, path string) string {
 	return filepath.Join(fmt.Sprintf("/proc/%d/root", pid), path)
 }
-
