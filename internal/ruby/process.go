@@ -8,6 +8,7 @@ package ruby
 
 import (
 	"errors"
+	"io"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -369,10 +370,29 @@ func (p *Process) loadLayout() error {
 	return nil
 }
 
-// resolveLayout finds the layout for the process: DWARF when available
-// (see layoutResolver), else the built-in table.
+// resolveLayout finds the layout for the process: from DWARF in a Ruby
+// binary or its separate debug file when there is one, completed field by
+// field from the built-in table; else the built-in table.
 var resolveLayout = func(p *Process) (*layout.Layout, error) {
-	l, err := layout.Builtin(p.version)
+	var bins []layout.BinaryInfo
+	for _, b := range p.info.Binaries {
+		b := b
+		bins = append(bins, layout.BinaryInfo{
+			Path:    b.Path,
+			BuildID: b.BuildID,
+			Open: func() (io.ReaderAt, io.Closer, error) {
+				f, err := p.t.OpenFile(b.Path)
+				if err != nil {
+					return nil, nil, err
+				}
+				return f, f, nil
+			},
+		})
+	}
+	l, err := layout.Resolve(bins, p.version, layout.ResolveOptions{
+		DebugRoots: p.opts.DebugRoots,
+		NoDWARF:    p.opts.NoDWARF,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("choose struct layout: %w", err)
 	}
