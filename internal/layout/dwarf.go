@@ -589,11 +589,13 @@ func (w *unitWalker) arrayCount(off dwarf.Offset) (int64, string, error) {
 		if k.Tag != dwarf.TagSubrangeType {
 			continue
 		}
-		c := int64(0)
+		c, known := int64(0), true
 		if v, ok := k.Val(dwarf.AttrCount).(int64); ok {
 			c = v
 		} else if v, ok := k.Val(dwarf.AttrUpperBound).(int64); ok {
 			c = v + 1
+		} else {
+			known = false // a flexible array member
 		}
 		if c < 0 || c > 1<<32 {
 			return 0, "", fmt.Errorf("array bound %d", c)
@@ -602,7 +604,11 @@ func (w *unitWalker) arrayCount(off dwarf.Offset) (int64, string, error) {
 		if n > 1<<40 {
 			return 0, "", fmt.Errorf("array of %d elements", n)
 		}
-		dims += "[" + strconv.FormatInt(c, 10) + "]"
+		if known {
+			dims += "[" + strconv.FormatInt(c, 10) + "]"
+		} else {
+			dims += "[]"
+		}
 	}
 	if dims == "" {
 		dims = "[]"

@@ -131,7 +131,7 @@ func dwarfLayout(b BinaryInfo, roots []string, cacheDir string) (*Layout, error)
 	} else if l := cacheLoad(cacheDir, q.BuildID, WantedStructs); l != nil {
 		return l, nil
 	}
-	l, err := extractFor(r, q, roots)
+	l, err := extractFor(r, q, roots, WantedStructs, usable)
 	if err != nil {
 		return nil, err
 	}
@@ -142,14 +142,32 @@ func dwarfLayout(b BinaryInfo, roots []string, cacheDir string) (*Layout, error)
 	return l, nil
 }
 
+// FromBinaryFile extracts the layouts of the structs named in want from
+// the DWARF of the ELF file at path or, when it has none (or none of
+// those structs), from its separate debug file found under roots (see
+// FindDebugFile). Source names the file read. The error of a failed
+// search lists where it looked.
+func FromBinaryFile(path string, want []string, roots []string) (*Layout, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open binary: %w", err)
+	}
+	defer f.Close()
+	q, err := QueryFromELF(f, path, path)
+	if err != nil {
+		return nil, err
+	}
+	return extractFor(f, q, roots, want, func(l *Layout) bool { return len(l.Structs) > 0 })
+}
+
 // extractFor reads the layout from the binary's own DWARF, else from its
 // separate debug file.
-func extractFor(r io.ReaderAt, q DebugFileQuery, roots []string) (*Layout, error) {
+func extractFor(r io.ReaderAt, q DebugFileQuery, roots, want []string, ok func(*Layout) bool) (*Layout, error) {
 	var own error
 	if f, err := elf.NewFile(r); err == nil && hasDWARF(f) {
 		dwarfExtractions.Add(1)
-		l, err := FromDWARF(r, WantedStructs)
-		if err == nil && usable(l) {
+		l, err := FromDWARF(r, want)
+		if err == nil && ok(l) {
 			l.Source = "dwarf:" + q.Path
 			return l, nil
 		}
@@ -167,7 +185,7 @@ func extractFor(r io.ReaderAt, q DebugFileQuery, roots []string) (*Layout, error
 		return nil, fmt.Errorf("%s and no debug file (looked for %s)", msg, strings.Join(tried, ", "))
 	}
 	dwarfExtractions.Add(1)
-	return FromDWARFFile(dbg, WantedStructs)
+	return FromDWARFFile(dbg, want)
 }
 
 func openBinary(b BinaryInfo) (io.ReaderAt, io.Closer, error) {

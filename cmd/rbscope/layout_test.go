@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rbscope/rbscope/internal/layout"
+)
+
+// runCLI runs rbscope in-process with args and returns its stdout.
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	layoutFlags.structs, layoutFlags.debugRoots = nil, nil
+	var out bytes.Buffer
+	rootCmd.SetOut(&out)
+	rootCmd.SetArgs(args)
+	err := rootCmd.Execute()
+	return out.String(), err
+}
+
+func TestLayoutCommand(t *testing.T) {
+	for _, tool := range []string{"gcc", "objcopy"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (scripts/install-deps.sh installs it)", tool)
+		}
+	}
+	dir := t.TempDir()
+	obj := filepath.Join(dir, "shapes.o")
+	if out, err := exec.Command("gcc", "-g", "-gz=zlib", "-c", "-o", obj, "../../internal/layout/testdata/shapes.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	out, err := runCLI(t, "layout", "--struct", "rb_thread_struct", "--struct", "RString", obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l layout.Layout
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		t.Fatalf("output is not a layout: %v\n%s", err, out)
+	}
+	if l.Source != "dwarf:"+obj || l.Arch != "x86_64" || len(l.Structs) != 2 {
+		t.Errorf("source %q arch %q structs %v", l.Source, l.Arch, l.StructNames())
+	}
+	if f, err := l.Field("rb_thread_struct", "status"); err != nil || f.Offset != 36 || f.Bitfield == nil || *f.Bitfield != (layout.Bitfield{BitOffset: 0, BitWidth: 2}) {
+		t.Errorf("status = %+v, %v", f, err)
+	}
+	if f, err := l.Field("RString", "as.heap.ptr"); err != nil || f.Offset != 24 || f.Size != 8 || f.Type != "char *" {
+		t.Errorf("as.heap.ptr = %+v, %v", f, err)
+	}
+	if !strings.HasPrefix(out, "{\n  \"ruby_version\": \"\",\n  \"arch\": \"x86_64\",\n  \"source\": ") {
+		t.Errorf("not in the schema's key order:\n%.200s", out)
+	}
+
+	// Stripped: the error says where it looked.
+	so, stripped := filepath.Join(dir, "shapes.so"), filepath.Join(dir, "stripped.so")
+	if out, err := exec.Command("gcc", "-shared", "-Wl,--build-id", "-o", so, obj).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("objcopy", "--strip-debug", so, stripped).CombinedOutput(); err != nil {
+		t.Fatalf("objcopy: %v\n%s", err, out)
+	}
+	root := filepath.Join(dir, "dbg")
+	_, err = runCLI(t, "layout", "--debug-root", root, stripped)
+	var ee exitError
+	if err == nil || !errorsAs(err, &ee) || ee.code != 2 {
+		t.Fatalf("stripped file: err %v, want exit code 2", err)
+	}
+	if !strings.Contains(err.Error(), stripped+": no DWARF and no debug file (looked for "+root+"/.build-id/") {
+		t.Errorf("error %q does not say what is missing", err)
+	}
+}
+
+func errorsAs(err error, ee *exitError) bool {
+	e, ok := err.(exitError)
+	if ok {
+		*ee = e
+	}
+	return ok
+}
