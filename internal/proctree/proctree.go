@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Descendants returns the pids of root's children, grandchildren and so
@@ -243,4 +245,15 @@ func userGroups(uid, gid uint32) ([]uint32, error) {
 		}
 	}
 	return out, nil
+}
+
+// InForeground reports whether this process's group is the foreground
+// process group of the terminal on standard input: then a Ctrl-C typed
+// there reaches every process of the group, a launched command included.
+func InForeground() bool {
+	pgrp, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
+	if err != nil {
+		return false
+	}
+	return pgrp == unix.Getpgrp()
 }

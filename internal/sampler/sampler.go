@@ -130,7 +130,8 @@ type Stats struct {
 	Errors     [numErrorKinds]int
 	// LastError is the most recent sampling error.
 	LastError error
-	// Exited is set when sampling stopped because the target exited.
+	// Exited is set when sampling stopped because the target exited (that
+	// last tick is not counted in Errors).
 	Exited bool
 	// SampleTime is the total time spent in Source.Sample.
 	SampleTime time.Duration
@@ -238,12 +239,14 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 				break
 			}
 			k := Classify(err)
-			st.Errors[k]++
-			st.LastError = err
 			if k == ErrExited {
+				// The end of the target ends sampling; it is not a
+				// failed sample.
 				st.Exited = true
 				break
 			}
+			st.Errors[k]++
+			st.LastError = err
 		}
 		if len(samples) > 0 {
 			kept = kept[:0]

@@ -172,6 +172,9 @@ func (p *Pauser) pause(pid int) ([]pausedThread, error) {
 					continue // the thread exited
 				}
 				if errors.Is(err, unix.EPERM) {
+					if s := TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
+						continue // exiting: the kernel refuses to attach
+					}
 					if tracer := tracerPid(pid, tid); tracer != 0 {
 						return fail(fmt.Errorf("pause process %d: thread %d is already traced by process %d (a debugger?); use --nonblocking", pid, tid, tracer))
 					}
@@ -190,8 +193,10 @@ func (p *Pauser) pause(pid int) ([]pausedThread, error) {
 		}
 	}
 	stopped := p.waitStops(pid, seized)
-	if len(stopped) == 0 && !processAlive(pid) {
-		return nil, ErrProcessExited{Pid: pid}
+	if len(stopped) == 0 {
+		if s := TaskState(pid, pid); s == 'Z' || s == 'X' || s == 0 || !processAlive(pid) {
+			return nil, ErrProcessExited{Pid: pid}
+		}
 	}
 	return stopped, nil
 }
