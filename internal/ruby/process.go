@@ -172,7 +172,8 @@ func (p *Process) findBinaries() error {
 			paths = append(paths, m.Path)
 		}
 	}
-	if exe := p.t.Executable(); exe != "" && !seen[exe] {
+	exe := p.t.Executable()
+	if exe != "" && !seen[exe] {
 		seen[exe] = true
 		paths = append(paths, exe)
 	}
@@ -208,12 +209,29 @@ func (p *Process) findBinaries() error {
 		if syms == nil {
 			bin.SymSource = "none"
 		}
+		if path == exe && len(paths) == 1 && !looksLikeRuby(path, syms) {
+			return fmt.Errorf("%w: %s maps no libruby and has no Ruby symbols", ErrNotRuby, exe)
+		}
 		p.info.Binaries = append(p.info.Binaries, bin)
 		if syms != nil {
 			p.syms = append(p.syms, symSource{bin: bin, syms: syms})
 		}
 	}
 	return nil
+}
+
+// looksLikeRuby tells a statically linked ruby executable from any other
+// program: by its Ruby symbols, or by its name when it has none.
+func looksLikeRuby(path string, syms elfx.Symbols) bool {
+	if syms != nil {
+		for _, n := range []string{"ruby_version", "ruby_current_vm_ptr", "ruby_current_thread", "ruby_init", "rb_vm_exec"} {
+			if _, ok := syms.Lookup(n); ok {
+				return true
+			}
+		}
+		return false
+	}
+	return strings.HasPrefix(filepath.Base(path), "ruby")
 }
 
 func firstMapping(maps []target.Mapping, path string) (start, off uint64, ok bool) {

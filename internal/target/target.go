@@ -73,7 +73,9 @@ type File interface {
 // ErrProcessExited is returned when the live process no longer exists.
 type ErrProcessExited struct{ Pid int }
 
-func (e ErrProcessExited) Error() string { return fmt.Sprintf("process %d has exited", e.Pid) }
+func (e ErrProcessExited) Error() string {
+	return fmt.Sprintf("process %d does not exist (or has exited)", e.Pid)
+}
 
 // ErrPermission is returned when the kernel refuses access to the process.
 type ErrPermission struct {
