@@ -8,8 +8,8 @@ package ruby
 
 import (
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
