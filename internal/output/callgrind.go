@@ -1,0 +1,174 @@
+package output
+
+import (
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// nativeFile is the callgrind file of C and GC functions, which have no
+// Ruby file of their own.
+const nativeFile = "<native>"
+
+// callgrind writes the callgrind profile format
+// (https://valgrind.org/docs/manual/cl-format.html) with one event,
+// Samples. Self cost is charged to the innermost frame's function at its
+// line; each caller-to-callee edge gets a calls= line, charged at the
+// caller's line, whose count is the number of samples with the edge
+// (sampling cannot count calls) and whose inclusive cost counts the
+// samples in which the callee is not already further out on the stack, so
+// that recursion (fib calling fib, or a calling b calling a) is not
+// counted twice in callgrind_annotate's and kcachegrind's inclusive
+// totals; a recursive edge keeps cost 0.
+type callgrind struct {
+	counter
+	funcs map[funcKey]*cgFunc
+	order []*cgFunc
+	frame map[stack.Frame]*cgFunc
+	gen   int
+}
+
+type cgFunc struct {
+	key   funcKey
+	seen  int         // the last sample it was seen in
+	self  map[int]int // line -> samples
+	calls map[cgEdge]*cgCall
+}
+
+type cgEdge struct {
+	line   int // caller's line
+	callee *cgFunc
+}
+
+type cgCall struct {
+	samples int // samples with the edge
+	cost    int // samples where the callee is not already further out
+	seen    int
+}
+
+func newCallgrind(o Options) Writer {
+	return &callgrind{counter: counter{o: o}, funcs: make(map[funcKey]*cgFunc), frame: make(map[stack.Frame]*cgFunc)}
+}
+
+func (c *callgrind) fn(f *stack.Frame) *cgFunc {
+	if fn, ok := c.frame[*f]; ok {
+		return fn
+	}
+	k := keyOf(f)
+	fn, ok := c.funcs[k]
+	if !ok {
+		fn = &cgFunc{key: k, self: make(map[int]int), calls: make(map[cgEdge]*cgCall)}
+		c.funcs[k] = fn
+		c.order = append(c.order, fn)
+	}
+	c.frame[*f] = fn
+	return fn
+}
+
+func (c *callgrind) Add(s stack.Sample) {
+	if !c.note(&s) {
+		return
+	}
+	c.gen++
+	last := len(s.Frames) - 1
+	caller := c.fn(&s.Frames[last])
+	caller.seen = c.gen
+	for i := last - 1; i >= 0; i-- {
+		callee := c.fn(&s.Frames[i])
+		e := cgEdge{s.Frames[i+1].Line, callee}
+		call := caller.calls[e]
+		if call == nil {
+			call = &cgCall{}
+			caller.calls[e] = call
+		}
+		if call.seen != c.gen {
+			call.seen = c.gen
+			call.samples++
+		}
+		if callee.seen != c.gen {
+			callee.seen = c.gen
+			call.cost++
+		}
+		caller = callee
+	}
+	caller.self[s.Frames[0].Line]++
+}
+
+func (c *callgrind) WriteTo(w io.Writer) (int64, error) {
+	cw := &countingWriter{w: w}
+	cw.printf("# callgrind format\nversion: 1\ncreator: rbscope\n")
+	if len(c.pids) == 1 {
+		cw.printf("pid: %d\n", c.pids[0])
+	}
+	cw.printf("cmd: %s\n", oneLine(c.heading("")))
+	cw.printf("positions: line\nevents: Samples\nsummary: %d\n\n", c.samples)
+
+	fns := append([]*cgFunc(nil), c.order...)
+	sort.Slice(fns, func(i, j int) bool {
+		a, b := fns[i].key, fns[j].key
+		if a.file != b.file {
+			return a.file < b.file
+		}
+		return a.name < b.name
+	})
+	fileIDs := map[string]int{}
+	fnIDs := map[funcKey]int{}
+	file := func(k funcKey) string {
+		name := k.file
+		if name == "" {
+			name = nativeFile
+		}
+		if id, ok := fileIDs[name]; ok {
+			return "(" + strconv.Itoa(id) + ")"
+		}
+		id := len(fileIDs) + 1
+		fileIDs[name] = id
+		return "(" + strconv.Itoa(id) + ") " + oneLine(name)
+	}
+	fnName := func(k funcKey) string {
+		if id, ok := fnIDs[k]; ok {
+			return "(" + strconv.Itoa(id) + ")"
+		}
+		id := len(fnIDs) + 1
+		fnIDs[k] = id
+		return "(" + strconv.Itoa(id) + ") " + oneLine(k.name)
+	}
+	for _, f := range fns {
+		cw.printf("fl=%s\nfn=%s\n", file(f.key), fnName(f.key))
+		lines := make([]int, 0, len(f.self))
+		for l := range f.self {
+			lines = append(lines, l)
+		}
+		sort.Ints(lines)
+		for _, l := range lines {
+			cw.printf("%d %d\n", l, f.self[l])
+		}
+		edges := make([]cgEdge, 0, len(f.calls))
+		for e := range f.calls {
+			edges = append(edges, e)
+		}
+		sort.Slice(edges, func(i, j int) bool {
+			a, b := edges[i], edges[j]
+			if a.line != b.line {
+				return a.line < b.line
+			}
+			if a.callee.key.file != b.callee.key.file {
+				return a.callee.key.file < b.callee.key.file
+			}
+			return a.callee.key.name < b.callee.key.name
+		})
+		for _, e := range edges {
+			call := f.calls[e]
+			cw.printf("cfl=%s\ncfn=%s\ncalls=%d 0\n%d %d\n", file(e.callee.key), fnName(e.callee.key), call.samples, e.line, call.cost)
+		}
+		cw.printf("\n")
+	}
+	return cw.n, cw.err
+}
+
+var lineReplacer = strings.NewReplacer("\n", " ", "\r", " ")
+
+func oneLine(s string) string { return lineReplacer.Replace(s) }

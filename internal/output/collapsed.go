@@ -1,0 +1,73 @@
+package output
+
+import (
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// collapsed writes Brendan Gregg's folded stacks: one line per distinct
+// stack, frames outermost first separated by ";", then a space and the
+// number of samples. Frames are "name", or "name (path:line)" with
+// Options.Lines (C and GC frames without a path stay "name"). A ";" or
+// newline inside a name becomes ":" or " " so lines stay parseable. Lines
+// are sorted by stack text.
+type collapsed struct {
+	counter
+	labels map[stack.Frame]string
+	counts map[string]*int
+	buf    []byte
+}
+
+func newCollapsed(o Options) Writer {
+	return &collapsed{counter: counter{o: o}, labels: make(map[stack.Frame]string), counts: make(map[string]*int)}
+}
+
+var foldReplacer = strings.NewReplacer(";", ":", "\n", " ", "\r", " ")
+
+func (c *collapsed) label(f *stack.Frame) string {
+	if l, ok := c.labels[*f]; ok {
+		return l
+	}
+	l := foldReplacer.Replace(f.Name)
+	if c.o.Lines && f.Path != "" && f.Kind != stack.KindCFunc && f.Kind != stack.KindGC {
+		l += " (" + foldReplacer.Replace(f.Path) + ":" + strconv.Itoa(f.Line) + ")"
+	}
+	c.labels[*f] = l
+	return l
+}
+
+func (c *collapsed) Add(s stack.Sample) {
+	if !c.note(&s) {
+		return
+	}
+	c.buf = c.buf[:0]
+	for i := len(s.Frames) - 1; i >= 0; i-- {
+		if i != len(s.Frames)-1 {
+			c.buf = append(c.buf, ';')
+		}
+		c.buf = append(c.buf, c.label(&s.Frames[i])...)
+	}
+	if p := c.counts[string(c.buf)]; p != nil { // no allocation for a known stack
+		*p++
+		return
+	}
+	one := 1
+	c.counts[string(c.buf)] = &one
+}
+
+func (c *collapsed) WriteTo(w io.Writer) (int64, error) {
+	keys := make([]string, 0, len(c.counts))
+	for k := range c.counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	cw := &countingWriter{w: w}
+	for _, k := range keys {
+		cw.printf("%s %d\n", k, *c.counts[k])
+	}
+	return cw.n, cw.err
+}

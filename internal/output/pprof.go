@@ -1,0 +1,137 @@
+package output
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// pprofOut builds a pprof profile (profile.proto, gzipped): sample types
+// samples/count and cpu/nanoseconds (count times the period, 1e9/rate),
+// one function per function identity (name, file; start line 0 because
+// the walker does not report it), one location per function and line, and
+// per sample the labels thread (name), tid and pid (numeric). Samples with
+// the same stack and thread are merged.
+type pprofOut struct {
+	counter
+	funcs   map[funcKey]*profile.Function
+	locs    map[stack.Frame]*profile.Location
+	byLine  map[locKey]*profile.Location
+	samples map[string]*profile.Sample
+	prof    *profile.Profile
+	key     []byte
+	locBuf  []*profile.Location
+}
+
+type locKey struct {
+	fn   funcKey
+	line int64
+}
+
+func newPprof(o Options) Writer {
+	p := &pprofOut{
+		counter: counter{o: o},
+		funcs:   make(map[funcKey]*profile.Function),
+		locs:    make(map[stack.Frame]*profile.Location),
+		byLine:  make(map[locKey]*profile.Location),
+		samples: make(map[string]*profile.Sample),
+		prof: &profile.Profile{
+			SampleType: []*profile.ValueType{
+				{Type: "samples", Unit: "count"},
+				{Type: "cpu", Unit: "nanoseconds"},
+			},
+			DefaultSampleType: "samples",
+			PeriodType:        &profile.ValueType{Type: "cpu", Unit: "nanoseconds"},
+		},
+	}
+	return p
+}
+
+func (p *pprofOut) loc(f *stack.Frame) *profile.Location {
+	if l, ok := p.locs[*f]; ok {
+		return l
+	}
+	k := keyOf(f)
+	fn, ok := p.funcs[k]
+	if !ok {
+		fn = &profile.Function{ID: uint64(len(p.prof.Function) + 1), Name: k.name, Filename: k.file} // no SystemName: pprof would "demangle" <main> away
+		p.funcs[k] = fn
+		p.prof.Function = append(p.prof.Function, fn)
+	}
+	line := int64(f.Line)
+	if k.file == "" {
+		line = 0 // a C frame's line is its caller's
+	}
+	// Frames differing only in a C frame's caller path share a location.
+	lk := locKey{k, line}
+	l, ok := p.byLine[lk]
+	if !ok {
+		l = &profile.Location{ID: uint64(len(p.prof.Location) + 1), Line: []profile.Line{{Function: fn, Line: line}}}
+		p.prof.Location = append(p.prof.Location, l)
+		p.byLine[lk] = l
+	}
+	p.locs[*f] = l
+	return l
+}
+
+func (p *pprofOut) Add(s stack.Sample) {
+	if !p.note(&s) {
+		return
+	}
+	p.key = p.key[:0]
+	p.key = strconv.AppendInt(p.key, int64(s.Pid), 10)
+	p.key = append(p.key, '/')
+	p.key = strconv.AppendInt(p.key, int64(s.TID), 10)
+	p.key = append(p.key, '/')
+	p.key = append(p.key, s.ThreadName...)
+	p.key = append(p.key, 0)
+	p.locBuf = p.locBuf[:0]
+	for i := range s.Frames {
+		l := p.loc(&s.Frames[i])
+		p.locBuf = append(p.locBuf, l)
+		p.key = strconv.AppendUint(p.key, l.ID, 36)
+		p.key = append(p.key, ',')
+	}
+	if smp := p.samples[string(p.key)]; smp != nil {
+		smp.Value[0]++
+		return
+	}
+	smp := &profile.Sample{
+		Location: slices.Clone(p.locBuf),
+		Value:    []int64{1, 0},
+		Label:    map[string][]string{"thread": {s.ThreadName}},
+		NumLabel: map[string][]int64{"tid": {int64(s.TID)}, "pid": {int64(s.Pid)}},
+	}
+	p.samples[string(p.key)] = smp
+	p.prof.Sample = append(p.prof.Sample, smp)
+}
+
+func (p *pprofOut) WriteTo(w io.Writer) (int64, error) {
+	period := p.period().Nanoseconds()
+	prof := p.prof
+	prof.Period = period
+	for _, s := range prof.Sample {
+		s.Value[1] = s.Value[0] * period
+	}
+	if !p.first.IsZero() {
+		prof.TimeNanos = p.first.UnixNano()
+	}
+	if !p.o.Start.IsZero() {
+		prof.TimeNanos = p.o.Start.UnixNano()
+	}
+	prof.DurationNanos = p.duration().Nanoseconds()
+	prof.Comments = []string{p.heading("")}
+	if err := prof.CheckValid(); err != nil {
+		return 0, fmt.Errorf("build pprof profile: %w", err)
+	}
+	cw := &countingWriter{w: w}
+	if err := prof.Write(cw); err != nil {
+		return cw.n, fmt.Errorf("write pprof profile: %w", err)
+	}
+	return cw.n, nil
+}

@@ -1,0 +1,124 @@
+package output
+
+import (
+	"io"
+	"sort"
+	"strconv"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// summary is a text table of self and total time per function ("summary")
+// or per source line ("summary-by-line"), sorted by self time, then total
+// time, then name:
+//
+//	rbscope summary: pid 4242, 10.00 s, 1000 samples at 100 Hz
+//	  % self  % total     self    total  function
+//	   70.00    70.00      700      700  Foo#bar (/app/foo.rb)
+//
+// Self counts samples whose innermost frame is the row; total counts
+// samples with the row anywhere in the stack (once per sample, however
+// deep the recursion). A function row is "name (path)" for Ruby frames and
+// "name" for C and GC frames; a line row is "path:line" of the frame (a C
+// frame's is its caller's), or the name for a frame without a path.
+type summary struct {
+	counter
+	byLine bool
+	labels map[stack.Frame]*row
+	rows   map[string]*row
+	gen    int
+}
+
+type row struct {
+	label       string
+	self, total int
+	seen        int // the last sample counted in total
+}
+
+func newSummary(o Options) Writer       { return newSummaryOf(o, false) }
+func newSummaryByLine(o Options) Writer { return newSummaryOf(o, true) }
+
+func newSummaryOf(o Options, byLine bool) *summary {
+	return &summary{counter: counter{o: o}, byLine: byLine, labels: make(map[stack.Frame]*row), rows: make(map[string]*row)}
+}
+
+func (s *summary) row(f *stack.Frame) *row {
+	if r, ok := s.labels[*f]; ok {
+		return r
+	}
+	var l string
+	switch {
+	case s.byLine && f.Path != "":
+		l = f.Path + ":" + strconv.Itoa(f.Line)
+	case s.byLine:
+		l = f.Name
+	default:
+		k := keyOf(f)
+		l = k.name
+		if k.file != "" {
+			l += " (" + k.file + ")"
+		}
+	}
+	r, ok := s.rows[l]
+	if !ok {
+		r = &row{label: l}
+		s.rows[l] = r
+	}
+	s.labels[*f] = r
+	return r
+}
+
+func (s *summary) Add(smp stack.Sample) {
+	if !s.note(&smp) {
+		return
+	}
+	s.gen++
+	for i := range smp.Frames {
+		r := s.row(&smp.Frames[i])
+		if i == 0 {
+			r.self++
+		}
+		if r.seen != s.gen {
+			r.seen = s.gen
+			r.total++
+		}
+	}
+}
+
+func (s *summary) WriteTo(w io.Writer) (int64, error) {
+	rows := make([]*row, 0, len(s.rows))
+	for _, r := range s.rows {
+		rows = append(rows, r)
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
+		if a.self != b.self {
+			return a.self > b.self
+		}
+		if a.total != b.total {
+			return a.total > b.total
+		}
+		return a.label < b.label
+	})
+	if s.o.Top > 0 && len(rows) > s.o.Top {
+		rows = rows[:s.o.Top]
+	}
+	cw := &countingWriter{w: w}
+	what := "summary"
+	col := "function"
+	if s.byLine {
+		what, col = "summary by line", "line"
+	}
+	cw.printf("%s\n", s.heading(" "+what))
+	cw.printf("%8s %8s %8s %8s  %s\n", "% self", "% total", "self", "total", col)
+	pct := func(n int) float64 {
+		if s.samples == 0 {
+			return 0
+		}
+		return 100 * float64(n) / float64(s.samples)
+	}
+	for _, r := range rows {
+		cw.printf("%8.2f %8.2f %8d %8d  %s\n", pct(r.self), pct(r.total), r.self, r.total, r.label)
+	}
+	return cw.n, cw.err
+}
