@@ -110,7 +110,8 @@ func (p *Process) thread(ref threadRef, osNames map[int]string) (stack.Thread, e
 	} else {
 		stackStart, stackSize, cfp = o.thStack.u64(tb), o.thStackSize.u64(tb), o.thCFP.u64(tb)
 	}
-	if th.State == "killed" && cfp == 0 {
+	if cfp == 0 && (stackStart == 0 || th.State == "killed") {
+		// A thread being created (no VM stack yet) or already dead.
 		return th, nil
 	}
 	frames, err := p.walk(stackStart, stackSize, cfp)
