@@ -54,7 +54,13 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 			if target.IsExited(err) {
 				return nil, err
 			}
-			return nil, fmt.Errorf("read thread 0x%x: %w", ref.addr, err)
+			if len(refs) == 1 {
+				return nil, fmt.Errorf("read thread 0x%x: %w", ref.addr, err)
+			}
+			// One thread changing under us (created or ending) must not
+			// cost the other threads' stacks.
+			th.Error = fmt.Sprintf("read thread 0x%x: %v", ref.addr, err)
+			th.Frames = nil
 		}
 		out = append(out, th)
 	}
