@@ -186,17 +186,21 @@ func (ts *taskStates) close() {
 
 // OpenRuby opens live process pid as a Ruby process, retrying until Ruby
 // has initialized (a freshly started or exec'd process is not ready at
-// once), the process exits, ctx is done or timeout passes. It returns the
-// last error on failure.
+// once), the process exits, ctx is done or timeout passes. Inconsistent
+// reads (a race with the running process) are retried a few times even
+// with a zero timeout. It returns the last error on failure.
 func OpenRuby(ctx context.Context, pid int, opts ruby.Options, timeout time.Duration) (*ruby.Process, error) {
 	deadline := time.Now().Add(timeout)
 	delay := 5 * time.Millisecond
-	for {
+	for attempt := 1; ; attempt++ {
 		p, err := openRubyOnce(pid, opts)
 		if err == nil {
 			return p, nil
 		}
-		if target.IsExited(err) || time.Now().After(deadline) {
+		// Even without a timeout, a read that raced with the running
+		// process (a thread being created, say) is retried a few times.
+		transient := Classify(err) == ErrUnmapped && attempt < 12
+		if target.IsExited(err) || (time.Now().After(deadline) && !transient) {
 			return nil, err
 		}
 		var perm target.ErrPermission

@@ -1,0 +1,506 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+var recBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// recBinary builds rbscope once per test run.
+func recBinary(t testing.TB) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("recording needs CAP_SYS_PTRACE: run as root")
+	}
+	if _, err := exec.LookPath("ruby"); err != nil {
+		t.Skip("ruby not installed")
+	}
+	recBin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "rbscope-bin")
+		if err != nil {
+			recBin.err = err
+			return
+		}
+		recBin.path = filepath.Join(dir, "rbscope")
+		out, err := exec.Command("go", "build", "-o", recBin.path, ".").CombinedOutput()
+		if err != nil {
+			recBin.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if recBin.err != nil {
+		t.Fatal(recBin.err)
+	}
+	return recBin.path
+}
+
+// recScript writes a Ruby script into a temp dir.
+func recScript(t testing.TB, src string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "app.rb")
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// recStartRuby runs a Ruby script in its own process group, killed on
+// cleanup, and waits for its "ready" line.
+func recStartRuby(t testing.TB, src string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("ruby", append([]string{recScript(t, src)}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	br := bufio.NewReader(out)
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("ruby exited before ready: %v", err)
+		}
+		if l == "ready\n" {
+			break
+		}
+	}
+	go io.Copy(io.Discard, br)
+	return cmd
+}
+
+// recRun runs rbscope with args and returns its stdout, stderr and error.
+type recResult struct {
+	stdout, stderr string
+	err            error
+	took           time.Duration
+}
+
+func recRun(t testing.TB, args ...string) recResult {
+	t.Helper()
+	cmd := exec.Command(recBinary(t), args...)
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	t0 := time.Now()
+	err := cmd.Run()
+	return recResult{so.String(), se.String(), err, time.Since(t0)}
+}
+
+// recReadRaw reads every sample of a raw recording.
+func recReadRaw(t testing.TB, path string) (recording.Header, []stack.Sample) {
+	t.Helper()
+	rd, err := recording.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	var out []stack.Sample
+	for {
+		s, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read %s: %v", path, err)
+		}
+		out = append(out, s)
+	}
+	return rd.Header(), out
+}
+
+func hasFrame(s stack.Sample, name string) bool {
+	for _, f := range s.Frames {
+		if f.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+const recBusyScript = `
+def busy_leaf; x = 0; 1000.times { x += 1 }; end
+def busy_mid; busy_leaf; end
+def worker_loop; loop { busy_mid }; end
+3.times { |i| t = Thread.new { worker_loop }; t.name = "worker-#{i}" }
+puts "ready"; $stdout.flush
+worker_loop
+`
+
+func TestRecordPid(t *testing.T) {
+	rb := recStartRuby(t, recBusyScript)
+	dir := t.TempDir()
+	out, raw := filepath.Join(dir, "prof.txt"), filepath.Join(dir, "rec.raw.gz")
+	res := recRun(t, "record", "--pid", strconv.Itoa(rb.Process.Pid), "--duration", "2s", "--rate", "100",
+		"--format", "collapsed", "-o", out, "--raw", raw)
+	if res.err != nil {
+		t.Fatalf("record: %v\n%s", res.err, res.stderr)
+	}
+	for _, want := range []string{"raw recording: " + raw, "wrote collapsed", out} {
+		if !strings.Contains(res.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, res.stderr)
+		}
+	}
+	if strings.Contains(res.stderr, "\r") {
+		t.Errorf("progress line printed although stderr is not a terminal")
+	}
+	h, samples := recReadRaw(t, raw)
+	if h.RateHz != 100 || len(h.Pids) != 1 || h.Pids[0] != rb.Process.Pid || h.RubyVersion == "" {
+		t.Errorf("header %+v", h)
+	}
+	// 2 s at 100 Hz, 4 threads: about 800 samples.
+	if len(samples) < 600 || len(samples) > 810 {
+		t.Errorf("%d samples, want about 800", len(samples))
+	}
+	names := map[string]int{}
+	for _, s := range samples {
+		names[s.ThreadName]++
+		if s.Pid != rb.Process.Pid || s.TID == 0 {
+			t.Fatalf("sample %+v lacks pid/tid", s)
+		}
+		if !hasFrame(s, "Object#worker_loop") {
+			t.Fatalf("sample without worker_loop: %+v", s.Frames)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if names[fmt.Sprintf("worker-%d", i)] < 150 {
+			t.Errorf("thread worker-%d has %d samples: %v", i, names[fmt.Sprintf("worker-%d", i)], names)
+		}
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "Object#busy_mid") {
+		t.Errorf("collapsed output lacks busy_mid:\n%.500s", b)
+	}
+}
+
+func TestRecordUnwritableOutput(t *testing.T) {
+	rb := recStartRuby(t, recBusyScript)
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "rec.raw.gz")
+	for _, out := range []string{"/nonexistent-rbscope-dir/prof.html", "/proc/version"} {
+		res := recRun(t, "record", "--pid", strconv.Itoa(rb.Process.Pid), "--duration", "5s", "-o", out, "--raw", raw)
+		var ee *exec.ExitError
+		if !errors.As(res.err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("-o %s: exit %v, want 1\n%s", out, res.err, res.stderr)
+		}
+		if !strings.Contains(res.stderr, "output "+out+" is not writable") {
+			t.Errorf("-o %s: stderr %q", out, res.stderr)
+		}
+		if res.took > 2*time.Second {
+			t.Errorf("-o %s: took %v: sampled before checking the output", out, res.took)
+		}
+		if _, err := os.Stat(raw); err == nil {
+			t.Errorf("-o %s: raw recording created", out)
+		}
+	}
+}
+
+// TestRecordTargetExits: the target ends mid-recording; what was sampled
+// is written and rbscope exits 0 with a note.
+func TestRecordTargetExits(t *testing.T) {
+	rb := recStartRuby(t, `
+def spin; x = 0; loop { x += 1 }; end
+Thread.new { sleep 1.5; exit!(3) }
+puts "ready"; $stdout.flush
+spin`)
+	go func() { _ = rb.Wait() }() // reap it so that it disappears
+	dir := t.TempDir()
+	out, raw := filepath.Join(dir, "prof.json"), filepath.Join(dir, "rec.raw.gz")
+	res := recRun(t, "record", "--pid", strconv.Itoa(rb.Process.Pid), "--duration", "30s", "--format", "pprof", "-o", out, "--raw", raw)
+	if res.err != nil {
+		t.Fatalf("record: %v\n%s", res.err, res.stderr)
+	}
+	if !strings.Contains(res.stderr, fmt.Sprintf("process %d exited", rb.Process.Pid)) || res.took > 10*time.Second {
+		t.Errorf("took %v, stderr:\n%s", res.took, res.stderr)
+	}
+	_, samples := recReadRaw(t, raw)
+	if len(samples) < 50 {
+		t.Errorf("%d samples before the exit", len(samples))
+	}
+	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
+		t.Errorf("output: %v", err)
+	}
+}
+
+// TestRecordLaunchSIGINT: SIGINT to rbscope in launch mode stops the
+// recording, is passed to the command (which handles it and exits) and
+// the profile is written.
+func TestRecordLaunchSIGINT(t *testing.T) {
+	bin := recBinary(t)
+	script := recScript(t, `
+trap("INT") { puts "child got INT"; $stdout.flush; exit 0 }
+def launched_spin; x = 0; loop { x += 1 }; end
+puts "child running #{Process.pid}"; $stdout.flush
+launched_spin`)
+	dir := t.TempDir()
+	out, raw := filepath.Join(dir, "prof.txt"), filepath.Join(dir, "rec.raw.gz")
+	cmd := exec.Command(bin, "record", "--format", "summary", "-o", out, "--raw", raw, "--", "ruby", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var se bytes.Buffer
+	cmd.Stderr = &se
+	so, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	br := bufio.NewReader(so)
+	line, _ := br.ReadString('\n')
+	var childPid int
+	if _, err := fmt.Sscanf(line, "child running %d", &childPid); err != nil {
+		t.Fatalf("child did not start: %q", line)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	rest, _ := io.ReadAll(br)
+	err := cmd.Wait()
+	if err != nil {
+		t.Fatalf("rbscope: %v\n%s", err, se.String())
+	}
+	if !strings.Contains(string(rest), "child got INT") {
+		t.Errorf("child output %q: SIGINT not passed on", rest)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", childPid)); err == nil {
+		t.Errorf("child %d still exists after rbscope returned", childPid)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil || !strings.Contains(string(b), "Object#launched_spin") {
+		t.Errorf("summary %v:\n%s\nstderr:\n%s", err, b, se.String())
+	}
+}
+
+// recStates returns the kernel states of every thread of pid.
+func recStates(pid int) string {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var b []byte
+	for _, e := range ents {
+		tid, _ := strconv.Atoi(e.Name())
+		b = append(b, target.TaskState(pid, tid))
+	}
+	return string(b)
+}
+
+// TestRecordSignalsResume: SIGTERM to a blocking rbscope (pausing a busy
+// target 1000 times a second) resumes the target and still writes the
+// profile; SIGKILL leaves the target running too (the kernel detaches).
+func TestRecordSignalsResume(t *testing.T) {
+	bin := recBinary(t)
+	rb := recStartRuby(t, recBusyScript)
+	pid := rb.Process.Pid
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL, syscall.SIGKILL, syscall.SIGKILL} {
+		dir := t.TempDir()
+		out := filepath.Join(dir, "prof.txt")
+		cmd := exec.Command(bin, "record", "--pid", strconv.Itoa(pid), "--rate", "1000", "--format", "summary", "-o", out, "--raw", filepath.Join(dir, "r.gz"))
+		var se bytes.Buffer
+		cmd.Stderr = &se
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Wait for sampling to have begun: the raw file exists.
+		for i := 0; i < 100; i++ {
+			if _, err := os.Stat(filepath.Join(dir, "r.gz")); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(300 * time.Millisecond)
+		_ = cmd.Process.Signal(sig)
+		err := cmd.Wait()
+		deadline := time.Now().Add(time.Second)
+		for strings.ContainsAny(recStates(pid), "tT") {
+			if time.Now().After(deadline) {
+				t.Fatalf("after %v to rbscope the target is still stopped: %s", sig, recStates(pid))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if sig == syscall.SIGTERM {
+			if err != nil {
+				t.Fatalf("rbscope after SIGTERM: %v\n%s", err, se.String())
+			}
+			if b, err := os.ReadFile(out); err != nil || !strings.Contains(string(b), "Object#busy_leaf") {
+				t.Errorf("no profile after SIGTERM: %v\n%s", err, se.String())
+			}
+		}
+	}
+	// And the target is still making progress.
+	time.Sleep(100 * time.Millisecond)
+	if !strings.Contains(recStates(pid), "R") {
+		t.Errorf("target not running: %s", recStates(pid))
+	}
+}
+
+var recShareRE = regexp.MustCompile(`share a=([0-9.]+) b=([0-9.]+)`)
+
+// recShares parses the script's "share a=... b=..." line.
+func recShares(t *testing.T, out string) (float64, float64) {
+	t.Helper()
+	m := recShareRE.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no share line in %q", out)
+	}
+	a, _ := strconv.ParseFloat(m[1], 64)
+	b, _ := strconv.ParseFloat(m[2], 64)
+	return a, b
+}
+
+// The script splits CPU between two methods (about 1:3 by work) and
+// measures each one's CPU time itself. With STACKPROF=1 it also runs
+// stackprof in-process and prints stackprof's shares.
+const recProportionScript = `
+def cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+def work_a; x = 0; 20_000.times { x += 1 }; end
+def work_b; x = 0; 60_000.times { x += 1 }; end
+ta = tb = 0.0
+run = lambda do
+  deadline = Time.now + Float(ARGV[0])
+  while Time.now < deadline
+    t0 = cpu; work_a; t1 = cpu; work_b; t2 = cpu
+    ta += t1 - t0; tb += t2 - t1
+  end
+end
+if ENV["STACKPROF"]
+  require "stackprof"
+  prof = StackProf.run(mode: :cpu, raw: true, interval: 1000, &run)
+  tot = ->(n) { prof[:frames].values.select { |f| f[:name] == n }.sum { |f| f[:total_samples] } }
+  a, b = tot.("Object#work_a"), tot.("Object#work_b")
+  puts "stackprof a=#{a.to_f / (a + b)} b=#{b.to_f / (a + b)}"
+else
+  run.call
+end
+puts "share a=#{ta / (ta + tb)} b=#{tb / (ta + tb)}"
+`
+
+// TestRecordProportions: a 10 s recording at 100 Hz attributes CPU to two
+// methods within 3 percentage points of the shares the script measured
+// itself, and stackprof (in-process, same script) agrees.
+func TestRecordProportions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10 s recording")
+	}
+	recBinary(t)
+	script := recScript(t, recProportionScript)
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "rec.raw.gz")
+
+	// stackprof runs alongside (its own process, its own truth).
+	type spRes struct {
+		out string
+		err error
+	}
+	spDone := make(chan spRes, 1)
+	if _, err := exec.Command("ruby", "-e", "require 'stackprof'").CombinedOutput(); err == nil {
+		go func() {
+			c := exec.Command("ruby", script, "6")
+			c.Env = append(os.Environ(), "STACKPROF=1")
+			b, err := c.CombinedOutput()
+			spDone <- spRes{string(b), err}
+		}()
+	} else {
+		spDone <- spRes{err: errors.New("stackprof not installed")}
+	}
+
+	res := recRun(t, "record", "--rate", "100", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw, "--", "ruby", script, "10")
+	if res.err != nil {
+		t.Fatalf("record: %v\n%s", res.err, res.stderr)
+	}
+	trueA, trueB := recShares(t, res.stdout)
+	_, samples := recReadRaw(t, raw)
+	var na, nb int
+	for _, s := range samples {
+		switch {
+		case hasFrame(s, "Object#work_a"):
+			na++
+		case hasFrame(s, "Object#work_b"):
+			nb++
+		}
+	}
+	if na+nb < 600 {
+		t.Fatalf("only %d samples in work_a/work_b of %d", na+nb, len(samples))
+	}
+	gotA, gotB := float64(na)/float64(na+nb), float64(nb)/float64(na+nb)
+	t.Logf("truth a=%.3f b=%.3f; rbscope a=%.3f b=%.3f (%d samples)", trueA, trueB, gotA, gotB, na+nb)
+	if d := gotA - trueA; d > 0.03 || d < -0.03 {
+		t.Errorf("work_a: rbscope %.3f, truth %.3f", gotA, trueA)
+	}
+	if d := gotB - trueB; d > 0.03 || d < -0.03 {
+		t.Errorf("work_b: rbscope %.3f, truth %.3f", gotB, trueB)
+	}
+	sp := <-spDone
+	if sp.err != nil {
+		t.Logf("stackprof comparison skipped: %v %s", sp.err, sp.out)
+		return
+	}
+	m := regexp.MustCompile(`stackprof a=([0-9.]+) b=([0-9.]+)`).FindStringSubmatch(sp.out)
+	if m == nil {
+		t.Fatalf("stackprof output %q", sp.out)
+	}
+	spA, _ := strconv.ParseFloat(m[1], 64)
+	spTrueA, _ := recShares(t, sp.out)
+	t.Logf("stackprof a=%.3f (its run's truth a=%.3f)", spA, spTrueA)
+	if d := spA - spTrueA; d > 0.03 || d < -0.03 {
+		t.Errorf("stackprof disagrees with its run's truth: %.3f vs %.3f", spA, spTrueA)
+	}
+	if d := spA - gotA; d > 0.05 || d < -0.05 {
+		t.Errorf("stackprof a=%.3f, rbscope a=%.3f", spA, gotA)
+	}
+}
+
+// TestRecordThreadChurn: threads that start and end during the recording
+// are picked up.
+func TestRecordThreadChurn(t *testing.T) {
+	recBinary(t)
+	rb := recStartRuby(t, `
+def churn_work; x = 0; 20_000.times { x += 1 }; sleep 0.05; end
+puts "ready"; $stdout.flush
+i = 0
+loop do
+  ths = 4.times.map { i += 1; t = Thread.new { churn_work }; t.name = "churn-#{i}"; t }
+  ths.each(&:join)
+end`)
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "rec.raw.gz")
+	res := recRun(t, "record", "--pid", strconv.Itoa(rb.Process.Pid), "--duration", "3s", "--rate", "200",
+		"--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw)
+	if res.err != nil {
+		t.Fatalf("record: %v\n%s", res.err, res.stderr)
+	}
+	_, samples := recReadRaw(t, raw)
+	names, tids := map[string]bool{}, map[int]bool{}
+	for _, s := range samples {
+		if strings.HasPrefix(s.ThreadName, "churn-") && hasFrame(s, "Object#churn_work") {
+			names[s.ThreadName] = true
+			tids[s.TID] = true
+		}
+	}
+	// About 4 threads per 60 ms: ~200 threads in 3 s; most are sampled.
+	if len(names) < 50 {
+		t.Errorf("%d distinct churn threads seen (%d tids)", len(names), len(tids))
+	}
+	t.Logf("%d distinct churn threads, %d distinct tids", len(names), len(tids))
+}
