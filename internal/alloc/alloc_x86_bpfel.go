@@ -58,14 +58,15 @@ type allocSiteKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	allocMapClasses      = "classes"
-	allocMapGcStart      = "gc_start"
-	allocMapProbeSpecs   = "probe_specs"
-	allocMapSites        = "sites"
-	allocMapStats        = "stats"
-	allocProgRubyAlloc   = "ruby_alloc"
-	allocVarSamplePeriod = "sample_period"
-	allocVarTargetTgid   = "target_tgid"
+	allocMapClasses         = "classes"
+	allocMapGcStart         = "gc_start"
+	allocMapProbeSpecs      = "probe_specs"
+	allocMapSites           = "sites"
+	allocMapStats           = "stats"
+	allocProgRubyAlloc      = "ruby_alloc"
+	allocProgRubyAllocMulti = "ruby_alloc_multi"
+	allocVarSamplePeriod    = "sample_period"
+	allocVarTargetTgid      = "target_tgid"
 )
 
 // loadAlloc returns the embedded CollectionSpec for alloc.
@@ -110,7 +111,8 @@ type allocSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocProgramSpecs struct {
-	RubyAlloc *ebpf.ProgramSpec `ebpf:"ruby_alloc"`
+	RubyAlloc      *ebpf.ProgramSpec `ebpf:"ruby_alloc"`
+	RubyAllocMulti *ebpf.ProgramSpec `ebpf:"ruby_alloc_multi"`
 }
 
 // allocMapSpecs contains maps before they are loaded into the kernel.
@@ -181,12 +183,14 @@ type allocVariables struct {
 //
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocPrograms struct {
-	RubyAlloc *ebpf.Program `ebpf:"ruby_alloc"`
+	RubyAlloc      *ebpf.Program `ebpf:"ruby_alloc"`
+	RubyAllocMulti *ebpf.Program `ebpf:"ruby_alloc_multi"`
 }
 
 func (p *allocPrograms) Close() error {
 	return _AllocClose(
 		p.RubyAlloc,
+		p.RubyAllocMulti,
 	)
 }
 

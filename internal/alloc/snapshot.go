@@ -79,6 +79,9 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 		return nil, fmt.Errorf("re-attach for duty cycle: %w", tr.dutyErr)
 	}
 	now := time.Now()
+	if tr.stopped && !tr.end.IsZero() {
+		now = tr.end
+	}
 	r := &Report{Pid: tr.pid, Duration: now.Sub(tr.start), Mode: tr.plan.Mode}
 	scale := float64(tr.opts.SamplePeriod)
 	if tr.opts.DutyCycle > 0 && tr.opts.DutyCycle < 1 {
@@ -93,7 +96,7 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	r.Scale = scale
 	r.Estimated = scale != 1
 
-	stats, err := readStats(tr.objs.Stats)
+	stats, err := readStats(tr.maps.Stats)
 	if err != nil {
 		return nil, err
 	}
@@ -102,11 +105,11 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	r.GCMark, r.GCSweep = time.Duration(stats[statGCMarkNS]), time.Duration(stats[statGCSweepNS])
 	r.GCMarks, r.GCSweeps = stats[statGCMarkCount], stats[statGCSweepCount]
 
-	sites, err := readPerCPU[allocSiteKey](tr.objs.Sites)
+	sites, err := readPerCPU[allocSiteKey](tr.maps.Sites)
 	if err != nil {
 		return nil, fmt.Errorf("read site counts: %w", err)
 	}
-	classes, err := readPerCPU[allocClassKey](tr.objs.Classes)
+	classes, err := readPerCPU[allocClassKey](tr.maps.Classes)
 	if err != nil {
 		return nil, fmt.Errorf("read class counts: %w", err)
 	}

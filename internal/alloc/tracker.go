@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 )
 
@@ -55,7 +56,9 @@ type Tracker struct {
 	t     target.Target
 	plan  *Plan
 	opts  Options
-	objs  allocObjects
+	maps  allocMaps
+	prog  *ebpf.Program // the program attached (multi or per-site)
+	multi bool          // one uprobe_multi link instead of one link per site
 	exe   *link.Executable
 	start time.Time
 
@@ -67,6 +70,8 @@ type Tracker struct {
 	stop     chan struct{}
 	done     chan struct{}
 	closed   bool
+	stopped  bool
+	end      time.Time // when Stop detached
 	names    *names
 	dutyErr  error
 }
@@ -113,10 +118,14 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	if err := spec.Variables[allocVarSamplePeriod].Set(opts.SamplePeriod); err != nil {
 		return nil, fmt.Errorf("set sample period: %w", err)
 	}
-	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts, names: newNames(t, opts.ClassName)}
+	cn := opts.ClassName
+	if cn == nil && plan.Mode == "symbols" {
+		cn = rubyClassNames(t)
+	}
+	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts, names: newNames(t, cn)}
 	// Memory is charged to the cgroup on current kernels; the memlock
 	// rlimit is not raised (that would need CAP_SYS_RESOURCE).
-	if err := spec.LoadAndAssign(&tr.objs, nil); err != nil {
+	if err := spec.LoadAndAssign(&tr.maps, nil); err != nil {
 		return nil, classifyLoad(err)
 	}
 	for i, s := range plan.Sites {
@@ -130,19 +139,20 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 				ps.Args[j].IsSigned = 1
 			}
 		}
-		if err := tr.objs.ProbeSpecs.Put(uint32(i), &ps); err != nil {
-			tr.objs.Close()
+		if err := tr.maps.ProbeSpecs.Put(uint32(i), &ps); err != nil {
+			tr.maps.Close()
 			return nil, fmt.Errorf("store probe spec: %w", err)
 		}
 	}
-	tr.exe, err = link.OpenExecutable(plan.HostPath)
-	if err != nil {
-		tr.objs.Close()
-		return nil, fmt.Errorf("open %s: %w", plan.Binary, err)
+	var err2 error
+	tr.exe, err2 = link.OpenExecutable(plan.HostPath)
+	if err2 != nil {
+		tr.maps.Close()
+		return nil, fmt.Errorf("open %s: %w", plan.Binary, err2)
 	}
 	tr.start = time.Now()
-	if err := tr.attach(); err != nil {
-		tr.objs.Close()
+	if err := tr.loadAndAttach(spec); err != nil {
+		tr.maps.Close()
 		return nil, err
 	}
 	if opts.DutyCycle > 0 && opts.DutyCycle < 1 {
@@ -153,37 +163,133 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	return tr, nil
 }
 
+// loadAndAttach loads the program and attaches it. It prefers one
+// uprobe_multi link (Linux 6.6+): attaching and, above all, detaching N
+// perf-event uprobes costs the kernel an RCU grace period each.
+func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
+	opts := &ebpf.CollectionOptions{MapReplacements: tr.mapReplacements()}
+	if !forcePerSite {
+		var multi struct {
+			Prog *ebpf.Program `ebpf:"ruby_alloc_multi"`
+		}
+		if spec.LoadAndAssign(&multi, opts) == nil {
+			tr.prog, tr.multi = multi.Prog, true
+			err := tr.attach()
+			if err == nil {
+				return nil
+			}
+			tr.prog.Close()
+			tr.prog, tr.multi = nil, false
+			if errors.Is(err, ErrPermission) || errors.Is(err, ErrProbeBusy) {
+				return err
+			}
+		}
+	}
+	var single struct {
+		Prog *ebpf.Program `ebpf:"ruby_alloc"`
+	}
+	if err := spec.LoadAndAssign(&single, opts); err != nil {
+		return classifyLoad(err)
+	}
+	tr.prog = single.Prog
+	if err := tr.attach(); err != nil {
+		tr.prog.Close()
+		tr.prog = nil
+		return err
+	}
+	return nil
+}
+
+// forcePerSite disables uprobe_multi (tests of the per-site path).
+var forcePerSite = false
+
+func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{
+		allocMapProbeSpecs: tr.maps.ProbeSpecs,
+		allocMapSites:      tr.maps.Sites,
+		allocMapClasses:    tr.maps.Classes,
+		allocMapStats:      tr.maps.Stats,
+		allocMapGcStart:    tr.maps.GcStart,
+	}
+}
+
 const maxSpecs = 256
 
-// attach attaches the program to every site. Called with mu held or
-// before the tracker is shared.
+// attach attaches the program to every site: one uprobe_multi link, or
+// one perf-event uprobe per site (in parallel: each registration takes
+// the kernel tens of milliseconds). Called with mu held or before the
+// tracker is shared.
 func (tr *Tracker) attach() error {
-	links := make([]link.Link, 0, len(tr.plan.Sites))
-	for i, s := range tr.plan.Sites {
-		l, err := tr.exe.Uprobe(s.Name, tr.objs.RubyAlloc, &link.UprobeOptions{
-			Address:      s.Offset,
-			RefCtrOffset: s.RefCtrOffset,
-			PID:          tr.pid,
-			Cookie:       uint64(i),
-		})
-		if err != nil {
-			for _, l := range links {
-				l.Close()
-			}
-			return classifyAttach(err, tr.pid, s)
+	if tr.multi {
+		n := len(tr.plan.Sites)
+		opts := &link.UprobeMultiOptions{
+			Addresses:     make([]uint64, n),
+			RefCtrOffsets: make([]uint64, n),
+			Cookies:       make([]uint64, n),
+			PID:           uint32(tr.pid),
 		}
-		links = append(links, l)
+		for i, s := range tr.plan.Sites {
+			opts.Addresses[i], opts.RefCtrOffsets[i], opts.Cookies[i] = s.Offset, s.RefCtrOffset, uint64(i)
+		}
+		l, err := tr.exe.UprobeMulti(nil, tr.prog, opts)
+		if err != nil {
+			return classifyAttach(err, tr.pid, Site{Name: fmt.Sprintf("%d probe sites", n), RefCtrOffset: 1})
+		}
+		tr.links = []link.Link{l}
+	} else {
+		links := make([]link.Link, len(tr.plan.Sites))
+		errs := make([]error, len(tr.plan.Sites))
+		var wg sync.WaitGroup
+		for i, s := range tr.plan.Sites {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l, err := tr.exe.Uprobe(s.Name, tr.prog, &link.UprobeOptions{
+					Address:      s.Offset,
+					RefCtrOffset: s.RefCtrOffset,
+					PID:          tr.pid,
+					Cookie:       uint64(i),
+				})
+				if err != nil {
+					errs[i] = classifyAttach(err, tr.pid, s)
+					return
+				}
+				links[i] = l
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				closeLinks(links)
+				return err
+			}
+		}
+		tr.links = links
 	}
-	tr.links = links
 	tr.attached = true
 	tr.onSince = time.Now()
 	return nil
 }
 
-func (tr *Tracker) detach() {
-	for _, l := range tr.links {
-		l.Close()
+// closeLinks closes links in parallel: each uprobe unregistration waits
+// for an RCU grace period.
+func closeLinks(links []link.Link) {
+	var wg sync.WaitGroup
+	for _, l := range links {
+		if l == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.Close()
+		}()
 	}
+	wg.Wait()
+}
+
+func (tr *Tracker) detach() {
+	closeLinks(tr.links)
 	tr.links = nil
 	if tr.attached {
 		tr.onTotal += time.Since(tr.onSince)
@@ -210,7 +316,7 @@ func (tr *Tracker) dutyLoop() {
 		case <-time.After(off):
 		}
 		tr.mu.Lock()
-		if !tr.closed {
+		if !tr.stopped {
 			if err := tr.attach(); err != nil {
 				tr.dutyErr = err
 				tr.mu.Unlock()
@@ -227,16 +333,15 @@ func (tr *Tracker) Plan() *Plan { return tr.plan }
 // Pid is the traced process.
 func (tr *Tracker) Pid() int { return tr.pid }
 
-// Close detaches and frees everything. The kernel also detaches (and
-// decrements the probes' semaphores) when rbscope dies, because the links
-// are file descriptors.
-func (tr *Tracker) Close() error {
+// Stop detaches from the process (its semaphores drop back) and freezes
+// the report's duration; Snapshot still works until Close.
+func (tr *Tracker) Stop() {
 	tr.mu.Lock()
-	if tr.closed {
+	if tr.stopped {
 		tr.mu.Unlock()
-		return nil
+		return
 	}
-	tr.closed = true
+	tr.stopped = true
 	tr.mu.Unlock()
 	if tr.stop != nil {
 		close(tr.stop)
@@ -244,8 +349,25 @@ func (tr *Tracker) Close() error {
 	}
 	tr.mu.Lock()
 	tr.detach()
+	tr.end = time.Now()
 	tr.mu.Unlock()
-	tr.objs.Close()
+}
+
+// Close detaches and frees everything. The kernel also detaches (and
+// decrements the probes' semaphores) when rbscope dies, because the links
+// are file descriptors.
+func (tr *Tracker) Close() error {
+	tr.Stop()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.closed {
+		return nil
+	}
+	tr.closed = true
+	if tr.prog != nil {
+		tr.prog.Close()
+	}
+	tr.maps.Close()
 	return tr.t.Close()
 }
 
@@ -289,6 +411,22 @@ func classifyAttach(err error, pid int, s Site) error {
 		return fmt.Errorf("%w: %s: %v", ErrNoUprobes, where, err)
 	}
 	return fmt.Errorf("%s: %w", where, err)
+}
+
+// rubyClassNames resolves klass VALUEs through the Ruby walker, opened on
+// first use.
+func rubyClassNames(t target.Target) func(uint64) (string, error) {
+	var p *ruby.Process
+	var openErr error
+	return func(klass uint64) (string, error) {
+		if p == nil && openErr == nil {
+			p, openErr = ruby.Open(t, ruby.Options{})
+		}
+		if openErr != nil {
+			return "", openErr
+		}
+		return p.ClassName(klass)
+	}
 }
 
 // names reads C strings and class names from the target, once per

@@ -98,6 +98,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, MAX_SITES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct site_key);
 	__type(value, struct counter);
 } sites SEC(".maps");
@@ -105,6 +106,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, MAX_CLASSES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct class_key);
 	__type(value, struct counter);
 } classes SEC(".maps");
@@ -211,8 +213,7 @@ static __always_inline void bump(void *map, const void *key, __u64 bytes, __u32 
 	}
 }
 
-SEC("uprobe")
-int ruby_alloc(struct pt_regs *ctx)
+static __always_inline int handle(struct pt_regs *ctx)
 {
 	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != target_tgid)
 		return 0;
@@ -266,6 +267,20 @@ int ruby_alloc(struct pt_regs *ctx)
 	bump(&sites, &sk, bytes, STAT_SITES_FULL);
 	bump(&classes, &ck, bytes, STAT_CLASSES_FULL);
 	return 0;
+}
+
+/* Attached with one uprobe_multi link for all sites (Linux 6.6+). */
+SEC("uprobe.multi")
+int ruby_alloc_multi(struct pt_regs *ctx)
+{
+	return handle(ctx);
+}
+
+/* Attached with one perf-event uprobe per site, on older kernels. */
+SEC("uprobe")
+int ruby_alloc(struct pt_regs *ctx)
+{
+	return handle(ctx);
 }
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";

@@ -20,6 +20,9 @@ typedef signed long long __s64;
 #define BPF_MAP_TYPE_PERCPU_HASH 5
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
 
+/* map_flags */
+#define BPF_F_NO_PREALLOC 1
+
 /* map update flags */
 #define BPF_ANY 0
 #define BPF_NOEXIST 1

@@ -1,0 +1,153 @@
+package alloc
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// jsonReport is the machine contract of `rbscope alloc --format json`.
+type jsonReport struct {
+	Pid       int          `json:"pid"`
+	DurationS float64      `json:"duration_s"`
+	Estimated bool         `json:"estimated"`
+	ByClass   []ClassCount `json:"by_class"`
+	BySite    []SiteCount  `json:"by_site"`
+}
+
+// WriteJSON writes r as
+// {"pid", "duration_s", "estimated", "by_class": [{"class", "count",
+// "bytes"}], "by_site": [{"class", "path", "line", "count"}]},
+// both lists sorted by count, descending. top > 0 keeps the first top
+// entries of each list.
+func (r *Report) WriteJSON(w io.Writer, top int) error {
+	j := jsonReport{
+		Pid:       r.Pid,
+		DurationS: float64(r.Duration.Round(time.Millisecond)) / float64(time.Second),
+		Estimated: r.Estimated,
+		ByClass:   limit(r.ByClass, top),
+		BySite:    limit(r.BySite, top),
+	}
+	if j.ByClass == nil {
+		j.ByClass = []ClassCount{}
+	}
+	if j.BySite == nil {
+		j.BySite = []SiteCount{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(j); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}
+
+func limit[T any](s []T, top int) []T {
+	if top > 0 && len(s) > top {
+		return s[:top]
+	}
+	return s
+}
+
+// WriteText writes r for people. by "line" (the default) prints memprof
+// style "count file:line:Class" lines; by "class" prints count, bytes and
+// class. A "#" header says what was measured.
+func (r *Report) WriteText(w io.Writer, by string, top int) error {
+	var b strings.Builder
+	var total uint64
+	for _, c := range r.ByClass {
+		total += c.Count
+	}
+	est := ""
+	if r.Estimated {
+		est = fmt.Sprintf(" (estimated: counts scaled by %.3g)", r.Scale)
+	}
+	fmt.Fprintf(&b, "# rbscope alloc: pid %d, %.1fs, %d allocations%s\n", r.Pid, r.Duration.Seconds(), total, est)
+	if r.Mode == "symbols" {
+		b.WriteString("# this Ruby has no USDT probes: classes only, no file:line\n")
+	}
+	if r.GCMarks+r.GCSweeps > 0 {
+		fmt.Fprintf(&b, "# GC: %d mark phases %v, %d sweep phases %v\n", r.GCMarks, r.GCMark.Round(time.Microsecond), r.GCSweeps, r.GCSweep.Round(time.Microsecond))
+	}
+	if r.SitesDropped > 0 {
+		fmt.Fprintf(&b, "# %d events had no room in the site table (counted by class only)\n", r.SitesDropped)
+	}
+	switch by {
+	case "class":
+		fmt.Fprintf(&b, "%10s %12s  %s\n", "COUNT", "BYTES", "CLASS")
+		for _, c := range limit(r.ByClass, top) {
+			fmt.Fprintf(&b, "%10d %12d  %s\n", c.Count, c.Bytes, c.Class)
+		}
+	case "line", "":
+		for _, s := range limit(r.BySite, top) {
+			fmt.Fprintf(&b, "%10d %s:%d:%s\n", s.Count, sitePath(s.Path), s.Line, s.Class)
+		}
+	default:
+		return fmt.Errorf("unknown grouping %q (want class or line)", by)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func sitePath(p string) string {
+	if p == "" {
+		return "(unknown)"
+	}
+	return p
+}
+
+// Profile builds a pprof allocation profile: sample types alloc_objects
+// (count) and alloc_space (bytes, where the probes give sizes); one
+// location per file:line and class, whose function is the class.
+func (r *Report) Profile() (*profile.Profile, error) {
+	p := &profile.Profile{
+		SampleType: []*profile.ValueType{
+			{Type: "alloc_objects", Unit: "count"},
+			{Type: "alloc_space", Unit: "bytes"},
+		},
+		DefaultSampleType: "alloc_objects",
+		PeriodType:        &profile.ValueType{Type: "objects", Unit: "count"},
+		Period:            1,
+		DurationNanos:     int64(r.Duration),
+	}
+	if r.Estimated {
+		p.Comments = append(p.Comments, fmt.Sprintf("estimated: counts scaled by %.3g", r.Scale))
+	}
+	funcs := map[[2]string]*profile.Function{}
+	for _, s := range r.BySite {
+		path := sitePath(s.Path)
+		fk := [2]string{s.Class, path}
+		fn := funcs[fk]
+		if fn == nil {
+			fn = &profile.Function{ID: uint64(len(p.Function) + 1), Name: s.Class, SystemName: s.Class, Filename: path}
+			funcs[fk] = fn
+			p.Function = append(p.Function, fn)
+		}
+		loc := &profile.Location{ID: uint64(len(p.Location) + 1), Line: []profile.Line{{Function: fn, Line: int64(s.Line)}}}
+		p.Location = append(p.Location, loc)
+		p.Sample = append(p.Sample, &profile.Sample{
+			Location: []*profile.Location{loc},
+			Value:    []int64{int64(s.Count), int64(s.Bytes)},
+		})
+	}
+	if err := p.CheckValid(); err != nil {
+		return nil, fmt.Errorf("build profile: %w", err)
+	}
+	return p, nil
+}
+
+// WritePprof writes r as a gzipped pprof profile.
+func (r *Report) WritePprof(w io.Writer) error {
+	p, err := r.Profile()
+	if err != nil {
+		return err
+	}
+	if err := p.Write(w); err != nil {
+		return fmt.Errorf("write profile: %w", err)
+	}
+	return nil
+}
