@@ -1,0 +1,154 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+type reportOpts struct {
+	input, format, output, title string
+	lines                        bool
+	top                          int
+}
+
+func init() {
+	var o reportOpts
+	cmd := &cobra.Command{
+		Use:   "report --input RAW [--format FORMAT] [--output FILE]",
+		Short: "Render a raw recording in any output format",
+		Long: `Render a raw recording (written by rbscope record, by default under
+~/.cache/rbscope/recordings) as a flame graph, a pprof or speedscope
+profile, a callgrind file, collapsed stacks or a text summary.
+
+The output goes to --output; "-" is standard output. By default it is
+named after the input, in the current directory, with the format's
+extension (rbscope-20261121-083000-4242.raw.gz -> rbscope-20261121-083000-4242.html),
+and its path is printed on standard error.
+
+A recording cut short (the recorder was killed, the disk filled up) is
+rendered up to its last complete block, with a warning.
+
+Formats:
+` + formatHelp(),
+		Example: `  rbscope report --input ~/.cache/rbscope/recordings/rbscope-20261121-083000-4242.raw.gz
+  rbscope report -i rec.raw.gz --format pprof -o cpu.pb.gz && go tool pprof -top cpu.pb.gz
+  rbscope report -i rec.raw.gz --format summary --top 20 -o -
+  rbscope report -i rec.raw.gz --format collapsed --lines -o - | flamegraph.pl > fg.svg`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runReport(cmd.ErrOrStderr(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&o.input, "input", "i", "", "raw recording to read (required)")
+	f.StringVarP(&o.format, "format", "f", "flamegraph", "output format: "+strings.Join(output.Formats(), ", "))
+	f.StringVarP(&o.output, "output", "o", "", `file to write, "-" for standard output (default: named after the input)`)
+	f.StringVar(&o.title, "title", "", "profile title (default: rbscope and the recorded command)")
+	f.BoolVar(&o.lines, "lines", false, "collapsed: name frames \"name (path:line)\"")
+	f.IntVar(&o.top, "top", 0, "summaries: show only the first N rows (0: all)")
+	rootCmd.AddCommand(cmd)
+}
+
+// formatHelp lists the formats with their descriptions and extensions.
+func formatHelp() string {
+	var b strings.Builder
+	for _, f := range output.Formats() {
+		fmt.Fprintf(&b, "  %-16s %s (%s)\n", f, output.Describe(f), output.DefaultExtension(f))
+	}
+	return b.String()
+}
+
+// renderOptions are the output options for a recording with header h: its
+// rate, start time, and a title naming the recorded command.
+func renderOptions(h recording.Header) output.Options {
+	o := output.Options{RateHz: h.RateHz, Start: h.Start}
+	if len(h.Command) > 0 {
+		t := strings.Join(h.Command, " ")
+		if len(t) > 100 {
+			t = t[:97] + "..."
+		}
+		o.Title = "rbscope: " + t
+	}
+	return o
+}
+
+// reportPath names the output for input in the current directory:
+// its base name without .raw.gz (or .gz, .raw) plus the format's extension.
+func reportPath(input, format string) string {
+	base := filepath.Base(input)
+	for _, suf := range []string{".raw.gz", ".gz", ".raw"} {
+		if strings.HasSuffix(base, suf) && len(base) > len(suf) {
+			base = strings.TrimSuffix(base, suf)
+			break
+		}
+	}
+	return base + output.DefaultExtension(format)
+}
+
+func runReport(stderr io.Writer, o reportOpts) error {
+	if o.input == "" {
+		return exitError{2, errors.New("report needs --input RAW (a raw recording written by rbscope record)")}
+	}
+	if _, err := output.New(o.format, output.Options{}); err != nil {
+		return exitError{2, err}
+	}
+	if o.top < 0 {
+		return exitError{2, fmt.Errorf("--top %d: must be 0 (all) or more", o.top)}
+	}
+	rd, err := recording.Open(o.input)
+	if err != nil {
+		return fmt.Errorf("read recording: %w", err)
+	}
+	defer rd.Close()
+	h := rd.Header()
+	opts := renderOptions(h)
+	if o.title != "" {
+		opts.Title = o.title
+	}
+	opts.Lines, opts.Top = o.lines, o.top
+
+	// A recording cut short is rendered up to where it was cut.
+	var readErr error
+	next := func() (stack.Sample, error) {
+		s, err := rd.Next()
+		if err != nil && err != io.EOF {
+			readErr = err
+			return s, io.EOF
+		}
+		return s, err
+	}
+	out := o.output
+	if out == "" {
+		out = reportPath(o.input, o.format)
+	}
+	n, err := output.RenderFile(o.format, opts, next, out)
+	if err != nil {
+		return fmt.Errorf("render %s: %w", o.format, err)
+	}
+	switch {
+	case readErr != nil:
+		fmt.Fprintf(stderr, "rbscope: warning: %s is damaged after %d samples (%v); rendered those\n", o.input, n, readErr)
+	case rd.Truncated():
+		fmt.Fprintf(stderr, "rbscope: warning: %s ends without its trailer (the recorder was stopped before closing it); rendered its %d samples\n", o.input, n)
+	}
+	if n == 0 {
+		if out != "-" {
+			os.Remove(out)
+		}
+		return exitError{1, fmt.Errorf("%s holds no samples; nothing to render", o.input)}
+	}
+	if out != "-" {
+		fmt.Fprintf(stderr, "wrote %s (%d samples) to %s\n", o.format, n, out)
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+var repT0 = time.Date(2026, 11, 21, 9, 0, 0, 0, time.UTC)
+
+// repSample is the i-th sample of a 70/30 recording: seven in ten on the
+// main thread in Foo#bar, three on a worker in Kernel#sleep.
+func repSample(i int) stack.Sample {
+	s := stack.Sample{Time: repT0.Add(time.Duration(i) * 10 * time.Millisecond), Pid: 777}
+	if i%10 < 7 {
+		s.TID, s.ThreadName = 777, "main"
+		s.Frames = []stack.Frame{
+			{Name: "Foo#bar", Path: "/app/foo.rb", Line: 4, Kind: stack.KindRuby},
+			{Name: "<main>", Path: "/app/foo.rb", Line: 9, Kind: stack.KindRuby},
+		}
+	} else {
+		s.TID, s.ThreadName = 778, "worker"
+		s.Frames = []stack.Frame{
+			{Name: "Kernel#sleep", Path: "/app/foo.rb", Line: 6, Kind: stack.KindCFunc},
+			{Name: "block in <main>", Path: "/app/foo.rb", Line: 6, Kind: stack.KindRuby},
+		}
+	}
+	return s
+}
+
+// repWrite writes a recording of n samples flushed every 10; close says
+// whether it is closed cleanly.
+func repWrite(t *testing.T, path string, n int, close bool) {
+	t.Helper()
+	w, err := recording.Create(path, recording.Header{RateHz: 100, Start: repT0, Pids: []int{777}, Command: []string{"ruby", "foo.rb"}, RubyVersion: "3.1.2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.FlushSamples = 10
+	for i := 0; i < n; i++ {
+		if err := w.Add(repSample(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if close {
+		if err := w.Close(recording.Stats{}); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// repRun runs the rbscope binary in dir.
+func repRun(t *testing.T, dir string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	cmd.Dir = dir
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+const repCollapsed = "<main>;Foo#bar 70\nblock in <main>;Kernel#sleep 30\n"
+
+func TestReport(t *testing.T) {
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "rec.raw.gz")
+	repWrite(t, raw, 100, true)
+
+	out, errOut, code := repRun(t, dir, "report", "--input", raw, "--format", "collapsed", "--output", "-")
+	if code != 0 || out != repCollapsed || errOut != "" {
+		t.Fatalf("collapsed to stdout: code %d stdout %q stderr %q", code, out, errOut)
+	}
+	out, _, code = repRun(t, dir, "report", "-i", raw, "-f", "summary", "--top", "1", "-o", "-")
+	want := "rbscope: ruby foo.rb summary: pid 777, 1.00 s, 100 samples at 100 Hz\n" +
+		"  % self  % total     self    total  function\n" +
+		"   70.00    70.00       70       70  Foo#bar (/app/foo.rb)\n"
+	if code != 0 || out != want {
+		t.Fatalf("summary: code %d\n%s\nwant:\n%s", code, out, want)
+	}
+
+	// Default output name: the input's, in the current directory.
+	work := t.TempDir()
+	_, errOut, code = repRun(t, work, "report", "--input", raw, "--format", "pprof")
+	if code != 0 || errOut != "wrote pprof (100 samples) to rec.pb.gz\n" {
+		t.Fatalf("pprof: code %d stderr %q", code, errOut)
+	}
+	data, err := os.ReadFile(filepath.Join(work, "rec.pb.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.ParseData(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := map[string]int64{}
+	for _, s := range p.Sample {
+		flat[s.Location[0].Line[0].Function.Name] += s.Value[0]
+	}
+	if flat["Foo#bar"] != 70 || flat["Kernel#sleep"] != 30 || p.Period != 10_000_000 {
+		t.Fatalf("pprof flat %v period %d", flat, p.Period)
+	}
+
+	// Every format renders to its default name.
+	for _, f := range []string{"flamegraph", "speedscope", "callgrind", "summary-by-line"} {
+		_, errOut, code := repRun(t, work, "report", "--input", raw, "--format", f)
+		if code != 0 || !strings.HasPrefix(errOut, "wrote "+f+" (100 samples) to rec.") {
+			t.Fatalf("%s: code %d stderr %q", f, code, errOut)
+		}
+		name := strings.TrimSpace(errOut[strings.LastIndex(errOut, " ")+1:])
+		b, err := os.ReadFile(filepath.Join(work, name))
+		want := "Foo#bar"
+		if f == "summary-by-line" {
+			want = "   70.00    70.00       70       70  /app/foo.rb:4\n"
+		}
+		if err != nil || !bytes.Contains(b, []byte(want)) {
+			t.Fatalf("%s: %s lacks %q (%v)", f, name, want, err)
+		}
+	}
+}
+
+func TestReportCutShort(t *testing.T) {
+	dir := t.TempDir()
+	// Never closed: every block is there, the trailer is not.
+	raw := filepath.Join(dir, "killed.raw.gz")
+	repWrite(t, raw, 100, false)
+	out, errOut, code := repRun(t, dir, "report", "-i", raw, "-f", "collapsed", "-o", "-")
+	if code != 0 || out != repCollapsed || !strings.Contains(errOut, "ends without its trailer") || !strings.Contains(errOut, "100 samples") {
+		t.Fatalf("unclosed: code %d stdout %q stderr %q", code, out, errOut)
+	}
+	// Torn inside the last block: the 90 samples before it are kept.
+	b, err := os.ReadFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	torn := filepath.Join(dir, "torn.raw.gz")
+	if err := os.WriteFile(torn, b[:len(b)-5], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = repRun(t, dir, "report", "-i", torn, "-f", "collapsed", "-o", "-")
+	if code != 0 || out != "<main>;Foo#bar 63\nblock in <main>;Kernel#sleep 27\n" ||
+		!strings.Contains(errOut, "damaged after 90 samples") || !strings.Contains(errOut, "truncated") {
+		t.Fatalf("torn: code %d stdout %q stderr %q", code, out, errOut)
+	}
+}
+
+func TestReportBadInput(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.raw.gz")
+	repWrite(t, empty, 0, true)
+	notRec := filepath.Join(dir, "notes.txt")
+	os.WriteFile(notRec, []byte("hello, not a recording\n"), 0o644)
+	good := filepath.Join(dir, "good.raw.gz")
+	repWrite(t, good, 10, true)
+	for _, c := range []struct {
+		args []string
+		want string
+		code int
+	}{
+		{[]string{"report"}, "needs --input", 2},
+		{[]string{"report", "-i", filepath.Join(dir, "missing.raw.gz")}, "no such file", 1},
+		{[]string{"report", "-i", notRec}, "not an rbscope recording", 1},
+		{[]string{"report", "-i", good, "-f", "svg"}, `unknown format "svg"`, 2},
+		{[]string{"report", "-i", empty, "-f", "summary"}, "holds no samples", 1},
+		{[]string{"report", "-i", good, "-o", filepath.Join(dir, "no", "such", "dir", "x.html")}, "no such file", 1},
+	} {
+		_, errOut, code := repRun(t, dir, c.args...)
+		oneLineError(t, errOut, code, c.want)
+		if code != c.code {
+			t.Errorf("%v: exit %d, want %d", c.args, code, c.code)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "empty.summary.txt")); !os.IsNotExist(err) {
+		t.Errorf("an empty recording left an output file: %v", err)
+	}
+}
