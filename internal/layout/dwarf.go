@@ -39,6 +39,9 @@ const (
 	maxNesting = 16
 	maxFields  = 20000
 	maxTypeHop = 64
+	// maxBadUnits is how many units may fail to parse before a file
+	// is given up on.
+	maxBadUnits = 8
 )
 
 // FromDWARFFile extracts the layouts of the structs named in want from the
@@ -71,7 +74,8 @@ func FromDWARF(r io.ReaderAt, want []string) (*Layout, error) {
 
 // extractStats says how much of the DWARF a run looked at.
 type extractStats struct {
-	units     int   // compilation units parsed
+	units     int   // compilation units read
+	decoded   int   // units handed to debug/dwarf
 	infoBytes int64 // bytes of .debug_info decompressed
 }
 
@@ -127,7 +131,9 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 		wantSet[w] = true
 	}
 	l = &Layout{Arch: archName(f.Machine), Structs: map[string]Struct{}}
+	pre := &scanner{abbrev: abbrev, str: str, lineStr: extra[".debug_line_str"], strOffsets: extra[".debug_str_offsets"]}
 	var firstErr error
+	badUnits := 0
 	for len(l.Structs) < len(wantSet) {
 		unit, uoff, err := units.next()
 		if err == io.EOF {
@@ -143,8 +149,19 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 		applyRelocs(unit, uint64(uoff), infoRels)
 		st.units++
 		st.infoBytes += int64(len(unit))
-		if err := scanUnit(unit, abbrev, str, extra, wantSet, l); err != nil && firstErr == nil {
-			firstErr = err
+		if hit, err := pre.unitDefinesWanted(unit, wantSet, l.Structs); err == nil && !hit {
+			continue // nothing wanted here (on error, let debug/dwarf decide)
+		}
+		st.decoded++
+		if err := scanUnit(unit, abbrev, str, extra, wantSet, l); err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			// Real DWARF has no bad units; many mean garbage, which is
+			// not worth walking to the end.
+			if badUnits++; badUnits >= maxBadUnits {
+				break
+			}
 		}
 	}
 	if len(l.Structs) == 0 {

@@ -118,10 +118,11 @@ func loadSection(secs map[string]*elf.Section, name string, lim dwarfLimits) ([]
 // only as data arrives so that a lying size costs no more memory than the
 // data really present.
 func readAppend(r io.Reader, n int64, buf []byte) ([]byte, error) {
-	const chunk = 1 << 20
 	for read := int64(0); read < n; {
+		// Read in chunks that double from 64 KiB: a lying size costs
+		// at most twice the data really present.
 		want := n - read
-		if want > chunk {
+		if chunk := max64(64<<10, int64(len(buf))); want > chunk {
 			want = chunk
 		}
 		if int64(cap(buf)-len(buf)) < want {
@@ -193,6 +194,11 @@ func (u *unitStream) next() ([]byte, int64, error) {
 		hlen = 12
 	} else if n >= 0xfffffff0 {
 		return nil, 0, fmt.Errorf(".debug_info: reserved unit length %#x at %d", n, u.off)
+	}
+	if n < 7 {
+		// Shorter than any unit header: a corrupt or decompression-bomb
+		// stream, which would otherwise yield millions of empty units.
+		return nil, 0, fmt.Errorf(".debug_info: unit at %d declares only %d bytes", u.off, n)
 	}
 	if n > uint64(u.lim.unit) || n > uint64(u.left-hlen) {
 		return nil, 0, fmt.Errorf(".debug_info: unit at %d declares %d bytes (%d left, cap %d)", u.off, n, u.left-hlen, u.lim.unit)

@@ -2,6 +2,7 @@ package layout
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -358,5 +359,66 @@ func checkShapesValues(t *testing.T, l *Layout) {
 	}
 	if s := l.Structs["rb_thread_struct"]; s.Align != 8 {
 		t.Errorf("rb_thread_struct align %d, want 8", s.Align)
+	}
+}
+
+// TestWalksOnlyWhatIsNeeded checks that extraction stops at the unit that
+// completes the wanted set, and hands to debug/dwarf only units that
+// define a wanted struct (the others are only pre-scanned).
+func TestWalksOnlyWhatIsNeeded(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.c")
+	if err := os.WriteFile(other, []byte("struct other { int x; struct RString *p; };\nstatic struct other g_other;\nstruct RBasic; static struct RBasic *g_decl;\nstatic int f(int a) { struct RBasic { int local; } l = {a}; return l.local; }\nint (*use_other(void))(int) { (void)g_other; (void)g_decl; return f; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shapes, err := filepath.Abs(filepath.Join("testdata", "shapes.c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type compiler struct {
+		name string
+		cc   string
+		args []string
+	}
+	compilers := []compiler{
+		{"gcc-dwarf5", "gcc", []string{"-gdwarf-5"}},
+		{"gcc-dwarf4", "gcc", []string{"-gdwarf-4"}},
+		{"gcc-zlib", "gcc", []string{"-gz=zlib"}},
+	}
+	if _, err := exec.LookPath("clang"); err == nil {
+		compilers = append(compilers, compiler{"clang-dwarf5", "clang", []string{"-gdwarf-5"}})
+	}
+	needTool(t, "gcc")
+	for _, c := range compilers {
+		t.Run(c.name, func(t *testing.T) {
+			var objs []string
+			for i, src := range []string{other, other, shapes, other, other} {
+				obj := filepath.Join(dir, fmt.Sprintf("%s-%d.o", c.name, i))
+				run(t, c.cc, append(append([]string{"-g", "-fPIC", "-c", "-o", obj, fmt.Sprintf("-Duse_other=use_other_%d", i)}, c.args...), src)...)
+				objs = append(objs, obj)
+			}
+			so := filepath.Join(dir, c.name+".so")
+			run(t, c.cc, append([]string{"-shared", "-o", so}, objs...)...)
+			f, err := os.Open(so)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			l, st, err := extractDWARF(f, shapesStructs, defaultLimits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkShapesValues(t, l)
+			if st.units != 3 || st.decoded != 1 {
+				t.Errorf("all found in unit 3: read %d units, decoded %d; want 3 and 1", st.units, st.decoded)
+			}
+			_, st, err = extractDWARF(f, append([]string{"absent_struct"}, shapesStructs...), defaultLimits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.units != 5 || st.decoded != 1 {
+				t.Errorf("one struct absent: read %d units, decoded %d; want 5 and 1", st.units, st.decoded)
+			}
+		})
 	}
 }
