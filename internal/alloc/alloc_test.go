@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf/link"
 )
 
 const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
@@ -135,11 +137,21 @@ func siteCount(r *Report, class, path string, line int) uint64 {
 
 func TestExactCounts(t *testing.T) {
 	needBPF(t)
+	t.Run("uprobe_multi", func(t *testing.T) { exactCounts(t, false) })
+	t.Run("per_site", func(t *testing.T) { exactCounts(t, true) })
+}
+
+func exactCounts(t *testing.T, perSite bool) {
+	forcePerSite = perSite
+	defer func() { forcePerSite = false }()
 	const n = 3000
 	p := startRuby(t, script(t, "alloc.rb"), fmt.Sprint(n))
 	work := script(t, "work.rb")
 	p.expect(t, "ready")
 	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
+	if tr.multi == perSite {
+		t.Skipf("uprobe_multi=%v, want %v (kernel before 6.6?)", tr.multi, !perSite)
+	}
 	p.send(t)
 	p.expect(t, "done")
 	r, err := tr.Snapshot()
@@ -256,5 +268,190 @@ func TestAgreesWithMemoryProfiler(t *testing.T) {
 	}
 	if t.Failed() {
 		logReport(t, r)
+	}
+}
+
+// TestSampled counts 1 in 10 events: estimates are scaled, marked, and
+// close to the truth.
+func TestSampled(t *testing.T) {
+	needBPF(t)
+	const n, period = 20000, 10
+	p := startRuby(t, script(t, "alloc.rb"), fmt.Sprint(n))
+	p.expect(t, "ready")
+	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{SamplePeriod: period})
+	p.send(t)
+	p.expect(t, "done")
+	r, err := tr.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Estimated || r.Scale != period {
+		t.Errorf("estimated=%v scale=%v, want true, %d", r.Estimated, r.Scale, period)
+	}
+	// Binomial sampling: relative standard deviation sqrt(period/count),
+	// 2.2% for 20000; allow 5 standard deviations.
+	for class, want := range map[string]uint64{"Widget": n, "Gadget": 2 * n, "Array": n + n/10} {
+		got := classCount(r, class)
+		if d := float64(got)/float64(want) - 1; d > 0.12 || d < -0.12 {
+			t.Errorf("class %s: estimated %d, true %d", class, got, want)
+		}
+	}
+	if r.Counted*5 > r.Events || r.Counted*20 < r.Events {
+		t.Errorf("counted %d of %d events with period %d", r.Counted, r.Events, period)
+	}
+}
+
+// TestThreads attaches to a process that has run for a while and counts
+// allocations made by four threads at once.
+func TestThreads(t *testing.T) {
+	needBPF(t)
+	const n = 5000
+	path := script(t, "threads.rb")
+	p := startRuby(t, path, fmt.Sprint(n))
+	p.expect(t, "ready")
+	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
+	p.send(t)
+	p.expect(t, "done")
+	r, err := tr.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, class := range []string{"Alpha", "Beta", "Gamma", "Delta"} {
+		if got := siteCount(r, class, path, 14+i); got != n {
+			t.Errorf("%s:%d:%s = %d, want %d", path, 14+i, class, got, n)
+		}
+	}
+	// The 50,000 objects made before attaching are not counted.
+	if got := classCount(r, "Object"); got != 0 {
+		t.Errorf("%d Objects counted from before the attach", got)
+	}
+	if t.Failed() {
+		logReport(t, r)
+	}
+}
+
+// TestTwoSessions traces two Ruby processes at once: each tracker counts
+// only its own process (the probes are on the same libruby).
+func TestTwoSessions(t *testing.T) {
+	needBPF(t)
+	p1 := startRuby(t, script(t, "alloc.rb"), "1000")
+	p2 := startRuby(t, script(t, "alloc.rb"), "3000")
+	p1.expect(t, "ready")
+	p2.expect(t, "ready")
+	tr1 := attachOrSkip(t, p1.cmd.Process.Pid, Options{})
+	tr2 := attachOrSkip(t, p2.cmd.Process.Pid, Options{})
+	p1.send(t)
+	p2.send(t)
+	p1.expect(t, "done")
+	p2.expect(t, "done")
+	r1, err := tr1.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := tr2.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := classCount(r1, "Widget"); got != 1000 {
+		t.Errorf("session 1 counted %d Widgets, want 1000", got)
+	}
+	if got := classCount(r2, "Widget"); got != 3000 {
+		t.Errorf("session 2 counted %d Widgets, want 3000", got)
+	}
+	// Closing one session leaves the other attached.
+	tr1.Close()
+	if got := semaphore(t, p2.cmd.Process.Pid, tr2.Plan()); got == 0 {
+		t.Errorf("session 2's semaphore dropped to 0 when session 1 closed")
+	}
+}
+
+// semaphore reads object__create's semaphore in process pid.
+func semaphore(t *testing.T, pid int, plan *Plan) uint16 {
+	t.Helper()
+	v, err := ReadSemaphore(pid, plan, KindObject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestSemaphoreReleasedOnClose checks the kernel's semaphore handling.
+func TestSemaphoreReleasedOnClose(t *testing.T) {
+	needBPF(t)
+	p := startRuby(t, script(t, "alloc.rb"), "10")
+	p.expect(t, "ready")
+	plan, err := planOf(p.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := semaphore(t, p.cmd.Process.Pid, plan); got != 0 {
+		t.Fatalf("semaphore %d before attaching", got)
+	}
+	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
+	if got := semaphore(t, p.cmd.Process.Pid, plan); got != 1 {
+		t.Errorf("semaphore %d while attached, want 1", got)
+	}
+	tr.Close()
+	if got := semaphore(t, p.cmd.Process.Pid, plan); got != 0 {
+		t.Errorf("semaphore %d after Close, want 0", got)
+	}
+}
+
+// TestProbeBusy holds object__create with a different semaphore offset,
+// as a foreign tracer might: Attach must say so.
+func TestProbeBusy(t *testing.T) {
+	needBPF(t)
+	p := startRuby(t, script(t, "alloc.rb"), "10")
+	p.expect(t, "ready")
+	pid := p.cmd.Process.Pid
+	plan, err := planOf(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj Site
+	for _, s := range plan.Sites {
+		if s.Kind == KindObject {
+			obj = s
+		}
+	}
+	// Another tracer: a program on the same site with the semaphore
+	// offset moved by 2 bytes, as a foreign tool with other notes might.
+	spec, err := loadAlloc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var foreign allocObjects
+	if err := spec.LoadAndAssign(&foreign, nil); err != nil {
+		t.Skipf("cannot load the foreign program: %v", err)
+	}
+	defer foreign.Close()
+	ex, err := link.OpenExecutable(plan.HostPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ex.Uprobe("busy", foreign.RubyAlloc, &link.UprobeOptions{Address: obj.Offset, RefCtrOffset: obj.RefCtrOffset + 2, PID: pid})
+	if err != nil {
+		t.Fatalf("set up the foreign probe: %v", err)
+	}
+	defer l.Close()
+	_, err = Attach(pid, Options{})
+	if !errors.Is(err, ErrProbeBusy) {
+		t.Fatalf("Attach with the probe held elsewhere: %v, want ErrProbeBusy", err)
+	}
+	if !strings.Contains(err.Error(), "another tracer (bcc?) holds this probe") {
+		t.Errorf("error %q does not say what happened", err)
+	}
+}
+
+// TestNoProbes: a process without Ruby has nothing to attach to.
+func TestNoProbes(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	_, err := planOf(cmd.Process.Pid)
+	if !errors.Is(err, ErrNoProbes) {
+		t.Fatalf("PlanFor(sleep) = %v, want ErrNoProbes", err)
 	}
 }

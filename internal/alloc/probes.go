@@ -228,3 +228,48 @@ func planBinary(path, host string, forceSymbols bool) (*Plan, error) {
 	}
 	return plan, nil
 }
+
+func planOf(pid int) (*Plan, error) {
+	t, err := target.OpenLive(pid)
+	if err != nil {
+		return nil, err
+	}
+	defer t.Close()
+	return PlanFor(t, false)
+}
+
+// ReadSemaphore reads the 2-byte semaphore of the first site of kind k in
+// process pid (through /proc/PID/mem), to check that attaching raised it
+// and detaching (or rbscope dying) dropped it.
+func ReadSemaphore(pid int, plan *Plan, k Kind) (uint16, error) {
+	var site *Site
+	for i := range plan.Sites {
+		if plan.Sites[i].Kind == k && plan.Sites[i].RefCtrOffset != 0 {
+			site = &plan.Sites[i]
+			break
+		}
+	}
+	if site == nil {
+		return 0, fmt.Errorf("no site of kind %d with a semaphore", k)
+	}
+	t, err := target.OpenLive(pid)
+	if err != nil {
+		return 0, err
+	}
+	defer t.Close()
+	maps, err := t.Mappings()
+	if err != nil {
+		return 0, fmt.Errorf("read mappings: %w", err)
+	}
+	for _, m := range maps {
+		if m.Path != plan.Binary || site.RefCtrOffset < m.Offset || site.RefCtrOffset >= m.Offset+(m.End-m.Start) {
+			continue
+		}
+		var b [2]byte
+		if err := t.ReadAt(b[:], m.Start+site.RefCtrOffset-m.Offset); err != nil {
+			return 0, fmt.Errorf("read semaphore: %w", err)
+		}
+		return uint16(b[0]) | uint16(b[1])<<8, nil
+	}
+	return 0, fmt.Errorf("semaphore offset 0x%x of %s is not mapped", site.RefCtrOffset, plan.Binary)
+}

@@ -180,9 +180,12 @@ func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 			}
 			tr.prog.Close()
 			tr.prog, tr.multi = nil, false
-			if errors.Is(err, ErrPermission) || errors.Is(err, ErrProbeBusy) {
+			if errors.Is(err, ErrPermission) {
 				return err
 			}
+			// Otherwise (EINVAL from a kernel without uprobe_multi, or a
+			// probe held by another tracer) the per-site path below
+			// attaches or names the failing site precisely.
 		}
 	}
 	var single struct {
@@ -233,7 +236,7 @@ func (tr *Tracker) attach() error {
 		}
 		l, err := tr.exe.UprobeMulti(nil, tr.prog, opts)
 		if err != nil {
-			return classifyAttach(err, tr.pid, Site{Name: fmt.Sprintf("%d probe sites", n), RefCtrOffset: 1})
+			return classifyAttach(err, tr.pid, Site{Name: fmt.Sprintf("%d probe sites", n)})
 		}
 		tr.links = []link.Link{l}
 	} else {
