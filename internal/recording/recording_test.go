@@ -3,6 +3,7 @@ package recording
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -388,4 +389,134 @@ func FuzzRead(f *testing.F) {
 		r.Threads()
 		r.Truncated()
 	})
+}
+
+func TestTimedFlush(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idle.raw.gz")
+	w, err := Create(path, testHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(Stats{})
+	w.FlushSamples, w.FlushInterval = 1<<20, 50*time.Millisecond
+	for i := 0; i < 3; i++ {
+		if err := w.Add(sampleN(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// No further Add: the timer must write the block.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for ; ; n++ {
+			if _, err := r.Next(); err != nil {
+				break
+			}
+		}
+		r.Close()
+		if n == 3 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s idle, %d of 3 samples on disk", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// benchSamples are 1024 samples of 50-frame stacks from a few hundred
+// distinct frames, as a busy Rails process gives.
+func benchSamples() []stack.Sample {
+	out := make([]stack.Sample, 1024)
+	for i := range out {
+		fr := make([]stack.Frame, 50)
+		for d := range fr {
+			fr[d] = stack.Frame{
+				Name: fmt.Sprintf("Module%d::Klass#method_%d", (d+i/64)%7, d),
+				Path: fmt.Sprintf("/app/lib/module_%d.rb", (d+i/64)%7),
+				Line: 10 + d + i%5, Kind: stack.KindRuby,
+			}
+		}
+		out[i] = stack.Sample{Time: t0.Add(time.Duration(i) * 10 * time.Millisecond), Pid: 4242, TID: 100 + i%4, ThreadName: "puma worker", OnCPU: i%2 == 0, Frames: fr}
+	}
+	return out
+}
+
+// BenchmarkWrite compares writing a sample to a raw recording with
+// writing it as a line of encoding/json to a buffered file (the baseline),
+// both to a file in a temporary directory; bytes/sample is the file size.
+func BenchmarkWrite(b *testing.B) {
+	samples := benchSamples()
+	b.Run("raw", func(b *testing.B) {
+		path := filepath.Join(b.TempDir(), "bench.raw.gz")
+		w, err := Create(path, testHeader())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		n := 0
+		for b.Loop() {
+			if err := w.Add(samples[n%len(samples)]); err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+		if err := w.Close(Stats{}); err != nil {
+			b.Fatal(err)
+		}
+		fi, _ := os.Stat(path)
+		b.ReportMetric(float64(fi.Size())/float64(n), "bytes/sample")
+	})
+	b.Run("json", func(b *testing.B) {
+		path := filepath.Join(b.TempDir(), "bench.json")
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bw := bufio.NewWriterSize(f, 64<<10)
+		enc := json.NewEncoder(bw)
+		b.ReportAllocs()
+		n := 0
+		for b.Loop() {
+			if err := enc.Encode(samples[n%len(samples)]); err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+		bw.Flush()
+		f.Close()
+		fi, _ := os.Stat(path)
+		b.ReportMetric(float64(fi.Size())/float64(n), "bytes/sample")
+	})
+}
+
+// BenchmarkRead is the cost of reading back one sample of BenchmarkWrite's.
+func BenchmarkRead(b *testing.B) {
+	samples := benchSamples()
+	path := filepath.Join(b.TempDir(), "bench.raw.gz")
+	w, err := Create(path, testHeader())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < 20000; i++ {
+		w.Add(samples[i%len(samples)])
+	}
+	w.Close(Stats{})
+	b.ReportAllocs()
+	var r *Reader
+	for b.Loop() {
+		if r == nil {
+			if r, err = Open(path); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := r.Next(); err != nil {
+			r.Close()
+			r = nil
+		}
+	}
 }

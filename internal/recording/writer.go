@@ -99,9 +99,10 @@ type Writer struct {
 	samples   int64
 	err       error // first write error; sticky
 	closed    bool
+	timer     *time.Timer // flushes a pending block when no Add comes
 
 	// FlushSamples and FlushInterval set the flush policy; Create sets
-	// them to the package defaults.
+	// them to the package defaults. Change them before the first Add.
 	FlushSamples  int
 	FlushInterval time.Duration
 }
@@ -213,7 +214,8 @@ func (w *Writer) thread(s *stack.Sample) uint64 {
 }
 
 // Add appends one sample. The block being built is written to disk when
-// the flush policy says so. After a write error every call returns it.
+// it holds FlushSamples samples, or FlushInterval after its first sample
+// (by a timer if no Add comes). After a write error every call returns it.
 func (w *Writer) Add(s stack.Sample) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -251,11 +253,26 @@ func (w *Writer) Add(s stack.Sample) error {
 	w.samples++
 	w.pending++
 	if w.pending >= w.FlushSamples || time.Since(w.lastFlush) >= w.FlushInterval {
-		if err := w.flushLocked(); err != nil {
-			return err
+		return w.flushLocked()
+	}
+	if w.pending == 1 && w.FlushInterval > 0 {
+		// Samples must not wait in memory for the next Add, which may
+		// be long in coming (an idle target with --on-cpu).
+		if w.timer == nil {
+			w.timer = time.AfterFunc(w.FlushInterval, w.timedFlush)
+		} else {
+			w.timer.Reset(w.FlushInterval)
 		}
 	}
 	return nil
+}
+
+func (w *Writer) timedFlush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil && !w.closed && w.pending > 0 {
+		w.flushLocked() // an error is kept in w.err for the next call
+	}
 }
 
 // Flush writes the samples added so far as one block.
@@ -300,6 +317,9 @@ func (w *Writer) Close(st Stats) error {
 		return errors.New("close recording: already closed")
 	}
 	w.closed = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
 	if w.err != nil {
 		w.f.Close()
 		return w.err
