@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/rbscope/rbscope/internal/target"
 )
 
 // The global symbol table (rb_symbols_t, symbol.c) is in no layout table;
@@ -26,6 +27,8 @@ type caches struct {
 	classCache  map[uint64]className
 	idCache     map[uint64]string
 	epBuf       []byte
+	reqBuf      []target.Read
+	osNames     map[int]string
 	symScanDone bool
 	classpathSerial,
 	attachedSerial uint64
@@ -45,6 +48,7 @@ func (c *caches) init() {
 	c.classCache = map[uint64]className{}
 	c.idCache = map[uint64]string{}
 	c.epBuf = make([]byte, 0, 24)
+	c.osNames = map[int]string{}
 }
 
 // errNoSymbols reports that the global symbol table was not found.

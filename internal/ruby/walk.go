@@ -2,7 +2,6 @@ package ruby
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/rbscope/rbscope/internal/stack"
@@ -42,14 +41,10 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 	if err != nil {
 		return nil, err
 	}
-	osThreads, _ := p.t.Threads()
-	names := map[int]string{}
-	for _, t := range osThreads {
-		names[t.TID] = t.Name
-	}
 	out := make([]stack.Thread, 0, len(refs))
+	refreshed := false
 	for _, ref := range refs {
-		th, err := p.thread(ref, names)
+		th, err := p.thread(ref)
 		if err != nil {
 			if target.IsExited(err) {
 				return nil, err
@@ -62,12 +57,33 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 			th.Error = fmt.Sprintf("read thread 0x%x: %v", ref.addr, err)
 			th.Frames = nil
 		}
+		if th.Name == "" && th.TID != 0 {
+			// A thread without a Ruby name takes its native name; the
+			// /proc listing is read only when a new thread needs it.
+			if _, ok := p.osNames[th.TID]; !ok && !refreshed {
+				refreshed = true
+				p.refreshOSNames()
+			}
+			th.Name = p.osNames[th.TID]
+		}
 		out = append(out, th)
 	}
 	return out, nil
 }
 
-func (p *Process) thread(ref threadRef, osNames map[int]string) (stack.Thread, error) {
+func (p *Process) refreshOSNames() {
+	ths, err := p.t.Threads()
+	if err != nil {
+		return
+	}
+	names := make(map[int]string, len(ths))
+	for _, t := range ths {
+		names[t.TID] = t.Name
+	}
+	p.osNames = names
+}
+
+func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 	o := &p.o
 	tb, err := p.r.readOwned(ref.addr, int(o.thSize))
 	if err != nil {
@@ -94,9 +110,6 @@ func (p *Process) thread(ref threadRef, osNames map[int]string) (stack.Thread, e
 				th.Name = s
 			}
 		}
-	}
-	if th.Name == "" && th.TID != 0 {
-		th.Name = osNames[th.TID]
 	}
 	if th.Main && th.TID == 0 {
 		th.TID = p.t.Pid()
@@ -160,8 +173,20 @@ func (p *Process) threadTID(tb []byte) int {
 	return 0
 }
 
+// frameData is what the walker reads about one control frame, batched
+// across the whole stack.
+type frameData struct {
+	cf      []byte
+	ep      uint64
+	epData  [24]byte // ep[-2] (method entry or cref), ep[-1] (prev ep), ep[0] (flags)
+	iseqHdr [24]byte // flags, wrapper, body of the iseq
+	meHdr   [24]byte // flags and the next two words of ep[-2]
+}
+
 // walk reads the control frames from cfp (innermost) to the end of the VM
-// stack and names them.
+// stack and names them. Reads are batched: the frames in one call, then
+// every frame's environment and iseq header in one process_vm_readv, then
+// the method entries they point to in another.
 func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error) {
 	o := &p.o
 	end := stackStart + stackSize*8
@@ -177,11 +202,49 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	if err != nil {
 		return nil, fmt.Errorf("read control frames: %w", err)
 	}
+	count := int(n / o.cfpSize)
+	fds := make([]frameData, count)
+	modern := p.ver >= v(2, 3, 0)
+	reqs := p.reqBuf[:0]
+	for i := range fds {
+		fd := &fds[i]
+		fd.cf = buf[uint64(i)*o.cfpSize : uint64(i+1)*o.cfpSize]
+		fd.ep = o.cfpEP.u64(fd.cf)
+		if modern {
+			if !isHeapPtr(fd.ep) {
+				return nil, fmt.Errorf("frame %d: %w", i, invalidf("control frame has ep 0x%x", fd.ep))
+			}
+			reqs = append(reqs, target.Read{Addr: fd.ep - 16, Buf: fd.epData[:]})
+		}
+		if iseq := o.cfpIseq.u64(fd.cf); o.iseqBody.ok && isHeapPtr(iseq) {
+			reqs = append(reqs, target.Read{Addr: iseq, Buf: fd.iseqHdr[:]})
+		}
+	}
+	if err := p.batch(reqs); err != nil {
+		return nil, fmt.Errorf("read frame environments: %w", err)
+	}
+	if modern {
+		reqs = reqs[:0]
+		for i := range fds {
+			if me := le64(fds[i].epData[:], 0); isHeapPtr(me) {
+				reqs = append(reqs, target.Read{Addr: me, Buf: fds[i].meHdr[:]})
+			}
+		}
+		if err := p.batch(reqs); err != nil {
+			return nil, fmt.Errorf("read method entries: %w", err)
+		}
+	}
+	p.reqBuf = reqs[:0]
+	// Environments of this stack by address, for block frames whose
+	// method entry is in an outer frame's environment.
+	envs := make(map[uint64]*frameData, count)
+	for i := range fds {
+		envs[fds[i].ep] = &fds[i]
+	}
 	var frames []stack.Frame
 	var pending []int // C frames waiting for their Ruby caller's path/line
-	for off := uint64(0); off+o.cfpSize <= uint64(len(buf)); off += o.cfpSize {
-		cf := buf[off : off+o.cfpSize]
-		fr, ok, err := p.frame(cf)
+	for i := range fds {
+		fr, ok, err := p.frame(&fds[i], envs)
 		if err != nil {
 			return frames, fmt.Errorf("frame %d: %w", len(frames), err)
 		}
@@ -201,51 +264,54 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	return frames, nil
 }
 
+// batch reads reqs in one system call where the target allows it; a
+// request that fails (a race with the target) fails the batch.
+func (p *Process) batch(reqs []target.Read) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	return p.t.ReadBatch(reqs)
+}
+
 // frame names one control frame; ok is false for frames Ruby's own
 // backtraces skip (dummy and finish frames).
-func (p *Process) frame(cf []byte) (stack.Frame, bool, error) {
+func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame, bool, error) {
 	o := &p.o
+	cf := fd.cf
 	iseq := o.cfpIseq.u64(cf)
 	pc := o.cfpPC.u64(cf)
-	ep := o.cfpEP.u64(cf)
+	modern := p.ver >= v(2, 3, 0)
 
 	var magic uint64
-	var epData []byte // ep[-2], ep[-1], ep[0]
-	if p.ver >= v(2, 3, 0) {
-		if !isHeapPtr(ep) {
-			return stack.Frame{}, false, invalidf("control frame has ep 0x%x", ep)
-		}
-		b, err := p.r.read(ep-16, 24)
-		if err != nil {
-			return stack.Frame{}, false, fmt.Errorf("read frame environment: %w", err)
-		}
-		epData = append(p.epBuf[:0], b...)
-		magic = le64(epData, 16) & magicMask
+	if modern {
+		magic = le64(fd.epData[:], 16) & magicMask
 	} else {
 		magic = o.cfpFlag.u64(cf) & oldMagicMask
 	}
 
-	isCFunc := (p.ver >= v(2, 3, 0) && magic == magicCFn) || (p.ver < v(2, 3, 0) && magic == oldMagicCFn)
-	if isCFunc {
+	if (modern && magic == magicCFn) || (!modern && magic == oldMagicCFn) {
 		var me uint64
-		if p.ver >= v(2, 3, 0) {
-			me = le64(epData, 0)
+		if modern {
+			me = le64(fd.epData[:], 0)
 		} else {
 			me = o.cfpMe.u64(cf)
 		}
-		name := p.cfuncName(me)
-		return stack.Frame{Name: name, Kind: stack.KindCFunc}, true, nil
+		return stack.Frame{Name: p.cfuncName(me), Kind: stack.KindCFunc}, true, nil
 	}
 	if iseq == 0 || pc == 0 {
 		return stack.Frame{}, false, nil
 	}
-	if p.ver >= v(2, 3, 0) && (magic == magicIFn || magic == magicDumy) {
+	if modern && (magic == magicIFn || magic == magicDumy) {
 		return stack.Frame{}, false, nil
 	}
-	if p.ver < v(2, 3, 0) && magic == oldMagicIFn {
+	if !modern && magic == oldMagicIFn {
 		return stack.Frame{}, false, nil
 	}
-	info, err := p.iseqInfo(iseq)
+	var hdr []byte
+	if o.iseqBody.ok {
+		hdr = fd.iseqHdr[:]
+	}
+	info, err := p.iseqInfo(iseq, hdr)
 	if err != nil {
 		return stack.Frame{}, false, err
 	}
@@ -256,14 +322,11 @@ func (p *Process) frame(cf []byte) (stack.Frame, bool, error) {
 	}
 	line, err := p.lineFor(info, pc)
 	if err != nil {
-		if os.Getenv("RBSCOPE_DEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "debug: %s: %v (pc 0x%x encoded 0x%x)\n", info.label, err, pc, info.encoded)
-		}
 		line = 0
 	}
 	name := info.label
-	if p.ver >= v(2, 3, 0) && info.qualifiable {
-		if owner, ok := p.methodOwner(ep, epData); ok {
+	if modern && info.qualifiable {
+		if owner, ok := p.methodOwner(fd, envs); ok {
 			name = info.qualify(owner)
 		}
 	}
@@ -273,12 +336,14 @@ func (p *Process) frame(cf []byte) (stack.Frame, bool, error) {
 // methodOwner finds the method entry of a frame through its environment
 // chain (rb_vm_frame_method_entry) and returns the qualified owner prefix
 // ("Foo#", "Foo.") or "" for anonymous owners.
-func (p *Process) methodOwner(ep uint64, epData []byte) (string, bool) {
+func (p *Process) methodOwner(fd *frameData, envs map[uint64]*frameData) (string, bool) {
+	epData := fd.epData[:]
+	meHdr := fd.meHdr[:]
+	var tmp frameData
 	for i := 0; i < 64; i++ {
-		meCref := le64(epData, 0)
 		flags := le64(epData, 16)
 		local := flags&envFlagLocal != 0
-		if me, ok := p.checkMethodEntry(meCref, local); ok {
+		if me, ok := p.checkMethodEntry(le64(epData, 0), meHdr, local); ok {
 			prefix, err := p.ownerPrefix(me)
 			if err != nil {
 				return "", false
@@ -292,26 +357,39 @@ func (p *Process) methodOwner(ep uint64, epData []byte) (string, bool) {
 		if !isHeapPtr(prev) {
 			return "", false
 		}
-		b, err := p.r.read(prev-16, 24)
-		if err != nil {
+		if e, ok := envs[prev]; ok {
+			epData, meHdr = e.epData[:], e.meHdr[:]
+			continue
+		}
+		// An environment moved to the heap (a captured block's): read it.
+		if err := p.t.ReadAt(tmp.epData[:], prev-16); err != nil {
 			return "", false
 		}
-		epData = append(p.epBuf[:0], b...)
+		meHdr = nil
+		if me := le64(tmp.epData[:], 0); isHeapPtr(me) {
+			if err := p.t.ReadAt(tmp.meHdr[:], me); err == nil {
+				meHdr = tmp.meHdr[:]
+			}
+		}
+		epData = tmp.epData[:]
 	}
 	return "", false
 }
 
 // checkMethodEntry returns obj when it is a method entry imemo (or an svar
-// holding one, at a local ep).
-func (p *Process) checkMethodEntry(obj uint64, canBeSvar bool) (uint64, bool) {
+// holding one, at a local ep); hdr holds obj's first 24 bytes when known.
+func (p *Process) checkMethodEntry(obj uint64, hdr []byte, canBeSvar bool) (uint64, bool) {
 	if !isHeapPtr(obj) {
 		return 0, false
 	}
-	b, err := p.r.read(obj, 24)
-	if err != nil {
-		return 0, false
+	if hdr == nil {
+		b, err := p.r.read(obj, 24)
+		if err != nil {
+			return 0, false
+		}
+		hdr = b
 	}
-	flags := le64(b, 0)
+	flags := le64(hdr, 0)
 	if flags&tMask != tImemo {
 		return 0, false
 	}
@@ -321,7 +399,7 @@ func (p *Process) checkMethodEntry(obj uint64, canBeSvar bool) (uint64, bool) {
 	case imemoSvar:
 		if canBeSvar {
 			// struct vm_svar { flags; cref_or_me; ... }
-			return p.checkMethodEntry(le64(b, 8), false)
+			return p.checkMethodEntry(le64(hdr, 8), nil, false)
 		}
 	}
 	return 0, false
@@ -416,13 +494,16 @@ const (
 	iseqMain   = 7
 )
 
-func (p *Process) iseqInfo(iseq uint64) (*iseqInfo, error) {
+func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 	o := &p.o
 	body := iseq
 	if o.iseqBody.ok {
-		b, err := p.r.read(iseq, 24)
-		if err != nil {
-			return nil, fmt.Errorf("read iseq at 0x%x: %w", iseq, err)
+		b := hdr
+		if b == nil {
+			var err error
+			if b, err = p.r.read(iseq, 24); err != nil {
+				return nil, fmt.Errorf("read iseq at 0x%x: %w", iseq, err)
+			}
 		}
 		flags := le64(b, 0)
 		if flags&tMask != tImemo || (flags>>flUShift)&0x0f != imemoIseq {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,9 +17,19 @@ import (
 const maxIovecs = 1024
 
 type live struct {
-	pid int
-	exe string
+	pid   int
+	exe   string
+	calls atomic.Uint64
 }
+
+// ReadCounter is implemented by targets that count the system calls their
+// reads cost (live processes: process_vm_readv calls).
+type ReadCounter interface {
+	ReadCalls() uint64
+}
+
+// ReadCalls returns the number of process_vm_readv calls made so far.
+func (l *live) ReadCalls() uint64 { return l.calls.Load() }
 
 // OpenLive opens the running process pid for reading. It checks that the
 // process exists and that its memory can be read.
@@ -55,6 +66,7 @@ func (l *live) ReadAt(p []byte, addr uint64) error {
 	local := []unix.Iovec{{Base: &p[0]}}
 	local[0].SetLen(len(p))
 	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(p)}}
+	l.calls.Add(1)
 	n, err := unix.ProcessVMReadv(l.pid, local, remote, 0)
 	if err != nil {
 		return l.readErr(err, addr, len(p))
@@ -112,6 +124,7 @@ func (l *live) ReadBatch(reqs []Read) error {
 		if len(local) == 0 {
 			continue
 		}
+		l.calls.Add(1)
 		got, err := unix.ProcessVMReadv(l.pid, local, remote, 0)
 		if err == nil && got == total {
 			continue

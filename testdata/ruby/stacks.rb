@@ -57,6 +57,10 @@ when "threads"
 when "deep"
   Thread.new { Deep.new.recurse(520) }
   wait_reports(1)
+when "bench"
+  # 50 frames: 48 recursive calls, checkpoint and the thread's block.
+  Thread.new { Deep.new.recurse(47) }
+  wait_reports(1)
 when "unicode"
   require_relative "lib/ユニコード"
   Thread.new { Ünïcödé.new.método_ñ }
@@ -65,6 +69,6 @@ when "require"
   Thread.new { require_relative "lib/required" }
   wait_reports(1)
 else
-  abort "usage: stacks.rb nested|threads|deep|unicode|require"
+  abort "usage: stacks.rb nested|threads|deep|bench|unicode|require"
 end
 sleep

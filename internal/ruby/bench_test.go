@@ -1,0 +1,80 @@
+package ruby
+
+import (
+	"testing"
+
+	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// BenchmarkSnapshotLive50 is the cost of one full snapshot of a live
+// process whose worker thread has a 50-frame stack (plus the main thread),
+// with warm caches, and the process_vm_readv calls it makes.
+func BenchmarkSnapshotLive50(b *testing.B) {
+	proc := testutil.StartRuby(b, "stacks.rb", "bench")
+	tg, err := target.OpenLive(proc.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := Open(tg, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ths, err := p.Snapshot()
+	if err != nil {
+		b.Fatal(err)
+	}
+	frames := 0
+	for _, th := range ths {
+		frames += len(th.Frames)
+	}
+	rc := tg.(target.ReadCounter)
+	before := rc.ReadCalls()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := p.Snapshot(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(rc.ReadCalls()-before)/float64(b.N), "readv/op")
+	b.ReportMetric(float64(frames), "frames")
+}
+
+// BenchmarkSnapshotCore is one snapshot of the shared Ruby 3.1.0 dump.
+func BenchmarkSnapshotCore(b *testing.B) {
+	tg, err := target.OpenCore(core31(b), target.CoreOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tg.Close()
+	p, err := Open(tg, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := p.Snapshot(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSnapshotLiveCold opens the process and takes one snapshot with
+// empty caches (what `rbscope snapshot` pays).
+func BenchmarkSnapshotLiveCold(b *testing.B) {
+	proc := testutil.StartRuby(b, "stacks.rb", "bench")
+	tg, err := target.OpenLive(proc.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		p, err := Open(tg, Options{NoDWARF: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := p.Snapshot(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
