@@ -393,12 +393,27 @@ func (c *core) readMapped(p []byte, addr uint64) (int, error) {
 	return 0, fmt.Errorf("read 0x%x from %s: %w", addr, h.path, err)
 }
 
-// hostPath says where on this machine the mapped file path is.
+// hostPath says where on this machine the mapped file path is. The path
+// comes from the core: cleaned as an absolute path, it cannot climb out
+// of the sysroot.
 func (c *core) hostPath(path string) string {
 	if c.opts.Exe != "" && path == c.exe {
 		return c.opts.Exe
 	}
-	return filepath.Join(c.opts.SysRoot, path)
+	return filepath.Join(c.opts.SysRoot, filepath.Clean("/"+path))
+}
+
+// openRegular opens path if it is a regular file: a core naming a device
+// or a FIFO must not make rbscope block on it.
+func openRegular(path string) (*os.File, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	return os.Open(path)
 }
 
 // hostFile returns the mapped file path opened on this machine (cached).
@@ -412,14 +427,14 @@ func (c *core) hostFile(path string) *hostFile {
 		return h
 	}
 	h := &hostFile{path: c.hostPath(path)}
-	h.f, h.err = os.Open(h.path)
+	h.f, h.err = openRegular(h.path)
 	c.host[path] = h
 	return h
 }
 
 func (c *core) OpenFile(path string) (File, error) {
 	hp := c.hostPath(path)
-	f, err := os.Open(hp)
+	f, err := openRegular(hp)
 	if err != nil {
 		return nil, fmt.Errorf("open %s, mapped by the core's process, as %s: %w "+
 			"(pass the executable with --exe or a copy of the target's files with --sysroot)", path, hp, err)

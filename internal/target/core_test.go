@@ -344,3 +344,19 @@ func TestCoreTruncated(t *testing.T) {
 		tg.Close()
 	}
 }
+
+// TestCoreMappedPathsStayInSysRoot: paths from the core that climb out of
+// the sysroot or name devices are not opened there.
+func TestCoreMappedPathsStayInSysRoot(t *testing.T) {
+	tc := defaultTinyCore()
+	tc.files[2].path = "/../../../../../../dev/zero"
+	root := t.TempDir()
+	tg := openTiny(t, tc, CoreOptions{SysRoot: root})
+	var b [8]byte
+	wantUnmapped(t, tg.ReadAt(b[:], tinyLibBase+0x1000), tinyLibBase+0x1000, filepath.Join(root, "dev/zero"))
+	tg = openTiny(t, tc, CoreOptions{SysRoot: "/"})
+	wantUnmapped(t, tg.ReadAt(b[:], tinyLibBase+0x1000), tinyLibBase+0x1000, "not a regular file")
+	if _, err := tg.OpenFile("/dev/zero"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("OpenFile(/dev/zero) = %v, want not a regular file", err)
+	}
+}
