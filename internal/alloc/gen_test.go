@@ -1,0 +1,140 @@
+package alloc
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// generateArgs returns bpf2go's arguments from gen.go's go:generate line,
+// so that the test builds exactly what `go generate` builds.
+func generateArgs(t *testing.T) []string {
+	t.Helper()
+	src, err := os.ReadFile("gen.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const prefix = "//go:generate go tool bpf2go "
+	for _, line := range strings.Split(string(src), "\n") {
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		wd, _ := os.Getwd()
+		line = os.Expand(strings.TrimPrefix(line, prefix), func(k string) string {
+			if k == "PWD" {
+				return wd
+			}
+			return os.Getenv(k)
+		})
+		// Split on spaces outside double quotes; quotes are kept out.
+		var args []string
+		var cur strings.Builder
+		inQ := false
+		for _, r := range line {
+			switch {
+			case r == '"':
+				inQ = !inQ
+			case r == ' ' && !inQ:
+				if cur.Len() > 0 {
+					args = append(args, cur.String())
+					cur.Reset()
+				}
+			default:
+				cur.WriteRune(r)
+			}
+		}
+		if cur.Len() > 0 {
+			args = append(args, cur.String())
+		}
+		return args
+	}
+	t.Fatal("no go:generate line in gen.go")
+	return nil
+}
+
+// TestGeneratedUpToDate recompiles bpf/alloc.bpf.c with bpf2go into a
+// temporary directory and compares the result with the committed files:
+// the Go file byte for byte, the object by its programs' instructions and
+// its maps (clang may lay out the ELF differently without changing them).
+func TestGeneratedUpToDate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles the eBPF program")
+	}
+	if _, err := exec.LookPath("clang"); err != nil {
+		t.Skip("clang not installed: cannot regenerate the eBPF object")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go not on PATH")
+	}
+	dir := t.TempDir()
+	args := append([]string{"tool", "bpf2go", "-output-dir", dir}, generateArgs(t)...)
+	cmd := exec.Command(goBin, args...)
+	cmd.Env = append(os.Environ(), "GOPACKAGE=alloc", "GOFILE=gen.go")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("bpf2go: %v\n%s", err, out)
+	}
+	ver, _ := exec.Command("clang", "--version").Output()
+	hint := fmt.Sprintf("run `go generate ./internal/alloc` and commit (clang here: %s)", strings.SplitN(string(ver), "\n", 2)[0])
+
+	for _, name := range []string{"alloc_x86_bpfel.go"} {
+		fresh, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		committed, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(fresh, committed) {
+			t.Errorf("%s differs from the source: %s", name, hint)
+		}
+	}
+	fresh, err := ebpf.LoadCollectionSpec(filepath.Join(dir, "alloc_x86_bpfel.o"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed, err := loadAlloc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fresh.Programs) != len(committed.Programs) {
+		t.Fatalf("%d programs fresh, %d committed: %s", len(fresh.Programs), len(committed.Programs), hint)
+	}
+	for name, fp := range fresh.Programs {
+		cp := committed.Programs[name]
+		if cp == nil {
+			t.Errorf("program %s is not in the committed object: %s", name, hint)
+			continue
+		}
+		if fs, cs := fmt.Sprint(fp.Instructions), fmt.Sprint(cp.Instructions); fs != cs {
+			t.Errorf("program %s: instructions differ: %s", name, hint)
+		}
+		if fp.SectionName != cp.SectionName || fp.Type != cp.Type || fp.AttachType != cp.AttachType || fp.License != cp.License {
+			t.Errorf("program %s: section/type/license differ: %s", name, hint)
+		}
+	}
+	for name, fm := range fresh.Maps {
+		cm := committed.Maps[name]
+		if cm == nil {
+			t.Errorf("map %s is not in the committed object: %s", name, hint)
+			continue
+		}
+		type shape struct {
+			T                ebpf.MapType
+			K, V, Max, Flags uint32
+		}
+		fs := shape{fm.Type, fm.KeySize, fm.ValueSize, fm.MaxEntries, fm.Flags}
+		cs := shape{cm.Type, cm.KeySize, cm.ValueSize, cm.MaxEntries, cm.Flags}
+		if !reflect.DeepEqual(fs, cs) {
+			t.Errorf("map %s: %+v fresh, %+v committed: %s", name, fs, cs, hint)
+		}
+	}
+}
