@@ -16,6 +16,7 @@ packages=(
   iproute2             # ss: scripts/pyroscope.sh picks free ports
   chromium             # headless browser: flame graph HTML renders (output tests)
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture
+  tmux                 # rbscope top is tested in a detached tmux session
 )
 
 missing=()

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTopInTmux runs rbscope top in a detached tmux session against a busy
+// Ruby process: function names appear, 't' switches to the per-thread
+// view, 'q' exits with status 0 and leaves the alternate screen.
+func TestTopInTmux(t *testing.T) {
+	bin := recBinary(t)
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("tmux not installed (scripts/install-deps.sh installs it)")
+	}
+	rb := recStartRuby(t, recBusyScript)
+	sock := "rbscope-test-" + strconv.Itoa(rb.Process.Pid)
+	tmux := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("tmux", append([]string{"-L", sock}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	t.Cleanup(func() { _ = exec.Command("tmux", "-L", sock, "kill-server").Run() })
+	tmux("-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", "120", "-y", "30",
+		fmt.Sprintf("%s top --pid %d --interval 300ms; echo rbscope-exit=$?; sleep 30", bin, rb.Process.Pid))
+	waitFor := func(what string, ok func(string) bool) string {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			screen := tmux("capture-pane", "-t", "top", "-p")
+			if ok(screen) {
+				return screen
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s; screen:\n%s", what, screen)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	screen := waitFor("function names never appeared", func(s string) bool {
+		return strings.Contains(s, "block in Object#busy_leaf") && strings.Contains(s, "Object#busy_mid")
+	})
+	if !strings.Contains(screen, fmt.Sprintf("pid %d", rb.Process.Pid)) || !strings.Contains(screen, "Threads: 4") {
+		t.Errorf("header:\n%s", screen)
+	}
+	tmux("send-keys", "-t", "top", "t")
+	waitFor("per-thread view never appeared", func(s string) bool {
+		return strings.Contains(s, "Thread") && strings.Contains(s, "worker-1")
+	})
+	tmux("send-keys", "-t", "top", "4")
+	waitFor("sort key never changed", func(s string) bool { return strings.Contains(s, "[TotalTime]") })
+	tmux("send-keys", "-t", "top", "q")
+	screen = waitFor("rbscope did not exit on q", func(s string) bool { return strings.Contains(s, "rbscope-exit=") })
+	if !strings.Contains(screen, "rbscope-exit=0") {
+		t.Errorf("exit status:\n%s", screen)
+	}
+	// Back on the normal screen: the table is gone.
+	if strings.Contains(screen, "%Own") {
+		t.Errorf("the alternate screen was not left:\n%s", screen)
+	}
+	// And the target was resumed.
+	if strings.ContainsAny(recStates(rb.Process.Pid), "tT") {
+		t.Errorf("target stopped after top exited: %s", recStates(rb.Process.Pid))
+	}
+}

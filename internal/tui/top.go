@@ -1,0 +1,336 @@
+// Package tui holds rbscope top's live view: an aggregator of samples by
+// function (and optionally by thread) and a renderer that draws the table
+// with plain ANSI escape codes, so that it works in any terminal,
+// including over ssh and in tmux.
+package tui
+
+import (
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// SortKey is a column of the table to sort by.
+type SortKey int
+
+// Sort keys, selected in the view with the keys 1 to 4.
+const (
+	SortOwnPct    SortKey = iota // share of the last interval's samples with the function on top
+	SortTotalPct                 // share of the last interval's samples with the function anywhere
+	SortOwnTime                  // time on top since the start
+	SortTotalTime                // time anywhere in the stack since the start
+	numSortKeys
+)
+
+var sortNames = [...]string{"%Own", "%Total", "OwnTime", "TotalTime"}
+
+func (k SortKey) String() string {
+	if k < 0 || k >= numSortKeys {
+		return "?"
+	}
+	return sortNames[k]
+}
+
+type fnKey struct {
+	name, path string
+}
+
+type rowKey struct {
+	fn  fnKey
+	tid int // 0 in the all-threads view
+}
+
+type counts struct {
+	own, total       int // since the start
+	ownWin, totalWin int // in the current interval
+}
+
+// Top aggregates samples for the live view. It is safe for concurrent
+// use: the sampler adds while the view renders.
+type Top struct {
+	mu          sync.Mutex
+	rate        float64
+	all         map[rowKey]*counts
+	byThread    map[rowKey]*counts
+	threads     map[int]string
+	samples     int // since the start
+	win         int // in the current interval
+	seen        map[fnKey]int
+	gen         int
+	errors      int
+	late        int
+	lastErr     string
+	start       time.Time
+	lastSamples time.Time
+}
+
+// NewTop returns an empty aggregator for samples taken at rate Hz.
+func NewTop(rate float64) *Top {
+	return &Top{rate: rate, all: map[rowKey]*counts{}, byThread: map[rowKey]*counts{},
+		threads: map[int]string{}, seen: map[fnKey]int{}, start: time.Now()}
+}
+
+func keyOf(f *stack.Frame) fnKey {
+	if f.Kind == stack.KindRuby || f.Kind == "" {
+		return fnKey{f.Name, f.Path}
+	}
+	return fnKey{f.Name, ""}
+}
+
+func bump(m map[rowKey]*counts, k rowKey, own bool, total bool) {
+	c := m[k]
+	if c == nil {
+		c = &counts{}
+		m[k] = c
+	}
+	if own {
+		c.own++
+		c.ownWin++
+	}
+	if total {
+		c.total++
+		c.totalWin++
+	}
+}
+
+// Add counts samples (one per thread). Samples without frames count
+// towards the totals only.
+func (t *Top) Add(samples []stack.Sample) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range samples {
+		s := &samples[i]
+		t.samples++
+		t.win++
+		t.lastSamples = s.Time
+		if s.ThreadName != "" || t.threads[s.TID] == "" {
+			t.threads[s.TID] = s.ThreadName
+		}
+		// A function counts once per sample in "total" however often it
+		// recurses: mark it with this sample's generation.
+		t.gen++
+		for j := range s.Frames {
+			k := keyOf(&s.Frames[j])
+			if t.seen[k] == t.gen {
+				continue
+			}
+			t.seen[k] = t.gen
+			bump(t.all, rowKey{fn: k}, j == 0, true)
+			bump(t.byThread, rowKey{fn: k, tid: s.TID}, j == 0, true)
+		}
+	}
+}
+
+// SetStatus records the sampler's error and lateness counts for the
+// header line.
+func (t *Top) SetStatus(errors, late int, lastErr string) {
+	t.mu.Lock()
+	t.errors, t.late, t.lastErr = errors, late, lastErr
+	t.mu.Unlock()
+}
+
+// Row is one line of the table.
+type Row struct {
+	Function  string // "Foo#bar"
+	Path      string // iseq path ("" for C functions)
+	TID       int    // 0 in the all-threads view
+	Thread    string
+	OwnPct    float64 // percent of the interval's samples
+	TotalPct  float64
+	OwnTime   time.Duration // since the start
+	TotalTime time.Duration
+}
+
+// View is one frame of the live view.
+type View struct {
+	Rows       []Row // all threads together
+	ThreadRows []Row // per thread
+	Samples    int   // since the start
+	Interval   int   // samples in the interval shown
+	Threads    int
+	Errors     int
+	Late       int
+	LastError  string
+	Elapsed    time.Duration
+	Sort       SortKey
+}
+
+// Snapshot returns the current view (both the all-threads and the
+// per-thread rows, sorted by sortBy) and starts a new interval.
+func (t *Top) Snapshot(sortBy SortKey) View {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	period := time.Duration(0)
+	if t.rate > 0 {
+		period = time.Duration(float64(time.Second) / t.rate)
+	}
+	v := View{Samples: t.samples, Interval: t.win, Threads: len(t.threads), Errors: t.errors, Late: t.late,
+		LastError: t.lastErr, Elapsed: time.Since(t.start), Sort: sortBy}
+	rows := func(m map[rowKey]*counts) []Row {
+		out := make([]Row, 0, len(m))
+		for k, c := range m {
+			r := Row{Function: k.fn.name, Path: k.fn.path, TID: k.tid, Thread: t.threads[k.tid],
+				OwnTime: time.Duration(c.own) * period, TotalTime: time.Duration(c.total) * period}
+			if t.win > 0 {
+				r.OwnPct = 100 * float64(c.ownWin) / float64(t.win)
+				r.TotalPct = 100 * float64(c.totalWin) / float64(t.win)
+			}
+			out = append(out, r)
+			c.ownWin, c.totalWin = 0, 0
+		}
+		SortRows(out, sortBy)
+		return out
+	}
+	v.Rows = rows(t.all)
+	v.ThreadRows = rows(t.byThread)
+	t.win = 0
+	return v
+}
+
+// Resort orders the view's rows by key.
+func (v *View) Resort(key SortKey) {
+	v.Sort = key
+	SortRows(v.Rows, key)
+	SortRows(v.ThreadRows, key)
+}
+
+// SortRows orders rows by key, largest first; ties by name.
+func SortRows(rows []Row, key SortKey) {
+	val := func(r *Row) float64 {
+		switch key {
+		case SortOwnPct:
+			return r.OwnPct
+		case SortTotalPct:
+			return r.TotalPct
+		case SortOwnTime:
+			return float64(r.OwnTime)
+		default:
+			return float64(r.TotalTime)
+		}
+	}
+	sort.SliceStable(rows, func(i, j int) bool {
+		a, b := val(&rows[i]), val(&rows[j])
+		if a != b {
+			return a > b
+		}
+		// Secondary: cumulative total, then name, then thread.
+		if rows[i].TotalTime != rows[j].TotalTime {
+			return rows[i].TotalTime > rows[j].TotalTime
+		}
+		if rows[i].Function != rows[j].Function {
+			return rows[i].Function < rows[j].Function
+		}
+		return rows[i].TID < rows[j].TID
+	})
+}
+
+// Header describes the target for the first line.
+type Header struct {
+	Pid         int
+	RubyVersion string
+	Mode        string // "blocking", "nonblocking"
+	Rate        float64
+	Interval    time.Duration
+}
+
+// ANSI escape sequences.
+const (
+	EnterAltScreen = "\033[?1049h"
+	ExitAltScreen  = "\033[?1049l"
+	HideCursor     = "\033[?25l"
+	ShowCursor     = "\033[?25h"
+	home           = "\033[H"
+	clearLine      = "\033[K"
+	clearBelow     = "\033[J"
+	reverse        = "\033[7m"
+	bold           = "\033[1m"
+	reset          = "\033[0m"
+)
+
+// Render draws v (per thread or not) for a width x height terminal: the cursor goes home,
+// every line is overwritten and cleared to its end (no flicker), and the
+// rest of the screen is cleared. Lines use \r\n (the terminal is in raw
+// mode).
+func Render(h Header, v View, perThread bool, width, height int, paused bool) string {
+	if width < 40 {
+		width = 40
+	}
+	if height < 6 {
+		height = 6
+	}
+	var b strings.Builder
+	line := func(s string, style string) {
+		s = truncate(s, width)
+		if style != "" {
+			b.WriteString(style)
+			b.WriteString(s)
+			b.WriteString(strings.Repeat(" ", max(0, width-utf8.RuneCountInString(s))))
+			b.WriteString(reset)
+		} else {
+			b.WriteString(s)
+		}
+		b.WriteString(clearLine)
+		b.WriteString("\r\n")
+	}
+	b.WriteString(home)
+	status := fmt.Sprintf("rbscope top  pid %d  Ruby %s  %g Hz %s  %s elapsed", h.Pid, h.RubyVersion, h.Rate, h.Mode, v.Elapsed.Truncate(time.Second))
+	if paused {
+		status += "  [display paused]"
+	}
+	line(status, bold)
+	line(fmt.Sprintf("Samples: %d (%d this interval)  Threads: %d  Errors: %d  Late: %d", v.Samples, v.Interval, v.Threads, v.Errors, v.Late), "")
+	help := "q quit  t threads  1-4 sort  space pause"
+	if v.LastError != "" && v.Errors > 0 {
+		help = "last error: " + v.LastError
+	}
+	line(help, "")
+	cols := []string{"%Own", "%Total", "OwnTime", "TotalTime"}
+	for i := range cols {
+		if SortKey(i) == v.Sort {
+			cols[i] = "[" + cols[i] + "]"
+		}
+	}
+	head := fmt.Sprintf("%7s %7s %10s %10s  ", cols[0], cols[1], cols[2], cols[3])
+	if perThread {
+		head += fmt.Sprintf("%-16s ", "Thread")
+	}
+	head += "Function (file)"
+	line(head, reverse)
+	list := v.Rows
+	if perThread {
+		list = v.ThreadRows
+	}
+	rows := height - 5
+	for i := 0; i < len(list) && i < rows; i++ {
+		r := list[i]
+		s := fmt.Sprintf("%6.2f%% %6.2f%% %9.2fs %9.2fs  ", r.OwnPct, r.TotalPct, r.OwnTime.Seconds(), r.TotalTime.Seconds())
+		if perThread {
+			name := r.Thread
+			if name == "" {
+				name = fmt.Sprint(r.TID)
+			}
+			s += fmt.Sprintf("%-16s ", truncate(name, 16))
+		}
+		s += r.Function
+		if r.Path != "" {
+			s += " (" + filepath.Base(r.Path) + ")"
+		}
+		line(s, "")
+	}
+	b.WriteString(clearBelow)
+	return b.String()
+}
+
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n])
+}

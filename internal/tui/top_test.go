@@ -1,0 +1,113 @@
+package tui
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+func fr(name, path string) stack.Frame {
+	kind := stack.KindRuby
+	if path == "" {
+		kind = stack.KindCFunc
+	}
+	return stack.Frame{Name: name, Path: path, Line: 1, Kind: kind}
+}
+
+func TestTopCounts(t *testing.T) {
+	top := NewTop(100)
+	leaf, mid, root := fr("A#leaf", "/app/a.rb"), fr("A#mid", "/app/a.rb"), fr("<main>", "/app/main.rb")
+	each := fr("Array#each", "")
+	var batch []stack.Sample
+	for i := 0; i < 30; i++ {
+		batch = append(batch, stack.Sample{TID: 1, ThreadName: "main", Frames: []stack.Frame{leaf, mid, root}})
+	}
+	for i := 0; i < 10; i++ {
+		// Recursion counts once in total.
+		batch = append(batch, stack.Sample{TID: 2, ThreadName: "w", Frames: []stack.Frame{each, mid, each, mid, root}})
+	}
+	batch = append(batch, stack.Sample{TID: 2, ThreadName: "w"}) // no frames
+	top.Add(batch)
+	v := top.Snapshot(SortTotalPct)
+	if v.Samples != 41 || v.Interval != 41 || v.Threads != 2 {
+		t.Fatalf("samples %d interval %d threads %d", v.Samples, v.Interval, v.Threads)
+	}
+	byName := map[string]Row{}
+	for _, r := range v.Rows {
+		byName[r.Function] = r
+	}
+	check := func(name string, own, total float64, ownT, totalT time.Duration) {
+		t.Helper()
+		r := byName[name]
+		if d := r.OwnPct - own; d > 0.01 || d < -0.01 {
+			t.Errorf("%s own %.2f%%, want %.2f%%", name, r.OwnPct, own)
+		}
+		if d := r.TotalPct - total; d > 0.01 || d < -0.01 {
+			t.Errorf("%s total %.2f%%, want %.2f%%", name, r.TotalPct, total)
+		}
+		if r.OwnTime != ownT || r.TotalTime != totalT {
+			t.Errorf("%s times %v %v, want %v %v", name, r.OwnTime, r.TotalTime, ownT, totalT)
+		}
+	}
+	check("A#leaf", 100*30.0/41, 100*30.0/41, 300*time.Millisecond, 300*time.Millisecond)
+	check("A#mid", 0, 100*40.0/41, 0, 400*time.Millisecond)
+	check("Array#each", 100*10.0/41, 100*10.0/41, 100*time.Millisecond, 100*time.Millisecond)
+	if v.Rows[0].Function != "<main>" && v.Rows[0].Function != "A#mid" {
+		t.Errorf("first row by %%Total: %s", v.Rows[0].Function)
+	}
+	if len(v.ThreadRows) != 3+3 {
+		t.Errorf("%d per-thread rows, want 6", len(v.ThreadRows))
+	}
+	// A new interval starts empty; cumulative times stay.
+	top.Add([]stack.Sample{{TID: 1, Frames: []stack.Frame{mid, root}}})
+	v = top.Snapshot(SortOwnPct)
+	if v.Interval != 1 || v.Rows[0].Function != "A#mid" || v.Rows[0].OwnPct != 100 || v.Rows[0].OwnTime != 10*time.Millisecond {
+		t.Errorf("second interval: %+v", v.Rows[0])
+	}
+	v.Resort(SortTotalTime)
+	if v.Rows[0].TotalTime < v.Rows[1].TotalTime {
+		t.Errorf("not sorted by total time: %+v", v.Rows[:2])
+	}
+}
+
+func TestRender(t *testing.T) {
+	top := NewTop(100)
+	long := strings.Repeat("Very::Long::Namespace::", 10) + "meth"
+	top.Add([]stack.Sample{
+		{TID: 7, ThreadName: "worker", Frames: []stack.Frame{fr(long, "/x/y.rb"), fr("<main>", "/x/main.rb")}},
+		{TID: 8, ThreadName: "other", Frames: []stack.Frame{fr("Kernel#sleep", ""), fr("<main>", "/x/main.rb")}},
+	})
+	v := top.Snapshot(SortOwnPct)
+	h := Header{Pid: 42, RubyVersion: "3.1.2", Mode: "blocking", Rate: 100}
+	out := Render(h, v, false, 60, 10, false)
+	lines := strings.Split(out, "\r\n")
+	if !strings.Contains(lines[0], "pid 42") || !strings.Contains(lines[0], "Ruby 3.1.2") {
+		t.Errorf("header %q", lines[0])
+	}
+	for _, l := range lines {
+		plain := l
+		for _, esc := range []string{home, clearLine, clearBelow, reverse, bold, reset} {
+			plain = strings.ReplaceAll(plain, esc, "")
+		}
+		if n := len([]rune(plain)); n > 60 {
+			t.Errorf("line longer than the terminal (%d): %q", n, plain)
+		}
+	}
+	if !strings.Contains(out, " 50.00%") || !strings.Contains(out, "Kernel#sleep") || !strings.Contains(out, "(main.rb)") {
+		t.Errorf("rows missing:\n%s", out)
+	}
+	if strings.Contains(out, "worker") {
+		t.Errorf("thread names in the all-threads view")
+	}
+	out = Render(h, v, true, 100, 10, true)
+	if !strings.Contains(out, "worker") || !strings.Contains(out, "Thread") || !strings.Contains(out, "[display paused]") {
+		t.Errorf("per-thread view:\n%s", out)
+	}
+	// Rows beyond the screen height are cut.
+	out = Render(h, v, false, 100, 6, false)
+	if n := strings.Count(out, "\r\n"); n != 5 {
+		t.Errorf("%d lines for a 6-line terminal", n)
+	}
+}
