@@ -428,17 +428,26 @@ func TestTimedFlush(t *testing.T) {
 	}
 }
 
-// benchSamples are 1024 samples of 50-frame stacks from a few hundred
-// distinct frames, as a busy Rails process gives.
+// benchSamples are 1024 samples of 50-frame stacks on four threads: the
+// outer 45 frames are the thread's own, the inner 5 change every sample,
+// drawn from 300 names (strings shared, as the walker's caches give).
 func benchSamples() []stack.Sample {
+	names := make([]string, 300)
+	for i := range names {
+		names[i] = fmt.Sprintf("Module%d::Klass#method_%d", i%7, i)
+	}
 	out := make([]stack.Sample, 1024)
 	for i := range out {
 		fr := make([]stack.Frame, 50)
 		for d := range fr {
+			v := i % 4 // the thread: outer frames are its own
+			if d < 5 {
+				v = i % 37 // inner frames change from sample to sample
+			}
 			fr[d] = stack.Frame{
-				Name: fmt.Sprintf("Module%d::Klass#method_%d", (d+i/64)%7, d),
-				Path: fmt.Sprintf("/app/lib/module_%d.rb", (d+i/64)%7),
-				Line: 10 + d + i%5, Kind: stack.KindRuby,
+				Name: names[(d*37+v)%len(names)],
+				Path: fmt.Sprintf("/app/lib/module_%d.rb", (d+v)%7),
+				Line: 10 + d + v%5, Kind: stack.KindRuby,
 			}
 		}
 		out[i] = stack.Sample{Time: t0.Add(time.Duration(i) * 10 * time.Millisecond), Pid: 4242, TID: 100 + i%4, ThreadName: "puma worker", OnCPU: i%2 == 0, Frames: fr}

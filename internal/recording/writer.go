@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -80,6 +81,12 @@ type threadKey struct {
 	name     string
 }
 
+// prevStack is a thread's previous stack and its frame ids.
+type prevStack struct {
+	frames []stack.Frame
+	ids    []uint64
+}
+
 // Writer streams samples into a raw recording. It is safe for use by
 // several goroutines.
 type Writer struct {
@@ -92,6 +99,8 @@ type Writer struct {
 	frames  map[stack.Frame]uint64
 	threads map[threadKey]uint64
 	tinfo   []ThreadInfo
+	prev    []prevStack // per thread index
+	ids     []uint64
 
 	prevNanos int64
 	pending   int
@@ -202,6 +211,7 @@ func (w *Writer) thread(s *stack.Sample) uint64 {
 		id = uint64(len(w.threads))
 		w.threads[k] = id
 		w.tinfo = append(w.tinfo, ThreadInfo{Pid: s.Pid, TID: s.TID, Name: s.ThreadName, First: s.Time})
+		w.prev = append(w.prev, prevStack{})
 		w.buf = append(w.buf, recThread)
 		w.buf = binary.AppendVarint(w.buf, int64(s.Pid))
 		w.buf = binary.AppendVarint(w.buf, int64(s.TID))
@@ -231,11 +241,23 @@ func (w *Writer) Add(s stack.Sample) error {
 	// Interned definitions go into the buffer before the sample that
 	// uses them; collect the frame ids first.
 	tid := w.thread(&s)
-	var idsBuf [64]uint64
-	ids := idsBuf[:0]
-	for _, f := range s.Frames {
-		ids = append(ids, w.frame(f))
+	// The outer frames of a thread's stack rarely change between samples:
+	// reuse the ids of the frames shared with its previous stack, compared
+	// from the outside in, and look up only the others.
+	prev := &w.prev[tid]
+	n, pn := len(s.Frames), len(prev.frames)
+	ids := slices.Grow(w.ids[:0], n)[:n]
+	j := 0
+	for j < n && j < pn && s.Frames[n-1-j] == prev.frames[pn-1-j] {
+		ids[n-1-j] = prev.ids[pn-1-j]
+		j++
 	}
+	for k := n - 1 - j; k >= 0; k-- {
+		ids[k] = w.frame(s.Frames[k])
+	}
+	prev.frames = append(prev.frames[:0], s.Frames...)
+	prev.ids = append(prev.ids[:0], ids...)
+	w.ids = ids
 	ns := s.Time.UnixNano()
 	w.buf = append(w.buf, recSample)
 	w.buf = binary.AppendVarint(w.buf, ns-w.prevNanos)
