@@ -51,7 +51,19 @@ type Binary struct {
 }
 
 // Open reads the symbols, build id and load information of the ELF file r.
-func Open(r io.ReaderAt) (*Binary, error) {
+// Malformed input gives an error, never a panic.
+func Open(r io.ReaderAt) (b *Binary, err error) {
+	defer func() {
+		// debug/elf has panicked on crafted files in the past; a profiler
+		// pointed at a corrupt binary must report it, not crash.
+		if p := recover(); p != nil {
+			b, err = nil, fmt.Errorf("parse ELF: malformed file (%v)", p)
+		}
+	}()
+	return open(r)
+}
+
+func open(r io.ReaderAt) (*Binary, error) {
 	f, err := elf.NewFile(r)
 	if err != nil {
 		return nil, fmt.Errorf("parse ELF: %w", err)
