@@ -113,6 +113,18 @@ func networkFailure(out string) bool {
 // lack of network skips the test; any other failure fails it.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	s := Prepare(t)
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Prepare builds the server if needed and picks its ports and data dir
+// without starting it (URL is already valid): for clients that start
+// before their server. Run starts it.
+func Prepare(t testing.TB) *Server {
+	t.Helper()
 	if _, err := Build(); err != nil {
 		if networkFailure(buildOut) {
 			t.Skipf("cannot build Pyroscope without the Go module proxy: %v", err)
@@ -134,9 +146,6 @@ func Start(t testing.TB) *Server {
 			}
 		}
 	})
-	if err := s.start(); err != nil {
-		t.Fatal(err)
-	}
 	return s
 }
 
@@ -279,8 +288,9 @@ func (s *Server) Restart() {
 	}
 }
 
-// StartAgain starts a stopped server on the same ports with the same data.
-func (s *Server) StartAgain() error {
+// Run starts a prepared or stopped server (same ports, same data) and
+// waits until it is ready.
+func (s *Server) Run() error {
 	if s.Pid() != 0 {
 		return errors.New("pyroscope is running")
 	}
