@@ -12,7 +12,6 @@ import (
 
 	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/recording"
-	"github.com/rbscope/rbscope/internal/stack"
 )
 
 type reportOpts struct {
@@ -117,27 +116,18 @@ func runReport(stderr io.Writer, o reportOpts) error {
 	}
 	opts.Lines, opts.Top = o.lines, o.top
 
-	// A recording cut short is rendered up to where it was cut.
-	var readErr error
-	next := func() (stack.Sample, error) {
-		s, err := rd.Next()
-		if err != nil && err != io.EOF {
-			readErr = err
-			return s, io.EOF
-		}
-		return s, err
-	}
 	out := o.output
 	if out == "" {
 		out = reportPath(o.input, o.format)
 	}
-	n, err := output.RenderFile(o.format, opts, next, out)
+	// A recording cut short is rendered up to where it was cut.
+	n, err := output.RenderFile(o.format, opts, rd.Samples(), out)
 	if err != nil {
 		return fmt.Errorf("render %s: %w", o.format, err)
 	}
 	switch {
-	case readErr != nil:
-		fmt.Fprintf(stderr, "rbscope: warning: %s is damaged after %d samples (%v); rendered those\n", o.input, n, readErr)
+	case rd.Damage() != nil:
+		fmt.Fprintf(stderr, "rbscope: warning: %s is damaged after %d samples (%v); rendered those\n", o.input, n, rd.Damage())
 	case rd.Truncated():
 		fmt.Fprintf(stderr, "rbscope: warning: %s ends without its trailer (the recorder was stopped before closing it); rendered its %d samples\n", o.input, n)
 	}

@@ -266,6 +266,30 @@ func (r *Reader) Next() (stack.Sample, error) {
 	return stack.Sample{}, r.err
 }
 
+// Samples returns a sample source for output.Render that keeps what a
+// damaged recording holds: it yields what Next yields, but where Next
+// would return an error (a torn or corrupt block) it returns io.EOF, and
+// Damage then reports that error.
+func (r *Reader) Samples() func() (stack.Sample, error) {
+	return func() (stack.Sample, error) {
+		s, err := r.Next()
+		if err != nil && err != io.EOF {
+			return s, io.EOF
+		}
+		return s, err
+	}
+}
+
+// Damage is the error that stopped reading before the end of the last
+// whole block (a torn or corrupt block), or nil. A recording cut at a
+// block boundary is not damaged, only Truncated.
+func (r *Reader) Damage() error {
+	if r.err == nil || r.err == io.EOF {
+		return nil
+	}
+	return r.err
+}
+
 // record decodes one record of the given kind; ok reports a sample.
 func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 	switch kind {

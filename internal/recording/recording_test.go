@@ -529,3 +529,38 @@ func BenchmarkRead(b *testing.B) {
 		}
 	}
 }
+
+func TestSamplesKeepsPrefix(t *testing.T) {
+	data, bounds := buildSmall(t, 12, 4)
+	for _, c := range []struct {
+		cut     int
+		n       int
+		damaged bool
+	}{
+		{len(data), 12, false},
+		{int(bounds[2]), 8, false},    // at a block boundary
+		{int(bounds[2]) + 7, 8, true}, // inside block 3
+		{int(bounds[1]) - 1, 0, true}, // inside block 1 (its gzip trailer)
+	} {
+		r, err := NewReader(bytes.NewReader(data[:c.cut]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := r.Samples()
+		n := 0
+		for {
+			s, err := next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("cut %d: Samples returned %v", c.cut, err)
+			}
+			sameSample(t, n, s, sampleN(n))
+			n++
+		}
+		if n != c.n || (r.Damage() != nil) != c.damaged || (c.damaged && !errors.Is(r.Damage(), ErrTruncated)) {
+			t.Fatalf("cut %d: %d samples, damage %v; want %d, damaged %v", c.cut, n, r.Damage(), c.n, c.damaged)
+		}
+	}
+}
