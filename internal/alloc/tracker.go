@@ -19,9 +19,10 @@ import (
 
 // Errors users hit, each with what to do. They wrap the underlying error.
 var (
-	// ErrPermission: the kernel refused to load or attach (needs
-	// CAP_SYS_ADMIN for uprobes here; CAP_BPF+CAP_PERFMON are not enough).
-	ErrPermission = errors.New("attaching eBPF uprobes needs CAP_SYS_ADMIN: run as root (CAP_BPF and CAP_PERFMON alone are not enough)")
+	// ErrPermission: the kernel refused to load or attach. Perf-event
+	// uprobes need CAP_SYS_ADMIN; uprobe_multi links (Linux 6.6+) were
+	// measured to work with CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE.
+	ErrPermission = errors.New("attaching eBPF uprobes needs CAP_SYS_ADMIN: run as root (on Linux 6.6+, CAP_BPF+CAP_PERFMON+CAP_SYS_PTRACE also do)")
 	// ErrNoBPF: the kernel cannot load the program.
 	ErrNoBPF = errors.New("this kernel cannot run the eBPF program (needs BPF with kprobe programs, attach cookies: Linux 5.15+)")
 	// ErrNoUprobes: the kernel has no uprobe support.
@@ -389,10 +390,20 @@ func (tr *Tracker) Alive() bool {
 	return false
 }
 
+// reasonError prints as its reason alone (one line users can act on) but
+// still unwraps to the kernel's error for errors.Is.
+type reasonError struct {
+	reason error
+	cause  error
+}
+
+func (e *reasonError) Error() string   { return e.reason.Error() }
+func (e *reasonError) Unwrap() []error { return []error{e.reason, e.cause} }
+
 func classifyLoad(err error) error {
 	switch {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return fmt.Errorf("%w: load program: %v", ErrPermission, err)
+		return &reasonError{ErrPermission, err}
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EINVAL):
 		return fmt.Errorf("%w: load program: %v", ErrNoBPF, err)
 	}
@@ -403,13 +414,13 @@ func classifyAttach(err error, pid int, s Site) error {
 	where := fmt.Sprintf("attach to %s at offset 0x%x", s.Name, s.Offset)
 	switch {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return fmt.Errorf("%w: %s: %v", ErrPermission, where, err)
+		return &reasonError{ErrPermission, err}
 	case errors.Is(err, unix.ESRCH):
 		return fmt.Errorf("%s: %w", where, target.ErrProcessExited{Pid: pid})
 	case errors.Is(err, unix.EINVAL) && s.RefCtrOffset != 0:
 		// The kernel logs "ref_ctr_offset mismatch" when a uprobe at the
 		// same place exists with another semaphore offset.
-		return fmt.Errorf("%w: %s: %v", ErrProbeBusy, where, err)
+		return &reasonError{fmt.Errorf("%w (%s)", ErrProbeBusy, s.Name), err}
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, link.ErrNotSupported):
 		return fmt.Errorf("%w: %s: %v", ErrNoUprobes, where, err)
 	}
