@@ -154,7 +154,14 @@ func TestRubySource(t *testing.T) {
 			// The busy thread competes for the GVL with the main thread
 			// (sleeping in join): it is on a CPU most of the time, the
 			// sleeper never.
-			if onCPU["busy"] < st.Ticks/2 || onCPU["idle"] != 0 {
+			// Blocking mode wakes the sleeper for each pause (ptrace
+			// interrupts its futex wait, which restarts on resume): on a
+			// loaded machine it can be seen runnable now and then.
+			idleMax := 0
+			if blocking {
+				idleMax = st.Ticks / 5
+			}
+			if onCPU["busy"] < st.Ticks/2 || onCPU["idle"] > idleMax {
 				t.Errorf("on-CPU counts %v of %d ticks", onCPU, st.Ticks)
 			}
 			if len(st.Threads) != 3 {

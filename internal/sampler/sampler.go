@@ -181,6 +181,26 @@ func (s Stats) ErrorSummary() string {
 // passed, ctx is cancelled or the target exits. It returns the statistics;
 // the error is non-nil only for an invalid configuration.
 func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	return run(ctx, src, cfg, sink, realClock{timer: timer})
+}
+
+// clock is time as the sampler sees it; tests substitute a virtual one.
+type clock interface {
+	Now() time.Time
+	// SleepUntil waits for deadline or ctx (returning ctx's error).
+	SleepUntil(ctx context.Context, deadline time.Time) error
+}
+
+type realClock struct{ timer *time.Timer }
+
+func (realClock) Now() time.Time { return time.Now() }
+func (c realClock) SleepUntil(ctx context.Context, deadline time.Time) error {
+	return sleepUntil(ctx, c.timer, deadline)
+}
+
+func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample), clk clock) (Stats, error) {
 	rate := cfg.Rate
 	if rate == 0 {
 		rate = DefaultRate
@@ -202,15 +222,13 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 
 	st := Stats{Rate: rate}
 	spans := make(map[threadKey]int) // index into st.Threads
-	start := time.Now()
+	start := clk.Now()
 	st.Start = start
 	var end time.Time
 	if cfg.Duration > 0 {
 		end = start.Add(cfg.Duration)
 	}
 	nextProgress := start.Add(progressEvery)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
 	var kept []stack.Sample
 
 	for n := int64(0); ; n++ {
@@ -222,12 +240,12 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 			j := (rand.Float64() - 0.5) * cfg.Jitter * float64(period)
 			deadline = deadline.Add(time.Duration(j))
 		}
-		if err := sleepUntil(ctx, timer, deadline); err != nil {
+		if err := clk.SleepUntil(ctx, deadline); err != nil {
 			break
 		}
-		t0 := time.Now()
+		t0 := clk.Now()
 		samples, err := src.Sample(ctx)
-		now := time.Now()
+		now := clk.Now()
 		st.Ticks++
 		st.SampleTime += now.Sub(t0)
 		if t0.Sub(deadline) > period {
@@ -276,7 +294,7 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 			}
 		}
 		// Skip the ticks whose sample would already be late.
-		now = time.Now()
+		now = clk.Now()
 		if behind := now.Sub(start.Add(time.Duration(n+1) * period)); behind > period {
 			skip := int64(behind / period)
 			if !end.IsZero() {
@@ -294,7 +312,7 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 			nextProgress = now.Add(progressEvery)
 		}
 	}
-	st.End = time.Now()
+	st.End = clk.Now()
 	sort.SliceStable(st.Threads, func(i, j int) bool { return st.Threads[i].First.Before(st.Threads[j].First) })
 	return st, nil
 }
