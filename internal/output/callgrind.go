@@ -78,7 +78,7 @@ func (c *callgrind) Add(s stack.Sample) {
 	caller.seen = c.gen
 	for i := last - 1; i >= 0; i-- {
 		callee := c.fn(&s.Frames[i])
-		e := cgEdge{s.Frames[i+1].Line, callee}
+		e := cgEdge{max(s.Frames[i+1].Line, 0), callee}
 		call := caller.calls[e]
 		if call == nil {
 			call = &cgCall{}
@@ -94,7 +94,7 @@ func (c *callgrind) Add(s stack.Sample) {
 		}
 		caller = callee
 	}
-	caller.self[s.Frames[0].Line]++
+	caller.self[max(s.Frames[0].Line, 0)]++
 }
 
 func (c *callgrind) WriteTo(w io.Writer) (int64, error) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
@@ -152,7 +153,7 @@ func (s *speedscope) WriteTo(w io.Writer) (int64, error) {
 	}
 	most := 0
 	for i, t := range ts {
-		p := ssProfile{Type: "sampled", Name: fmt.Sprintf("%d %s", t.tid, t.name), Samples: t.stacks}
+		p := ssProfile{Type: "sampled", Name: strings.TrimSpace(fmt.Sprintf("%d %s", t.tid, t.name)), Samples: t.stacks}
 		if len(s.pids) > 1 {
 			p.Name += fmt.Sprintf(" (pid %d)", t.pid)
 		}
