@@ -10,6 +10,7 @@ packages=(
   gcc binutils         # C fixtures for DWARF tests, objcopy
   pahole               # reference struct layouts for DWARF tests
   valgrind             # callgrind_annotate reads our callgrind output
+  gdb                  # gcore: core dumps of live rubies for the core-file target tests
   clang llvm           # regenerates the eBPF objects (bpf2go)
   elfutils             # eu-readelf for note checks
   procps psmisc        # ps, pkill in tests and scripts
