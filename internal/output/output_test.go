@@ -610,3 +610,27 @@ func BenchmarkAdd(b *testing.B) {
 		})
 	}
 }
+
+// TestFlamegraphDeepRecursion renders a 12000-frame stack (Ruby's own
+// limit is around there): the page must not overflow its stack.
+func TestFlamegraphDeepRecursion(t *testing.T) {
+	w, _ := New("flamegraph", Options{RateHz: 100})
+	fr := make([]stack.Frame, 12000)
+	for i := range fr {
+		fr[i] = stack.Frame{Name: "Object#rec" + strconv.Itoa(i%3), Path: "/r.rb", Line: 3, Kind: stack.KindRuby}
+	}
+	w.Add(stack.Sample{Pid: 1, TID: 1, Frames: fr})
+	page := filepath.Join(t.TempDir(), "deep.html")
+	f, err := os.Create(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteTo(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	dom := chromium(t, "file://"+page, "--dump-dom")
+	if n := bytes.Count(dom, []byte(`<div class="f"`)); n != 12001 {
+		t.Fatalf("%d frames rendered, want 12001 (the root and 12000 frames)", n)
+	}
+}
