@@ -252,9 +252,11 @@ func waitStop(pid, tid int, timeout time.Duration) (sig int, ok, gone bool) {
 		if timeout == 0 {
 			return 0, false, false
 		}
-		// Not stopped yet: spin briefly (stops take microseconds), then
-		// back off, giving up at the deadline.
-		if i < 50 {
+		// Not stopped yet: yield the CPU (the thread may be waiting for
+		// one to enter its stop) for a while, then back off, giving up
+		// at the deadline.
+		if i < 1000 {
+			_, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			continue
 		}
 		if deadline.IsZero() {
@@ -266,7 +268,7 @@ func waitStop(pid, tid int, timeout time.Duration) (sig int, ok, gone bool) {
 		if time.Now().After(deadline) {
 			return 0, false, false
 		}
-		backoff = min(max(2*backoff, 10*time.Microsecond), time.Millisecond)
+		backoff = min(max(2*backoff, 10*time.Microsecond), 200*time.Microsecond)
 		ts := unix.NsecToTimespec(int64(backoff))
 		_ = unix.Nanosleep(&ts, nil)
 	}

@@ -1,0 +1,82 @@
+package sampler
+
+import (
+	"context"
+	"testing"
+
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// deepThreads is the benchmark target: four threads (the main one and
+// three more), each 50 Ruby frames deep, spinning.
+const deepThreads = `
+def deep(n, &blk); n > 0 ? deep(n - 1, &blk) : blk.call; end
+def spin; x = 0; loop { x += 1 }; end
+3.times { |i| Thread.new { deep(47) { spin } }.name = "t#{i}" }
+sleep 0.2
+puts "ready"; $stdout.flush
+deep(47) { spin }
+`
+
+// BenchmarkSample measures one sample of every thread of a 4-thread,
+// 50-frame Ruby process with the real walker. Compare the sub-benchmarks
+// with ReadBaseline (one 8-byte process_vm_readv) in the same run:
+//
+//	go test -run XXX -bench . ./internal/sampler/
+func BenchmarkSample(b *testing.B) {
+	cmd := startRuby(b, deepThreads)
+	p := openRuby(b, cmd.Process.Pid)
+	pz := target.NewPauser()
+	defer pz.Close()
+	ctx := context.Background()
+
+	b.Run("ReadBaseline", func(b *testing.B) {
+		buf := make([]byte, 8)
+		maps, err := p.Target().Mappings()
+		if err != nil {
+			b.Fatal(err)
+		}
+		addr := maps[0].Start
+		for i := 0; i < b.N; i++ {
+			if err := p.Target().ReadAt(buf, addr); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	for _, mode := range []struct {
+		name   string
+		pauser Pauser
+	}{{"Nonblocking", nil}, {"Blocking", pz}} {
+		b.Run(mode.name, func(b *testing.B) {
+			src := NewRubySource(p, RubyOptions{Pauser: mode.pauser})
+			defer src.Close()
+			frames, fails := 0, 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				s, err := src.Sample(ctx)
+				if err != nil {
+					fails++
+					continue
+				}
+				for _, x := range s {
+					frames += len(x.Frames)
+				}
+			}
+			b.StopTimer()
+			if ok := b.N - fails; ok > 0 {
+				b.ReportMetric(float64(frames)/float64(ok), "frames/sample")
+			}
+			b.ReportMetric(float64(fails)/float64(b.N), "errors/sample")
+		})
+	}
+	b.Run("Pause", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			resume, err := pz.Pause(cmd.Process.Pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = resume()
+		}
+	})
+}
