@@ -477,6 +477,9 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 	}
 	r.say("%d samples of %d threads in %.1fs (%d ticks, %d late, %d missed); errors: %s",
 		st.Samples, len(st.Threads), st.End.Sub(st.Start).Seconds(), st.Ticks, st.Late, st.Missed, st.ErrorSummary())
+	if cpu, ok := selfCPU(); ok && st.End.After(st.Start) {
+		r.say("rbscope used %.2fs of CPU (%.1f%% of one core)", cpu.Seconds(), 100*cpu.Seconds()/st.End.Sub(st.Start).Seconds())
+	}
 	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
 		r.say("last error: %v", st.LastError)
 	}
@@ -548,4 +551,14 @@ func (r *recorder) finish(child *exec.Cmd, done chan struct{}, reap func(), sig 
 		r.say("%s (pid %d) did not exit after %v; rbscope leaves it running", child.Path, child.Process.Pid, sig)
 	}
 	return err
+}
+
+// selfCPU is rbscope's own CPU time (user+system) so far.
+func selfCPU() (time.Duration, bool) {
+	st, err := proctree.ReadStat(os.Getpid())
+	if err != nil {
+		return 0, false
+	}
+	// Clock ticks are 1/100 s on Linux (USER_HZ).
+	return time.Duration(st.UTime+st.STime) * 10 * time.Millisecond, true
 }

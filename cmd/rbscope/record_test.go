@@ -172,8 +172,9 @@ func TestRecordPid(t *testing.T) {
 	if h.RateHz != 100 || len(h.Pids) != 1 || h.Pids[0] != rb.Process.Pid || h.RubyVersion == "" {
 		t.Errorf("header %+v", h)
 	}
-	// 2 s at 100 Hz, 4 threads: about 800 samples.
-	if len(samples) < 600 || len(samples) > 810 {
+	// 2 s at 100 Hz, 4 threads: up to 800 samples (fewer when the
+	// machine is too busy to sample on time).
+	if len(samples) < 200 || len(samples) > 810 || len(samples)%4 != 0 {
 		t.Errorf("%d samples, want about 800", len(samples))
 	}
 	names := map[string]int{}
@@ -187,7 +188,7 @@ func TestRecordPid(t *testing.T) {
 		}
 	}
 	for i := 0; i < 3; i++ {
-		if names[fmt.Sprintf("worker-%d", i)] < 150 {
+		if names[fmt.Sprintf("worker-%d", i)] != len(samples)/4 {
 			t.Errorf("thread worker-%d has %d samples: %v", i, names[fmt.Sprintf("worker-%d", i)], names)
 		}
 	}
