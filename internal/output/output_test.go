@@ -634,3 +634,29 @@ func TestFlamegraphDeepRecursion(t *testing.T) {
 		t.Fatalf("%d frames rendered, want 12001 (the root and 12000 frames)", n)
 	}
 }
+
+func TestSpeedscopeSeveralProcesses(t *testing.T) {
+	w, _ := New("speedscope", Options{RateHz: 50})
+	fr := []stack.Frame{{Name: "Job#perform", Path: "/app/job.rb", Line: 7, Kind: stack.KindRuby}}
+	w.Add(stack.Sample{Time: t0, Pid: 20, TID: 21, ThreadName: "worker", Frames: fr})
+	w.Add(stack.Sample{Time: t0.Add(20 * time.Millisecond), Pid: 10, TID: 11, Frames: fr})
+	w.Add(stack.Sample{Time: t0.Add(40 * time.Millisecond), Pid: 10, TID: 11, Frames: fr})
+	var b bytes.Buffer
+	if _, err := w.WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		ActiveProfileIndex int         `json:"activeProfileIndex"`
+		Profiles           []ssProfile `json:"profiles"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &f); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Profiles) != 2 || f.Profiles[0].Name != "11 (pid 10)" || f.Profiles[1].Name != "21 worker (pid 20)" || f.ActiveProfileIndex != 0 {
+		t.Fatalf("profiles %+v active %d", f.Profiles, f.ActiveProfileIndex)
+	}
+	// Relative to the first sample: pid 10's thread runs from 20 ms to 40 ms plus a 20 ms period.
+	if p := f.Profiles[0]; p.StartValue != 20 || p.EndValue != 60 || len(p.Weights) != 1 || p.Weights[0] != 40 {
+		t.Fatalf("pid 10 profile %+v", p)
+	}
+}
