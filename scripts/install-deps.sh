@@ -14,6 +14,7 @@ packages=(
   clang llvm           # regenerates the eBPF objects (bpf2go)
   elfutils             # eu-readelf for note checks
   procps psmisc        # ps, pkill in tests and scripts
+  time                 # /usr/bin/time: peak RSS in scripts/bench-layout.sh
   iproute2             # ss: scripts/pyroscope.sh picks free ports
   chromium             # headless browser: flame graph HTML renders (output tests)
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture

@@ -28,7 +28,18 @@ const (
 	benchRuby    = "3.4.1"
 )
 
+// TestMain removes the benchmark library when it was built in a temporary
+// directory (RBSCOPE_BENCH_DIR unset).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if benchTmp != "" {
+		os.RemoveAll(benchTmp)
+	}
+	os.Exit(code)
+}
+
 var (
+	benchTmp   string
 	benchOnce  sync.Once
 	benchFiles map[string]string // variant -> library path
 	benchErr   error
@@ -78,8 +89,14 @@ func buildBenchLibs() (map[string]string, error) {
 			return nil, fmt.Errorf("%s not installed", tool)
 		}
 	}
-	dir, err := os.MkdirTemp("", "rbscope-layout-bench-")
-	if err != nil {
+	dir := os.Getenv("RBSCOPE_BENCH_DIR")
+	if dir == "" {
+		d, err := os.MkdirTemp("", "rbscope-layout-bench-")
+		if err != nil {
+			return nil, err
+		}
+		dir, benchTmp = d, d
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	tab, err := layout.Builtin(benchRuby)
