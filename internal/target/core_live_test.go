@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/rbscope/rbscope/internal/elfx"
@@ -198,5 +199,148 @@ func TestCoreMatchesLive(t *testing.T) {
 	err = bare.ReadAt(b[:], text[0].Start)
 	if !errors.As(err, &u) || u.Addr != text[0].Start || !strings.Contains(err.Error(), text[0].Path) {
 		t.Errorf("text read without the files: %v; want ErrUnmapped naming %s", err, text[0].Path)
+	}
+}
+
+// TestKernelCore has the kernel dump a Debian ruby (SIGABRT under ulimit
+// -c unlimited, with the machine's plain "core" core_pattern) and checks
+// the core against what the live process showed just before: threads,
+// mappings with permissions, libruby's dynamic symbols, the VM pointer,
+// and file-backed pages the kernel leaves out (filesz 0), read from disk.
+func TestKernelCore(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("reading the live process needs CAP_SYS_PTRACE: run as root")
+	}
+	pattern, err := os.ReadFile("/proc/sys/kernel/core_pattern")
+	if err != nil || strings.TrimSpace(string(pattern)) != "core" {
+		t.Skipf("core_pattern is %q, not the plain \"core\" this test relies on", pattern)
+	}
+	ruby, err := exec.LookPath("ruby")
+	if err != nil {
+		t.Skipf("ruby not installed: %v", err)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command("sh", "-c", `ulimit -c unlimited && exec "$0" -e "$1"`, ruby, twoThreads)
+	cmd.Dir = dir
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatalf("ruby did not start: %v", err)
+	}
+	pid := cmd.Process.Pid
+	live, err := target.OpenLive(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lthreads, _ := live.Threads()
+	lmaps, _ := live.Mappings()
+	lexe := live.Executable()
+	var base uint64
+	for _, m := range lmaps {
+		if strings.Contains(m.Path, "libruby") && m.Offset == 0 {
+			base = m.Start
+		}
+	}
+	limg, err := elfx.ReadMemoryImage(live, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmSym, _ := limg.Lookup("ruby_current_vm_ptr")
+	var lvm [8]byte
+	if err := live.ReadAt(lvm[:], vmSym.Value); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd.Process.Signal(syscall.SIGABRT)
+	cmd.Wait()
+	cores, _ := filepath.Glob(filepath.Join(dir, "core*"))
+	if len(cores) != 1 {
+		now, _ := os.ReadFile("/proc/sys/kernel/core_pattern")
+		if strings.TrimSpace(string(now)) != "core" {
+			t.Skipf("core_pattern changed to %q while the test ran", now)
+		}
+		t.Fatalf("the kernel wrote %v, want one core", cores)
+	}
+	core, err := target.OpenCore(cores[0], target.CoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer core.Close()
+
+	if core.Pid() != pid || core.Executable() != lexe {
+		t.Errorf("core pid %d exe %q; live %d %q", core.Pid(), core.Executable(), pid, lexe)
+	}
+	cthreads, _ := core.Threads()
+	if len(cthreads) != len(lthreads) || len(cthreads) < 2 {
+		t.Errorf("core threads %v, live %v", cthreads, lthreads)
+	}
+	for i := range cthreads {
+		found := false
+		for _, l := range lthreads {
+			found = found || l.TID == cthreads[i].TID
+		}
+		if !found {
+			t.Errorf("core thread %d was not a live thread (%v)", cthreads[i].TID, lthreads)
+		}
+	}
+	cmaps, _ := core.Mappings()
+	byStart := map[uint64]target.Mapping{}
+	for _, m := range cmaps {
+		byStart[m.Start] = m
+	}
+	files := 0
+	var text target.Mapping
+	for _, l := range lmaps {
+		if l.Path == "" || strings.HasPrefix(l.Path, "[") {
+			continue
+		}
+		files++
+		c, ok := byStart[l.Start]
+		if !ok || c.End != l.End || c.Offset != l.Offset || c.Path != l.Path || c.Perms[:3] != l.Perms[:3] {
+			t.Errorf("live mapping %+v; core has %+v", l, c)
+		}
+		if strings.Contains(l.Path, "libruby") && l.Perms == "r-xp" {
+			text = l
+		}
+	}
+	if files < 10 || text.Path == "" {
+		t.Fatalf("%d file mappings, libruby text %+v", files, text)
+	}
+
+	cimg, err := elfx.ReadMemoryImage(core, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cimg.Bias != limg.Bias || cimg.BuildID != limg.BuildID || len(cimg.Symbols) != len(limg.Symbols) {
+		t.Errorf("core image %x %s %d symbols; live %x %s %d", cimg.Bias, cimg.BuildID, len(cimg.Symbols), limg.Bias, limg.BuildID, len(limg.Symbols))
+	}
+	var cvm [8]byte
+	if err := core.ReadAt(cvm[:], vmSym.Value); err != nil || cvm != lvm {
+		t.Errorf("ruby_current_vm_ptr in the core = %x, %v; live %x", cvm, err, lvm)
+	}
+	v, _ := cimg.Lookup("ruby_version")
+	var ver [6]byte
+	if err := core.ReadAt(ver[:], v.Value); err != nil || string(ver[:]) != "3.1.2\x00" {
+		t.Errorf("ruby_version from the core = %q, %v", ver, err)
+	}
+	// The text is not in the core (filesz 0): it reads from the file.
+	f, err := os.Open(text.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	want := make([]byte, 4096)
+	if _, err := f.ReadAt(want, int64(text.Offset)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4096)
+	if err := core.ReadAt(got, text.Start); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("libruby text from the core differs from the file (%v)", err)
 	}
 }
