@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 )
@@ -71,12 +72,14 @@ func Resolve(bins []BinaryInfo, rubyVersion string, opts ResolveOptions) (*Layou
 	if cacheDir == "" {
 		cacheDir = DefaultCacheDir()
 	}
+	// Downloaded debug files are kept even when layouts are not cached.
+	dlDir := debuginfodDir(cacheDir)
 	if opts.NoCache {
 		cacheDir = ""
 	}
 	var notes []string
 	for _, b := range bins {
-		l, err := dwarfLayout(b, roots, cacheDir)
+		l, err := dwarfLayout(b, roots, cacheDir, dlDir)
 		if err != nil {
 			notes = append(notes, err.Error())
 			continue
@@ -107,7 +110,7 @@ func usable(l *Layout) bool {
 
 // dwarfLayout returns the DWARF layout of one binary, from the cache or
 // by extraction (and then caches it).
-func dwarfLayout(b BinaryInfo, roots []string, cacheDir string) (*Layout, error) {
+func dwarfLayout(b BinaryInfo, roots []string, cacheDir, dlDir string) (*Layout, error) {
 	if b.BuildID != "" {
 		if l := cacheLoad(cacheDir, b.BuildID, WantedStructs); l != nil {
 			return l, nil
@@ -131,7 +134,7 @@ func dwarfLayout(b BinaryInfo, roots []string, cacheDir string) (*Layout, error)
 	} else if l := cacheLoad(cacheDir, q.BuildID, WantedStructs); l != nil {
 		return l, nil
 	}
-	l, err := extractFor(r, q, roots, WantedStructs, usable)
+	l, err := extractFor(r, q, roots, WantedStructs, dlDir, usable)
 	if err != nil {
 		return nil, err
 	}
@@ -157,12 +160,12 @@ func FromBinaryFile(path string, want []string, roots []string) (*Layout, error)
 	if err != nil {
 		return nil, err
 	}
-	return extractFor(f, q, roots, want, func(l *Layout) bool { return len(l.Structs) > 0 })
+	return extractFor(f, q, roots, want, debuginfodDir(DefaultCacheDir()), func(l *Layout) bool { return len(l.Structs) > 0 })
 }
 
 // extractFor reads the layout from the binary's own DWARF, else from its
 // separate debug file.
-func extractFor(r io.ReaderAt, q DebugFileQuery, roots, want []string, ok func(*Layout) bool) (*Layout, error) {
+func extractFor(r io.ReaderAt, q DebugFileQuery, roots, want []string, dlDir string, ok func(*Layout) bool) (*Layout, error) {
 	var own error
 	if f, err := elf.NewFile(r); err == nil && hasDWARF(f) {
 		dwarfExtractions.Add(1)
@@ -174,6 +177,16 @@ func extractFor(r io.ReaderAt, q DebugFileQuery, roots, want []string, ok func(*
 		own = err
 	}
 	dbg, tried := FindDebugFile(q, roots)
+	if dbg == "" && q.BuildID != "" {
+		if urls := DebuginfodURLs(); len(urls) > 0 {
+			p, err := FetchDebuginfod(q.BuildID, urls, dlDir, debuginfodTimeout())
+			if err == nil {
+				dbg = p
+			} else {
+				tried = append(tried, err.Error())
+			}
+		}
+	}
 	if dbg == "" {
 		msg := fmt.Sprintf("%s: no DWARF", q.Path)
 		if own != nil {
@@ -186,6 +199,15 @@ func extractFor(r io.ReaderAt, q DebugFileQuery, roots, want []string, ok func(*
 	}
 	dwarfExtractions.Add(1)
 	return FromDWARFFile(dbg, want)
+}
+
+// debuginfodDir is where downloaded debug files are kept: in the layout
+// cache, or in the temporary directory when there is none.
+func debuginfodDir(cacheDir string) string {
+	if cacheDir != "" {
+		return filepath.Join(cacheDir, "debuginfod")
+	}
+	return filepath.Join(os.TempDir(), "rbscope-debuginfod")
 }
 
 func openBinary(b BinaryInfo) (io.ReaderAt, io.Closer, error) {
