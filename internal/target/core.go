@@ -460,10 +460,14 @@ func (c *core) Threads() ([]Thread, error) {
 func (c *core) buildMappings() []Mapping {
 	var out []Mapping
 	for _, f := range c.files {
-		perms := "r--p" // not in the core: readable from the file
+		var perms string
 		if i := sort.Search(len(c.segs), func(i int) bool { return c.segs[i].vaddr > f.start }) - 1; i >= 0 &&
 			f.start-c.segs[i].vaddr < c.segs[i].memsz {
 			perms = permString(c.segs[i].flags)
+		} else {
+			// gcore leaves read-only file mappings out entirely: the
+			// file's own program headers say what was mapped how.
+			perms = c.filePerms(f.path, f.off)
 		}
 		out = append(out, Mapping{Start: f.start, End: f.end, Offset: f.off, Perms: perms, Path: f.path})
 	}
@@ -501,6 +505,38 @@ func (c *core) buildMappings() []Mapping {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Start < out[j].Start })
 	return out
+}
+
+// filePerms returns the permissions of the PT_LOAD segment of the mapped
+// ELF file path that holds file offset off, "r--p" when the file cannot be
+// read here or does not say.
+func (c *core) filePerms(path string, off uint64) string {
+	const unknown = "r--p"
+	h := c.hostFile(path)
+	if h.err != nil {
+		return unknown
+	}
+	le := binary.LittleEndian
+	var eh [elfHeaderSize]byte
+	if _, err := h.f.ReadAt(eh[:], 0); err != nil || string(eh[:4]) != "\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+		return unknown
+	}
+	phoff, phnum := le.Uint64(eh[32:]), int(le.Uint16(eh[56:]))
+	if le.Uint16(eh[54:]) != progHeaderLen || phnum > 1024 || phoff > 1<<32 {
+		return unknown
+	}
+	ph := make([]byte, phnum*progHeaderLen)
+	if _, err := h.f.ReadAt(ph, int64(phoff)); err != nil {
+		return unknown
+	}
+	for i := 0; i < phnum; i++ {
+		p := ph[i*progHeaderLen:]
+		pOff, pFilesz := le.Uint64(p[8:])&^0xfff, le.Uint64(p[8:])+le.Uint64(p[32:])
+		if le.Uint32(p) == ptLoad && off >= pOff && off < pFilesz {
+			return permString(le.Uint32(p[4:]))
+		}
+	}
+	return unknown
 }
 
 func permString(flags uint32) string {

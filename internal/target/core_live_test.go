@@ -124,8 +124,8 @@ func TestCoreMatchesLive(t *testing.T) {
 			continue
 		}
 		files++
-		if !ok || l.End != m.End || l.Offset != m.Offset || l.Path != m.Path {
-			t.Errorf("core mapping %x-%x %x %s; live has %+v", m.Start, m.End, m.Offset, m.Path, l)
+		if !ok || l.End != m.End || l.Offset != m.Offset || l.Path != m.Path || l.Perms[:3] != m.Perms[:3] {
+			t.Errorf("core mapping %x-%x %s %x %s; live has %+v", m.Start, m.End, m.Perms, m.Offset, m.Path, l)
 		}
 		if l.Perms == "r-xp" && strings.Contains(m.Path, "libruby") {
 			text = append(text, m)

@@ -82,7 +82,7 @@ func TestCoreTinyProcess(t *testing.T) {
 		maps, err := tg.Mappings()
 		wantMaps := []Mapping{
 			{Start: 0x400000, End: 0x401000, Perms: "r--p", Path: tinyExe},
-			{Start: 0x401000, End: 0x402000, Offset: 0x1000, Perms: "r--p", Path: tinyExe},
+			{Start: 0x401000, End: 0x402000, Offset: 0x1000, Perms: "r-xp", Path: tinyExe}, // from the file's headers
 			{Start: tinyLibBase, End: tinyLibBase + 0x2000, Perms: "r-xp", Path: tinyLib},
 			{Start: tinyLibBase + 0x2000, End: tinyLibBase + 0x3000, Perms: "rw-p"},
 			{Start: tinyLibBase + 0x3000, End: tinyLibBase + 0x4000, Perms: "rw-p"},
