@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rbscope/rbscope/internal/postmortem"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -69,7 +70,8 @@ func openTarget(pid int, core, exe string) (target.Target, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open core file %s: %w", core, err)
 		}
-		return t, nil
+		// A crashed Ruby process's core maps its binaries twice.
+		return postmortem.WithoutStrayMappings(t), nil
 	}
 	return nil, errors.New("no target: give --pid PID or --core FILE")
 }
