@@ -333,3 +333,33 @@ func TestResolveSystemRubyFallsBack(t *testing.T) {
 		t.Errorf("error %v", err)
 	}
 }
+
+// TestWantedStructsCoverTables checks that WantedStructs names every
+// struct of every built-in table, so DWARF can replace any of them.
+func TestWantedStructsCoverTables(t *testing.T) {
+	want := map[string]bool{}
+	for _, s := range layout.WantedStructs {
+		want[s] = true
+	}
+	read := 0
+	for _, v := range layout.BuiltinVersions() {
+		l, err := layout.Builtin(v)
+		if err != nil {
+			continue // unreadable tables are TestTablesMatchDWARF's concern
+		}
+		read++
+		for _, s := range l.StructNames() {
+			if !want[s] {
+				t.Errorf("%s: struct %s not in WantedStructs", v, s)
+			}
+		}
+	}
+	if read < 100 {
+		t.Errorf("only %d tables read", read)
+	}
+	for _, s := range []string{"RClass", "rb_classext_struct", "rb_symbols_t", "st_table", "st_table_entry", "rb_native_thread", "rb_id_table", "succ_index_table", "succ_dict_block"} {
+		if !want[s] {
+			t.Errorf("%s not in WantedStructs", s)
+		}
+	}
+}

@@ -10,6 +10,9 @@ package layoutgen
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -179,4 +182,40 @@ func scalar(name string, size uint64) string {
 		return "unsigned long " + name
 	}
 	return fmt.Sprintf("unsigned char %s[%d]", name, size)
+}
+
+// DebugFile compiles CSource(l, structs) with `gcc -g -shared` into out, a
+// debug file whose GNU build id is buildID (hex): placed at
+// <root>/.build-id/<id[:2]>/<id[2:]>.debug it is found for the binary with
+// that build id, as if the binary's distribution shipped its debug info.
+// It needs gcc.
+func DebugFile(l *layout.Layout, structs []string, buildID, out string) error {
+	if len(buildID) < 2 || len(buildID)%2 != 0 || strings.Trim(buildID, "0123456789abcdef") != "" {
+		return fmt.Errorf("build id %q is not lowercase hex", buildID)
+	}
+	dir, err := os.MkdirTemp("", "layoutgen-")
+	if err != nil {
+		return fmt.Errorf("create temp dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	src := filepath.Join(dir, "layout.c")
+	if err := os.WriteFile(src, []byte(CSource(l, structs)), 0o644); err != nil {
+		return fmt.Errorf("write C source: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return fmt.Errorf("create debug file dir: %w", err)
+	}
+	cmd := exec.Command("gcc", "-g", "-shared", "-fPIC", "-Wl,--build-id=0x"+buildID, "-o", out, src)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("gcc: %w: %s", err, msg)
+	}
+	return nil
+}
+
+// BuildIDPath returns where a debug file for buildID goes under root.
+func BuildIDPath(root, buildID string) string {
+	if len(buildID) < 3 {
+		return filepath.Join(root, ".build-id", buildID+".debug")
+	}
+	return filepath.Join(root, ".build-id", buildID[:2], buildID[2:]+".debug")
 }

@@ -106,3 +106,51 @@ func compareWithTable(t *testing.T, tab, l *layout.Layout) {
 		t.Errorf("only %d fields compared", n)
 	}
 }
+
+// TestDebugFileForSystemRuby makes a debug file for Debian's libruby
+// (which ships none) from the 3.1.2 table, under a build-id root, and
+// checks that Resolve finds it and reads the table's offsets from it: the
+// setup of the walker's end-to-end DWARF test.
+func TestDebugFileForSystemRuby(t *testing.T) {
+	const lib = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
+	if _, err := os.Stat(lib); err != nil {
+		t.Skip("Debian's libruby 3.1 not installed (scripts/install-deps.sh installs ruby)")
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc not installed (scripts/install-deps.sh installs it)")
+	}
+	f, err := os.Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	q, err := layout.QueryFromELF(f, lib, lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := layout.Builtin("3.1.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	dbg := BuildIDPath(root, q.BuildID)
+	if err := DebugFile(tab, nil, q.BuildID, dbg); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("RBSCOPE_DEBUG_ROOT", root)
+	l, err := layout.Resolve([]layout.BinaryInfo{{Path: lib}}, "3.1.2", layout.ResolveOptions{NoCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Source != "dwarf:"+dbg {
+		t.Fatalf("source %q, want dwarf:%s", l.Source, dbg)
+	}
+	compareWithTable(t, tab, l)
+	for _, s := range tab.Structs {
+		for name, fl := range s.Fields {
+			if fl.Source != "" {
+				t.Errorf("%s taken from %s, want DWARF", name, fl.Source)
+			}
+		}
+	}
+}
