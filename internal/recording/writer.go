@@ -32,8 +32,8 @@ const (
 	recTrailer = 'E'
 )
 
-// Flush policy defaults: a block is written every FlushSamples samples or
-// when FlushInterval has passed since the last block, whichever comes first.
+// Flush policy defaults: a block is written when it holds FlushSamples
+// samples or FlushInterval after its first sample, whichever comes first.
 const (
 	FlushSamples  = 512
 	FlushInterval = time.Second
