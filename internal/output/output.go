@@ -10,6 +10,19 @@
 // Function identity: a Ruby frame's function is its name and path; a C or
 // GC frame's function is its name alone, because its path is its caller's
 // (Array#each called from two files is one function).
+//
+// Formats (details on each writer type):
+//
+//	flamegraph       self-contained HTML page: search, click to zoom, tooltips
+//	speedscope       speedscope JSON, one sampled profile per thread
+//	pprof            gzipped profile.proto: samples/count, cpu/nanoseconds,
+//	                 labels thread, tid, pid
+//	callgrind        callgrind format, event Samples, recursion-safe
+//	                 inclusive costs
+//	collapsed        folded stacks "outer;inner count"; Options.Lines adds
+//	                 " (path:line)" to Ruby frames
+//	summary          self and total % by function, Options.Top rows
+//	summary-by-line  the same by path:line
 package output
 
 import (
