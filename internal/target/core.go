@@ -1,6 +1,7 @@
 package target
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -428,8 +429,44 @@ func (c *core) hostFile(path string) *hostFile {
 	}
 	h := &hostFile{path: c.hostPath(path)}
 	h.f, h.err = openRegular(h.path)
+	if h.err == nil {
+		if h.err = c.sameFile(path, h.f); h.err != nil {
+			h.f.Close()
+			h.f = nil
+		}
+	}
 	c.host[path] = h
 	return h
+}
+
+// sameFile checks that f is the file the process mapped as path, as far
+// as the core can tell: the bytes the core holds of the file's first page
+// (its ELF headers, which the kernel and gcore both keep) must be the
+// file's. A different build of a library must not be read as if it were
+// the mapped one.
+func (c *core) sameFile(path string, f *os.File) error {
+	for _, m := range c.files {
+		if m.path != path || m.off != 0 {
+			continue
+		}
+		n := min(m.end-m.start, 4096)
+		i := sort.Search(len(c.segs), func(i int) bool { return c.segs[i].vaddr > m.start }) - 1
+		if i < 0 || m.start-c.segs[i].vaddr >= c.segs[i].avail {
+			return nil // the core holds none of it: nothing to compare
+		}
+		s := &c.segs[i]
+		n = min(n, s.avail-(m.start-s.vaddr))
+		inCore := make([]byte, n)
+		onDisk := make([]byte, n)
+		if _, err := c.f.ReadAt(inCore, int64(s.off+m.start-s.vaddr)); err != nil {
+			return fmt.Errorf("read the first page of %s from the core: %w", path, err)
+		}
+		if k, _ := f.ReadAt(onDisk, 0); k != len(onDisk) || !bytes.Equal(inCore, onDisk) {
+			return fmt.Errorf("%s is not the file the process mapped (its first page differs from the core's copy)", f.Name())
+		}
+		return nil
+	}
+	return nil
 }
 
 func (c *core) OpenFile(path string) (File, error) {

@@ -42,9 +42,41 @@ type tinyCore struct {
 // address addr, so that any read can be checked.
 func pattern(addr uint64) byte { return byte(addr>>8) ^ byte(addr)*7 ^ byte(addr>>16) }
 
+// tinyExeHeader is the start of the tiny executable, in the core and on
+// disk alike: ELF program headers with text at file offset 0x1000.
+func tinyExeHeader() []byte {
+	le := binary.LittleEndian
+	b := make([]byte, elfHeaderSize+2*progHeaderLen)
+	copy(b, "\x7fELF\x02\x01\x01")
+	le.PutUint64(b[32:], elfHeaderSize)
+	le.PutUint16(b[54:], progHeaderLen)
+	le.PutUint16(b[56:], 2)
+	for i, seg := range []struct{ off, flags uint32 }{{0, pfR}, {0x1000, pfR | pfX}} {
+		p := b[elfHeaderSize+i*progHeaderLen:]
+		le.PutUint32(p, ptLoad)
+		le.PutUint32(p[4:], seg.flags)
+		le.PutUint64(p[8:], uint64(seg.off))
+		le.PutUint64(p[32:], 0x1000)
+	}
+	return b
+}
+
+// tinyByte is the byte at addr of the tiny process: the pattern, but for
+// the executable's header.
+func tinyByte(addr uint64) byte {
+	if h := tinyExeHeader(); addr >= 0x400000 && addr < 0x400000+uint64(len(h)) {
+		return h[addr-0x400000]
+	}
+	return pattern(addr)
+}
+
+// fillPattern fills b with the tiny process's bytes from addr on.
 func fillPattern(b []byte, addr uint64) {
 	for i := range b {
 		b[i] = pattern(addr + uint64(i))
+	}
+	if addr == 0x400000 && len(b) >= len(tinyExeHeader()) {
+		copy(b, tinyExeHeader())
 	}
 }
 
@@ -220,22 +252,6 @@ func tinySysroot(t testing.TB) string {
 	}{{tinyExe, 0x400000}, {tinyLib, tinyLibBase}} {
 		b := make([]byte, 0x2000)
 		fillPattern(b, f.base)
-		if f.path == tinyExe {
-			// ELF program headers (the core holds this page: reads of it
-			// never come here): text at file offset 0x1000.
-			le := binary.LittleEndian
-			copy(b, "\x7fELF\x02\x01\x01")
-			le.PutUint64(b[32:], elfHeaderSize)
-			le.PutUint16(b[54:], progHeaderLen)
-			le.PutUint16(b[56:], 2)
-			for i, seg := range []struct{ off, flags uint32 }{{0, pfR}, {0x1000, pfR | pfX}} {
-				p := b[elfHeaderSize+i*progHeaderLen:]
-				le.PutUint32(p, ptLoad)
-				le.PutUint32(p[4:], seg.flags)
-				le.PutUint64(p[8:], uint64(seg.off))
-				le.PutUint64(p[32:], 0x1000)
-			}
-		}
 		p := filepath.Join(root, f.path)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)

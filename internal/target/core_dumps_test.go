@@ -319,7 +319,8 @@ func decompressDump(t *testing.T, dir, file string) string {
 
 // TestCoreDumpSysRoot gives the 3.3.0 dump a sysroot holding a stand-in
 // for libruby with known bytes where ruby_version is: the core reads them
-// from there, at the file offset NT_FILE gives.
+// from there, at the file offset NT_FILE gives, once the stand-in's first
+// page is the one the core holds.
 func TestCoreDumpSysRoot(t *testing.T) {
 	dir, _ := loadManifest(t)
 	const file = "ruby-coredump-with-classes-3.3.0.gz"
@@ -333,6 +334,10 @@ func TestCoreDumpSysRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, _ := mi.Lookup("ruby_version")
+	firstPage := make([]byte, 4096)
+	if err := tg.ReadAt(firstPage, img.Start); err != nil {
+		t.Fatal(err)
+	}
 	maps, _ := tg.Mappings()
 	var off int64 = -1
 	for _, m := range maps {
@@ -355,8 +360,20 @@ func TestCoreDumpSysRoot(t *testing.T) {
 	}
 	stand.WriteAt([]byte("3.3.0\x00"), off)
 	stand.Truncate(off + 4096)
-	stand.Close()
 
+	// Without the first page the core holds, it is another file.
+	tg, err = target.OpenCore(filepath.Join(dir, file), target.CoreOptions{SysRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [8]byte
+	if err := tg.ReadAt(b[:], v.Value); err == nil || !strings.Contains(err.Error(), "not the file the process mapped") {
+		t.Errorf("read through a stand-in with another first page: %v", err)
+	}
+	tg.Close()
+
+	stand.WriteAt(firstPage, 0)
+	stand.Close()
 	tg, err = target.OpenCore(filepath.Join(dir, file), target.CoreOptions{SysRoot: root})
 	if err != nil {
 		t.Fatal(err)

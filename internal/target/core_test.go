@@ -33,8 +33,8 @@ func checkPattern(t *testing.T, tg Target, addr uint64, n int) {
 		t.Fatalf("ReadAt(%d bytes at 0x%x): %v", n, addr, err)
 	}
 	for i := range b {
-		if b[i] != pattern(addr+uint64(i)) {
-			t.Fatalf("byte at 0x%x = %#x, want %#x", addr+uint64(i), b[i], pattern(addr+uint64(i)))
+		if b[i] != tinyByte(addr+uint64(i)) {
+			t.Fatalf("byte at 0x%x = %#x, want %#x", addr+uint64(i), b[i], tinyByte(addr+uint64(i)))
 		}
 	}
 }
@@ -120,7 +120,7 @@ func TestCoreTinyReads(t *testing.T) {
 	}
 	for _, r := range reqs {
 		for i, c := range r.Buf {
-			if c != pattern(r.Addr+uint64(i)) {
+			if c != tinyByte(r.Addr+uint64(i)) {
 				t.Fatalf("ReadBatch byte at 0x%x wrong", r.Addr+uint64(i))
 			}
 		}
@@ -162,9 +162,26 @@ func TestCoreMappedFiles(t *testing.T) {
 	short := t.TempDir()
 	p := filepath.Join(short, tinyLib)
 	os.MkdirAll(filepath.Dir(p), 0o755)
-	os.WriteFile(p, make([]byte, 0x1004), 0o644)
+	lib := make([]byte, 0x1004)
+	fillPattern(lib, tinyLibBase)
+	os.WriteFile(p, lib, 0o644)
 	tg = openTiny(t, defaultTinyCore(), CoreOptions{SysRoot: short})
 	wantUnmapped(t, tg.ReadAt(b[:], tinyLibBase+0x1000), tinyLibBase+0x1000, "beyond the end")
+
+	// Another build of the library: its first page is not the core's.
+	other := t.TempDir()
+	p = filepath.Join(other, tinyLib)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	lib = make([]byte, 0x2000)
+	fillPattern(lib, tinyLibBase)
+	lib[100]++
+	os.WriteFile(p, lib, 0o644)
+	tg = openTiny(t, defaultTinyCore(), CoreOptions{SysRoot: other})
+	wantUnmapped(t, tg.ReadAt(b[:], tinyLibBase+0x1000), tinyLibBase+0x1000, "not the file the process mapped")
+	checkPattern(t, tg, tinyLibBase, 0x1000) // what the core holds still reads
+	// And a wrong --exe.
+	tg = openTiny(t, defaultTinyCore(), CoreOptions{SysRoot: root, Exe: filepath.Join(root, tinyLib)})
+	wantUnmapped(t, tg.ReadAt(b[:], 0x401000), 0x401000, "not the file the process mapped")
 }
 
 func TestCoreExecutableFallbacks(t *testing.T) {
