@@ -338,7 +338,9 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 	var pauser *target.Pauser
 	ro := sampler.RubyOptions{}
 	if !o.nonblocking {
-		pauser = target.NewPauser()
+		// Bound to this goroutine's OS thread, which also runs the
+		// sampler: no thread hand-off per pause.
+		pauser = target.NewThreadPauser()
 		defer pauser.Close()
 		ro.Pauser = pauser
 	}

@@ -81,23 +81,25 @@ func runTop(o topOpts) error {
 	}
 	defer proc.Target().Close()
 
-	ro := sampler.RubyOptions{}
 	mode := "nonblocking"
-	var pauser *target.Pauser
 	if !o.nonblocking {
-		pauser = target.NewPauser()
-		defer pauser.Close()
-		ro.Pauser = pauser
 		mode = "blocking"
 	}
-	src := sampler.NewRubySource(proc, ro)
-	defer src.Close()
 	agg := tui.NewTop(o.rate)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sampled := make(chan sampler.Stats, 1)
 	go func() {
+		ro := sampler.RubyOptions{}
+		if !o.nonblocking {
+			// Bound to this goroutine's OS thread, which runs the sampler.
+			pauser := target.NewThreadPauser()
+			defer pauser.Close()
+			ro.Pauser = pauser
+		}
+		src := sampler.NewRubySource(proc, ro)
+		defer src.Close()
 		st, _ := sampler.Run(ctx, src, sampler.Config{
 			Rate: o.rate, ProgressEvery: 250 * time.Millisecond,
 			Progress: func(st sampler.Stats) {

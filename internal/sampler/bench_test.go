@@ -26,8 +26,6 @@ deep(47) { spin }
 func BenchmarkSample(b *testing.B) {
 	cmd := startRuby(b, deepThreads)
 	p := openRuby(b, cmd.Process.Pid)
-	pz := target.NewPauser()
-	defer pz.Close()
 	ctx := context.Background()
 
 	b.Run("ReadBaseline", func(b *testing.B) {
@@ -43,12 +41,20 @@ func BenchmarkSample(b *testing.B) {
 			}
 		}
 	})
-	for _, mode := range []struct {
-		name   string
-		pauser Pauser
-	}{{"Nonblocking", nil}, {"Blocking", pz}} {
-		b.Run(mode.name, func(b *testing.B) {
-			src := NewRubySource(p, RubyOptions{Pauser: mode.pauser})
+	for _, mode := range []string{"Nonblocking", "Blocking", "BlockingHandoff"} {
+		b.Run(mode, func(b *testing.B) {
+			var opts RubyOptions
+			switch mode {
+			case "Blocking":
+				pz := target.NewThreadPauser() // this goroutine's thread
+				defer pz.Close()
+				opts.Pauser = pz
+			case "BlockingHandoff":
+				pz := target.NewPauser() // its own thread
+				defer pz.Close()
+				opts.Pauser = pz
+			}
+			src := NewRubySource(p, opts)
 			defer src.Close()
 			frames, fails := 0, 0
 			b.ReportAllocs()
@@ -71,6 +77,8 @@ func BenchmarkSample(b *testing.B) {
 		})
 	}
 	b.Run("Pause", func(b *testing.B) {
+		pz := target.NewThreadPauser()
+		defer pz.Close()
 		for i := 0; i < b.N; i++ {
 			resume, err := pz.Pause(cmd.Process.Pid)
 			if err != nil {

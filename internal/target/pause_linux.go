@@ -30,13 +30,18 @@ const pauseStopTimeout = time.Second
 // while the others were being stopped.
 const maxRelist = 8
 
-// Pauser stops and resumes live processes with ptrace. Its methods may be
-// called from any goroutine; the ptrace calls themselves all run on one
-// OS thread owned by the Pauser.
+// Pauser stops and resumes live processes with ptrace. A Pauser from
+// NewPauser may be used from any goroutine: the ptrace calls run on an OS
+// thread owned by the Pauser, each call handed over through a channel. A
+// Pauser from NewThreadPauser runs them inline on the calling goroutine's
+// OS thread, which saves two thread wake-ups per pause (hundreds of
+// microseconds on a loaded machine).
 type Pauser struct {
 	reqs      chan func()
 	closeOnce sync.Once
 	done      chan struct{}
+	owner     int // NewThreadPauser: the OS thread allowed to use it
+	closed    bool
 
 	// Owned by the ptrace goroutine.
 	pending map[int]int // tid -> pid: seized, interrupt sent, stop not yet seen
@@ -63,8 +68,27 @@ func (p *Pauser) loop(started chan struct{}) {
 	close(p.done)
 }
 
+// NewThreadPauser returns a Pauser bound to the calling goroutine, which
+// it locks to its OS thread (ptrace requests are accepted only from the
+// tracing thread). Only that goroutine may use it, and it must Close it;
+// the thread stays locked until then.
+func NewThreadPauser() *Pauser {
+	runtime.LockOSThread()
+	return &Pauser{owner: unix.Gettid(), pending: map[int]int{}}
+}
+
 // do runs f on the ptrace thread.
 func (p *Pauser) do(f func()) (err error) {
+	if p.owner != 0 {
+		if unix.Gettid() != p.owner {
+			return errors.New("pauser used from another thread than the one that created it")
+		}
+		if p.closed {
+			return errors.New("pauser is closed")
+		}
+		f()
+		return nil
+	}
 	defer func() {
 		if recover() != nil {
 			err = errors.New("pauser is closed")
@@ -79,6 +103,17 @@ func (p *Pauser) do(f func()) (err error) {
 // Close detaches from anything still attached (waiting up to a few
 // seconds for threads that have not stopped yet) and ends the Pauser.
 func (p *Pauser) Close() error {
+	if p.owner != 0 {
+		if unix.Gettid() != p.owner {
+			return errors.New("pauser closed from another thread than the one that created it")
+		}
+		if !p.closed {
+			p.closed = true
+			p.settlePending(5 * time.Second)
+			runtime.UnlockOSThread()
+		}
+		return nil
+	}
 	p.closeOnce.Do(func() { close(p.reqs) })
 	<-p.done
 	return nil

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // startSpinner starts a Ruby process with three busy threads besides the
@@ -70,9 +73,13 @@ func countState(states map[int]string, s string) int {
 }
 
 func TestPauseStopsEveryThread(t *testing.T) {
+	t.Run("Handoff", func(t *testing.T) { testPauseStops(t, NewPauser()) })
+	t.Run("Thread", func(t *testing.T) { testPauseStops(t, NewThreadPauser()) })
+}
+
+func testPauseStops(t *testing.T, p *Pauser) {
 	cmd := startSpinner(t)
 	pid := cmd.Process.Pid
-	p := NewPauser()
 	defer p.Close()
 
 	for i := 0; i < 50; i++ {
@@ -214,19 +221,102 @@ func TestHelperPauseAndHang(t *testing.T) {
 }
 
 // BenchmarkPause measures one pause and resume of a Ruby process with four
-// threads (three busy).
+// threads (three busy), through a Pauser's own thread (Handoff) and
+// inline on the caller's thread (Thread).
 func BenchmarkPause(b *testing.B) {
 	cmd := startSpinnerB(b)
+	for _, kind := range []string{"Handoff", "Thread"} {
+		b.Run(kind, func(b *testing.B) {
+			var p *Pauser
+			if kind == "Thread" {
+				p = NewThreadPauser()
+			} else {
+				p = NewPauser()
+			}
+			defer p.Close()
+			for i := 0; i < b.N; i++ {
+				resume, err := p.Pause(cmd.Process.Pid)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := resume(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPausePhases splits one pause of the 4-thread spinner into its
+// system calls, to weigh SEIZE/DETACH per sample against attaching once
+// (which would still need INTERRUPT, the wait for each stop and a
+// CONT, but also a thread that handles every signal-delivery stop
+// between samples). Run on one OS thread, as ptrace requires.
+func BenchmarkPausePhases(b *testing.B) {
+	cmd := startSpinnerB(b)
+	pid := cmd.Process.Pid
 	p := NewPauser()
 	defer p.Close()
+	var seize, interrupt, wait, detachT time.Duration
+	var threads int
 	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		resume, err := p.Pause(cmd.Process.Pid)
-		if err != nil {
-			b.Fatal(err)
+	_ = p.do(func() {
+		for i := 0; i < b.N; i++ {
+			tids, err := p.listTasks(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			threads = len(tids)
+			t0 := time.Now()
+			for _, tid := range tids {
+				if err := unix.PtraceSeize(tid); err != nil {
+					b.Fatal(err)
+				}
+			}
+			t1 := time.Now()
+			for _, tid := range tids {
+				_ = unix.PtraceInterrupt(tid)
+			}
+			t2 := time.Now()
+			stopped := p.waitStops(pid, tids)
+			t3 := time.Now()
+			_ = p.resume(pid, stopped)
+			t4 := time.Now()
+			seize += t1.Sub(t0)
+			interrupt += t2.Sub(t1)
+			wait += t3.Sub(t2)
+			detachT += t4.Sub(t3)
 		}
-		if err := resume(); err != nil {
-			b.Fatal(err)
-		}
+	})
+	n := float64(b.N)
+	b.ReportMetric(float64(seize.Nanoseconds())/n, "seize-ns/op")
+	b.ReportMetric(float64(interrupt.Nanoseconds())/n, "interrupt-ns/op")
+	b.ReportMetric(float64(wait.Nanoseconds())/n, "wait-ns/op")
+	b.ReportMetric(float64(detachT.Nanoseconds())/n, "detach-ns/op")
+	b.ReportMetric(float64(threads), "threads")
+}
+
+// TestThreadPauserOtherThread: a thread-bound Pauser refuses calls from
+// another goroutine (whose ptrace requests the kernel would reject).
+func TestThreadPauserOtherThread(t *testing.T) {
+	cmd := startSpinner(t)
+	p := NewThreadPauser()
+	defer p.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // surely another OS thread
+		defer runtime.UnlockOSThread()
+		_, err := p.Pause(cmd.Process.Pid)
+		errc <- err
+	}()
+	if err := <-errc; err == nil || !strings.Contains(err.Error(), "another thread") {
+		t.Fatalf("pause from another thread: %v", err)
+	}
+	resume, err := p.Pause(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resume(); err != nil {
+		t.Fatal(err)
 	}
 }
