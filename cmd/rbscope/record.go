@@ -508,6 +508,10 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		return r.finish(child, childDone, reap, sig, fmt.Errorf("render %s: %w", o.format, err))
 	}
 	if outPath != "-" {
+		// Under sudo, the profile belongs to the user who asked for it.
+		if cred, err := proctree.SudoCredential(); err == nil && cred != nil {
+			_ = os.Chown(outPath, int(cred.Uid), int(cred.Gid))
+		}
 		r.say("wrote %s (%d samples) to %s", o.format, n, outPath)
 	}
 	return r.finish(child, childDone, reap, sig, nil)

@@ -507,3 +507,46 @@ end`)
 	}
 	t.Logf("%d distinct churn threads, %d distinct tids", len(names), len(tids))
 }
+
+// TestRecordSubprocesses: --subprocesses in launch mode records the
+// command, a forked child and a Ruby started with system: three pids,
+// each with its own methods.
+func TestRecordSubprocesses(t *testing.T) {
+	recBinary(t)
+	script := recScript(t, `
+def forked_child; x = 0; t = Time.now; x += 1 while Time.now - t < 2.5; end
+def system_parent; x = 0; t = Time.now; x += 1 while Time.now - t < 1; end
+pid = fork { forked_child }
+system("ruby", "-e", "def system_child; t = Time.now; x = 0; x += 1 while Time.now - t < 1.5; end; system_child")
+system_parent
+Process.wait(pid)`)
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "rec.raw.gz")
+	res := recRun(t, "record", "--subprocesses", "--rate", "50", "--format", "collapsed", "-o", filepath.Join(dir, "c.txt"),
+		"--raw", raw, "--", "ruby", script)
+	if res.err != nil {
+		t.Fatalf("record: %v\n%s", res.err, res.stderr)
+	}
+	_, samples := recReadRaw(t, raw)
+	methods := map[int]string{}
+	for _, s := range samples {
+		for _, m := range []string{"Object#forked_child", "Object#system_parent", "Object#system_child", "Kernel#system"} {
+			if hasFrame(s, m) && methods[s.Pid] == "" {
+				methods[s.Pid] = m
+			}
+		}
+	}
+	if len(methods) != 3 {
+		t.Fatalf("pids and methods %v, want 3 pids; stderr:\n%s", methods, res.stderr)
+	}
+	seen := map[string]bool{}
+	for _, m := range methods {
+		seen[m] = true
+	}
+	if !seen["Object#forked_child"] || !seen["Object#system_child"] {
+		t.Errorf("methods by pid %v", methods)
+	}
+	if strings.Count(res.stderr, "recording subprocess") != 2 {
+		t.Errorf("stderr should announce 2 subprocesses:\n%s", res.stderr)
+	}
+}

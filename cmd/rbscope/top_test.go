@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,5 +69,60 @@ func TestTopInTmux(t *testing.T) {
 	// And the target was resumed.
 	if strings.ContainsAny(recStates(rb.Process.Pid), "tT") {
 		t.Errorf("target stopped after top exited: %s", recStates(rb.Process.Pid))
+	}
+
+	// Ctrl-C quits too (a key in raw mode).
+	tmux("kill-session", "-t", "top")
+	tmux("new-session", "-d", "-s", "top2", "-x", "120", "-y", "30",
+		fmt.Sprintf("%s top --pid %d --interval 300ms; echo rbscope-exit=$?; sleep 30", bin, rb.Process.Pid))
+	waitFor2 := func(what string, ok func(string) bool) string {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			screen := tmux("capture-pane", "-t", "top2", "-p")
+			if ok(screen) {
+				return screen
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s; screen:\n%s", what, screen)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitFor2("top did not start", func(s string) bool { return strings.Contains(s, "Object#busy_mid") })
+	tmux("send-keys", "-t", "top2", "C-c")
+	screen = waitFor2("rbscope did not exit on Ctrl-C", func(s string) bool { return strings.Contains(s, "rbscope-exit=") })
+	if !strings.Contains(screen, "rbscope-exit=0") || strings.Contains(screen, "%Own") {
+		t.Errorf("after Ctrl-C:\n%s", screen)
+	}
+}
+
+// TestRecordProgressOnTerminal: on a terminal, record shows a progress
+// line (elapsed, samples, errors, late) while it runs.
+func TestRecordProgressOnTerminal(t *testing.T) {
+	bin := recBinary(t)
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("tmux not installed (scripts/install-deps.sh installs it)")
+	}
+	rb := recStartRuby(t, recBusyScript)
+	sock := "rbscope-rec-" + strconv.Itoa(rb.Process.Pid)
+	t.Cleanup(func() { _ = exec.Command("tmux", "-L", sock, "kill-server").Run() })
+	dir := t.TempDir()
+	cmdline := fmt.Sprintf("%s record --pid %d --duration 4s --format summary -o %s/s.txt --raw %s/r.gz; sleep 30",
+		bin, rb.Process.Pid, dir, dir)
+	if out, err := exec.Command("tmux", "-L", sock, "-f", "/dev/null", "new-session", "-d", "-s", "rec", "-x", "150", "-y", "10", cmdline).CombinedOutput(); err != nil {
+		t.Fatalf("tmux: %v %s", err, out)
+	}
+	re := regexp.MustCompile(`\d+\.\ds\s+(\d+) samples\s+\d+ errors\s+\d+ late`)
+	deadline := time.Now().Add(4 * time.Second)
+	for {
+		out, _ := exec.Command("tmux", "-L", sock, "capture-pane", "-t", "rec", "-p").Output()
+		if m := re.FindStringSubmatch(string(out)); m != nil && m[1] != "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no progress line:\n%s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
