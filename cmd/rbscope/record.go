@@ -319,7 +319,8 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 			}
 		default:
 		}
-		if !o.subprocesses || !launch {
+		var perm target.ErrPermission
+		if !o.subprocesses || target.IsExited(err) || errors.As(err, &perm) {
 			if context.Cause(ctx) != nil && ctx.Err() != nil {
 				return abort(context.Cause(ctx))
 			}
@@ -480,7 +481,7 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 	r.say("%d samples of %d threads in %.1fs (%d ticks, %d late, %d missed); errors: %s",
 		st.Samples, len(st.Threads), st.End.Sub(st.Start).Seconds(), st.Ticks, st.Late, st.Missed, st.ErrorSummary())
 	if cpu, ok := selfCPU(); ok && st.End.After(st.Start) {
-		r.say("rbscope used %.2fs of CPU (%.1f%% of one core)", cpu.Seconds(), 100*cpu.Seconds()/st.End.Sub(st.Start).Seconds())
+		r.say("own CPU use: %.2fs (%.1f%% of one core)", cpu.Seconds(), 100*cpu.Seconds()/st.End.Sub(st.Start).Seconds())
 	}
 	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
 		r.say("last error: %v", st.LastError)
