@@ -550,3 +550,47 @@ Process.wait(pid)`)
 		t.Errorf("stderr should announce 2 subprocesses:\n%s", res.stderr)
 	}
 }
+
+// TestRecordOnCPU: --on-cpu keeps the spinning thread and drops the one
+// sleeping in a queue pop.
+func TestRecordOnCPU(t *testing.T) {
+	recBinary(t)
+	rb := recStartRuby(t, `
+def oncpu_spin; x = 0; loop { x += 1 }; end
+def offcpu_wait; Queue.new.pop; end
+Thread.new { offcpu_wait }.name = "waiter"
+Thread.new { oncpu_spin }.name = "spinner"
+sleep 0.2
+puts "ready"; $stdout.flush
+sleep`)
+	dir := t.TempDir()
+	for _, onCPU := range []bool{false, true} {
+		raw := filepath.Join(dir, fmt.Sprintf("r-%v.gz", onCPU))
+		args := []string{"record", "--pid", strconv.Itoa(rb.Process.Pid), "--duration", "1s", "--nonblocking",
+			"--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw}
+		if onCPU {
+			args = append(args, "--on-cpu")
+		}
+		res := recRun(t, args...)
+		if res.err != nil {
+			t.Fatalf("record: %v\n%s", res.err, res.stderr)
+		}
+		_, samples := recReadRaw(t, raw)
+		byThread := map[string]int{}
+		for _, s := range samples {
+			byThread[s.ThreadName]++
+			if onCPU && !s.OnCPU {
+				t.Errorf("off-CPU sample kept: %+v", s)
+			}
+		}
+		if byThread["spinner"] < 20 {
+			t.Errorf("on-cpu=%v: samples by thread %v", onCPU, byThread)
+		}
+		if onCPU && (byThread["waiter"] != 0 || byThread["ruby"] != 0) {
+			t.Errorf("--on-cpu kept sleeping threads: %v", byThread)
+		}
+		if !onCPU && (byThread["waiter"] != byThread["spinner"]) {
+			t.Errorf("without --on-cpu every thread is sampled: %v", byThread)
+		}
+	}
+}
