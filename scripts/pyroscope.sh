@@ -88,6 +88,7 @@ server_args() {
     -server.grpc-listen-address=$a -server.grpc-listen-port="$grpc"
     -memberlist.bind-addr=$a -memberlist.bind-port="$ml"
     -memberlist.advertise-addr=$a -memberlist.advertise-port="$ml"
+    -memberlist.leave-timeout=1s
     -ingester.lifecycler.addr=$a
     -ingester.min-ready-duration=0s
     -usage-stats.enabled=false

@@ -123,3 +123,23 @@ func TestServer(t *testing.T) {
 	}
 	checkCounts(t, c)
 }
+
+// TestSameTimestampKeptOnce documents what the uploader relies on: the
+// server keeps one profile per series and timestamp, so a push repeated
+// after a lost answer is not counted twice (and two different profiles of
+// one series must never share a timestamp).
+func TestSameTimestampKeptOnce(t *testing.T) {
+	s := Start(t)
+	at := time.Now().Truncate(time.Second)
+	pushRaw(t, s.URL(), "dedup", at)
+	pushRaw(t, s.URL(), "dedup", at)
+	pushRaw(t, s.URL(), "dedup", at.Add(time.Millisecond))
+	time.Sleep(time.Second)
+	c, err := s.WaitForTotal(AppSelector("dedup"), at.Add(-time.Minute), at.Add(time.Minute), 28, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Total != 28 {
+		t.Errorf("three pushes, two timestamps: server holds %d samples, want 28", c.Total)
+	}
+}

@@ -15,7 +15,8 @@ import (
 
 // interval is the samples of one pushed profile.
 type interval struct {
-	start, end time.Time
+	start, end time.Time // the wall-clock interval, aligned
+	stamp      time.Time // the profile's timestamp: unique per uploader
 	samples    []stack.Sample
 }
 
@@ -49,7 +50,10 @@ func encodeProfile(iv interval, rate int) (data []byte, n int, err error) {
 		return nil, 0, fmt.Errorf("reparse pprof: %w", err)
 	}
 	relabel(p)
-	p.TimeNanos = iv.start.UnixNano()
+	p.TimeNanos = iv.stamp.UnixNano()
+	if iv.stamp.IsZero() {
+		p.TimeNanos = iv.start.UnixNano()
+	}
 	p.DurationNanos = iv.end.Sub(iv.start).Nanoseconds()
 	if err := p.CheckValid(); err != nil {
 		return nil, 0, fmt.Errorf("build pprof: %w", err)

@@ -44,6 +44,7 @@ type Uploader struct {
 	cut        []interval
 	cutSamples int
 	closed     bool
+	lastStamp  time.Time // the last profile timestamp used
 
 	encWake  chan struct{}
 	encStop  chan struct{}
@@ -117,7 +118,16 @@ func (u *Uploader) Add(s stack.Sample) {
 	if u.cur == nil || !t.Before(u.cur.end) || len(u.cur.samples) >= u.cfg.MaxIntervalSamples {
 		u.cutLocked()
 		start := t.Truncate(u.cfg.Interval)
-		u.cur = &interval{start: start, end: start.Add(u.cfg.Interval)}
+		// Pyroscope keeps one profile per series and timestamp (which
+		// makes retries idempotent): a second profile of one interval (its
+		// late samples, or the rest after an early cut) needs a timestamp
+		// of its own, a millisecond being the server's resolution.
+		stamp := t.Truncate(time.Millisecond)
+		if !stamp.After(u.lastStamp) {
+			stamp = u.lastStamp.Add(time.Millisecond)
+		}
+		u.lastStamp = stamp
+		u.cur = &interval{start: start, end: start.Add(u.cfg.Interval), stamp: stamp}
 	}
 	u.cur.samples = append(u.cur.samples, s)
 }
@@ -236,6 +246,8 @@ func (u *Uploader) sender() {
 	down := false
 	var lastWarn time.Time
 	draining := false
+	var last422 *entry // the entry the last 422 answer was for
+	n422 := 0
 	for {
 		e := u.q.head()
 		if e == nil {
@@ -262,6 +274,17 @@ func (u *Uploader) sender() {
 		}
 		err = u.push(e.meta, data)
 		var perm errPermanent
+		var e422 errTransient422
+		if errors.As(err, &e422) {
+			if e == last422 {
+				n422++
+			} else {
+				last422, n422 = e, 1
+			}
+			if n422 > max422Retries {
+				err = errPermanent{err}
+			}
+		}
 		switch {
 		case err == nil:
 			if u.q.remove(e) {
@@ -347,16 +370,34 @@ func (u *Uploader) push(m meta, data []byte) error {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
+	}
+	err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
+	switch {
+	case resp.StatusCode == http.StatusUnprocessableEntity:
+		// Pyroscope answers 422 to every ingest failure that is not its
+		// own validation error, transient ones included ("empty ring"
+		// while it starts): retried, a few times.
+		return errTransient422{err}
 	case resp.StatusCode >= 400 && resp.StatusCode < 500 &&
 		resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests:
-		return errPermanent{fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))}
+		return errPermanent{err}
 	default:
-		return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
+		return err
 	}
 }
+
+// errTransient422 is a 422 answer: retried at most max422Retries times.
+type errTransient422 struct{ err error }
+
+func (e errTransient422) Error() string { return e.err.Error() }
+func (e errTransient422) Unwrap() error { return e.err }
+
+// max422Retries bounds the retries of a 422 answer (about a minute of
+// backoff): long enough for a starting server, short enough that a
+// profile the server will never take does not hold up the queue.
+const max422Retries = 8
 
 // Stats returns the counters so far.
 func (u *Uploader) Stats() Stats {

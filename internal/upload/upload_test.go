@@ -272,6 +272,48 @@ func TestRejectedNotRetried(t *testing.T) {
 	}
 }
 
+// TestUniqueTimestamps: the profiles of one interval (an early cut, late
+// samples) get distinct timestamps, since Pyroscope keeps one profile per
+// series and timestamp.
+func TestUniqueTimestamps(t *testing.T) {
+	rec := &recorder{}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	u, err := New(Config{URL: srv.URL, AppName: "stamps", MaxIntervalSamples: 30, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1700000000, 0)
+	for i := range 100 { // one second: four profiles of the same 10s interval
+		u.Add(synth(t0, i))
+	}
+	u.Add(stack.Sample{Time: t0, Pid: 1, ThreadName: "late", Frames: synthStacks[0].frames}) // joins the last
+	if err := u.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int64]bool{}
+	var total int64
+	for i, b := range rec.body {
+		p, err := profile.ParseData(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[p.TimeNanos] {
+			t.Errorf("profile %d reuses timestamp %d", i, p.TimeNanos)
+		}
+		seen[p.TimeNanos] = true
+		if from := rec.reqs[i].URL.Query().Get("from"); from != "1700000000" {
+			t.Errorf("profile %d: from=%s, want the interval's start", i, from)
+		}
+		for _, s := range p.Sample {
+			total += s.Value[0]
+		}
+	}
+	if len(rec.body) != 4 || total != 101 { // 30+30+30+(10+1)
+		t.Errorf("%d profiles, %d samples; want 4, 101", len(rec.body), total)
+	}
+}
+
 // deadURL is a loopback URL nothing listens on.
 func deadURL(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
