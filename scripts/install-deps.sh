@@ -15,6 +15,7 @@ packages=(
   elfutils             # eu-readelf for note checks
   procps psmisc        # ps, pkill in tests and scripts
   time                 # /usr/bin/time: peak RSS in scripts/bench-layout.sh
+  dwz                  # DWARF as distributions ship it (layout tests)
   iproute2             # ss: scripts/pyroscope.sh picks free ports
   chromium             # headless browser: flame graph HTML renders (output tests)
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture

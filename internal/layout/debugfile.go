@@ -3,6 +3,7 @@ package layout
 import (
 	"debug/elf"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -215,4 +216,71 @@ func debugLink(f *elf.File) (string, uint32) {
 		return "", 0
 	}
 	return string(data[:n]), binary.LittleEndian.Uint32(data[off:])
+}
+
+// altLink returns the file name and build id (hex) of f's
+// .gnu_debugaltlink: the dwz supplementary file holding the DWARF that
+// several binaries share.
+func altLink(f *elf.File) (string, string) {
+	s := f.Section(".gnu_debugaltlink")
+	if s == nil || s.Size > 4096 {
+		return "", ""
+	}
+	data, err := s.Data()
+	if err != nil {
+		return "", ""
+	}
+	n := 0
+	for n < len(data) && data[n] != 0 {
+		n++
+	}
+	if n == 0 || n+1 >= len(data) {
+		return "", ""
+	}
+	return string(data[:n]), hex.EncodeToString(data[n+1:])
+}
+
+// FindAltFile looks for the dwz supplementary file of the DWARF file at
+// path: the .gnu_debugaltlink name (absolute, or relative to path's
+// directory, also under each root), then <root>/.build-id/xx/yyyy.debug by
+// its build id. It returns "" when path has no altlink or none is found.
+func FindAltFile(path string, roots []string) (string, []string) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return "", nil
+	}
+	defer fh.Close()
+	f, err := elf.NewFile(fh)
+	if err != nil {
+		return "", nil
+	}
+	name, id := altLink(f)
+	if name == "" {
+		return "", nil
+	}
+	var cands []string
+	if filepath.IsAbs(name) {
+		cands = append(cands, name)
+		for _, root := range roots {
+			if root != SystemDebugRoot {
+				cands = append(cands, filepath.Join(root, name))
+			}
+		}
+	} else {
+		cands = append(cands, filepath.Join(filepath.Dir(path), name))
+	}
+	if len(id) > 2 {
+		for _, root := range roots {
+			cands = append(cands, filepath.Join(root, ".build-id", id[:2], id[2:]+".debug"))
+		}
+	}
+	var tried []string
+	for _, p := range cands {
+		ok, why := usableDebugFile(p, buildIDCheck(id))
+		if ok {
+			return p, append(tried, p)
+		}
+		tried = append(tried, p+why)
+	}
+	return "", tried
 }

@@ -76,6 +76,7 @@ func FromDWARF(r io.ReaderAt, want []string) (*Layout, error) {
 type extractStats struct {
 	units     int   // compilation units read
 	decoded   int   // units handed to debug/dwarf
+	whole     bool  // .debug_info was read whole (units refer to each other)
 	infoBytes int64 // bytes of .debug_info decompressed
 }
 
@@ -134,6 +135,7 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 	pre := &scanner{abbrev: abbrev, str: str, lineStr: extra[".debug_line_str"], strOffsets: extra[".debug_str_offsets"]}
 	var firstErr error
 	badUnits := 0
+	needWhole := false
 	for len(l.Structs) < len(wantSet) {
 		unit, uoff, err := units.next()
 		if err == io.EOF {
@@ -149,8 +151,15 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 		applyRelocs(unit, uint64(uoff), infoRels)
 		st.units++
 		st.infoBytes += int64(len(unit))
-		if hit, err := pre.unitDefinesWanted(unit, wantSet, l.Structs); err == nil && !hit {
+		hit, cross, err := pre.unitDefinesWanted(unit, wantSet, l.Structs)
+		if err == nil && !hit {
 			continue // nothing wanted here (on error, let debug/dwarf decide)
+		}
+		if cross {
+			// Its references may point into other units: only a
+			// whole-section read can follow them.
+			needWhole = true
+			continue
 		}
 		st.decoded++
 		if err := scanUnit(unit, abbrev, str, extra, wantSet, l); err != nil {
@@ -162,6 +171,17 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 			if badUnits++; badUnits >= maxBadUnits {
 				break
 			}
+		}
+	}
+	if needWhole && len(l.Structs) < len(wantSet) {
+		st.whole = true
+		info, err := loadSection(secs, ".debug_info", dwarfLimits{section: lim.whole})
+		if err != nil {
+			return nil, st, err
+		}
+		applyRelocs(info, 0, infoRels)
+		if err := scanWhole(info, abbrev, str, extra, wantSet, l); err != nil && firstErr == nil {
+			firstErr = err
 		}
 	}
 	if len(l.Structs) == 0 {
@@ -198,19 +218,13 @@ func archName(m elf.Machine) string {
 	return m.String()
 }
 
-// scanUnit looks through one compilation unit's top-level DIEs for wanted
-// structs not yet in l and adds their layouts.
+// scanUnit looks through one compilation unit (its bytes alone, so
+// offsets are unit-relative: the unit must hold no DW_FORM_ref_addr) for
+// wanted structs not yet in l and adds their layouts.
 func scanUnit(unit, abbrev, str []byte, extra map[string][]byte, want map[string]bool, l *Layout) error {
-	d, err := dwarf.New(abbrev, nil, nil, unit, nil, nil, nil, str)
+	d, err := newData(abbrev, unit, str, extra)
 	if err != nil {
 		return fmt.Errorf("parse unit: %w", err)
-	}
-	for name, b := range extra {
-		if b != nil {
-			if err := d.AddSection(name, b); err != nil {
-				return fmt.Errorf("add %s: %w", name, err)
-			}
-		}
 	}
 	r := d.Reader()
 	cu, err := r.Next()
@@ -220,18 +234,86 @@ func scanUnit(unit, abbrev, str []byte, extra map[string][]byte, want map[string
 	if cu == nil || (cu.Tag != dwarf.TagCompileUnit && cu.Tag != dwarf.TagPartialUnit) || !cu.Children {
 		return nil
 	}
-	type cand struct {
-		name string
-		off  dwarf.Offset
+	cands, err := candidates(r, want, l)
+	if err != nil {
+		return err
 	}
+	return extractCandidates(d, cands, l, int64(len(unit)))
+}
+
+// scanWhole walks every unit of a whole .debug_info, for files whose units
+// refer to each other (dwz's partial units, LTO).
+func scanWhole(info, abbrev, str []byte, extra map[string][]byte, want map[string]bool, l *Layout) error {
+	d, err := newData(abbrev, info, str, extra)
+	if err != nil {
+		return fmt.Errorf("parse .debug_info: %w", err)
+	}
+	r := d.Reader()
+	var firstErr error
+	for len(l.Structs) < len(want) {
+		cu, err := r.Next()
+		if err != nil {
+			return fmt.Errorf("read unit entry: %w", err)
+		}
+		if cu == nil {
+			break
+		}
+		if (cu.Tag != dwarf.TagCompileUnit && cu.Tag != dwarf.TagPartialUnit) || !cu.Children {
+			r.SkipChildren()
+			continue
+		}
+		cands, err := candidates(r, want, l)
+		if err != nil {
+			return err
+		}
+		if len(cands) == 0 {
+			continue
+		}
+		// The walker seeks; come back to the next unit afterwards.
+		next, _ := r.Next()
+		if err := extractCandidates(d, cands, l, 0); err != nil && firstErr == nil {
+			firstErr = err
+		}
+		if next == nil {
+			break
+		}
+		r.Seek(next.Offset)
+	}
+	return firstErr
+}
+
+func newData(abbrev, info, str []byte, extra map[string][]byte) (*dwarf.Data, error) {
+	d, err := dwarf.New(abbrev, nil, nil, info, nil, nil, nil, str)
+	if err != nil {
+		return nil, err
+	}
+	for name, b := range extra {
+		if b != nil {
+			if err := d.AddSection(name, b); err != nil {
+				return nil, fmt.Errorf("add %s: %w", name, err)
+			}
+		}
+	}
+	return d, nil
+}
+
+type cand struct {
+	name string
+	off  dwarf.Offset
+}
+
+// candidates reads the top-level children of the unit whose entry r has
+// just returned, and lists the wanted struct, union and typedef
+// definitions not yet in l. It leaves r after the unit's last child.
+func candidates(r *dwarf.Reader, want map[string]bool, l *Layout) ([]cand, error) {
 	var cands []cand
 	for {
 		e, err := r.Next()
 		if err != nil {
-			return fmt.Errorf("read entry: %w", err)
+			return nil, fmt.Errorf("read entry: %w", err)
 		}
 		if e == nil || e.Tag == 0 {
-			break
+			return cands, nil
 		}
 		switch e.Tag {
 		case dwarf.TagStructType, dwarf.TagUnionType, dwarf.TagTypedef:
@@ -246,10 +328,15 @@ func scanUnit(unit, abbrev, str []byte, extra map[string][]byte, want map[string
 		}
 		r.SkipChildren()
 	}
+}
+
+// extractCandidates adds the layouts of cands to l. unitLen, when not 0,
+// is the length of the lone unit d holds: references beyond it are errors.
+func extractCandidates(d *dwarf.Data, cands []cand, l *Layout, unitLen int64) error {
 	if len(cands) == 0 {
 		return nil
 	}
-	w := &unitWalker{r: d.Reader(), types: map[dwarf.Offset]*typeDesc{}}
+	w := &unitWalker{r: d.Reader(), types: map[dwarf.Offset]*typeDesc{}, unitLen: unitLen}
 	var firstErr error
 	for _, c := range cands {
 		if _, done := l.Structs[c.name]; done {
@@ -281,12 +368,16 @@ type typeDesc struct {
 
 // unitWalker resolves types and members inside one compilation unit.
 type unitWalker struct {
-	r     *dwarf.Reader
-	types map[dwarf.Offset]*typeDesc
-	count int
+	r       *dwarf.Reader
+	types   map[dwarf.Offset]*typeDesc
+	count   int
+	unitLen int64
 }
 
 func (w *unitWalker) entry(off dwarf.Offset) (*dwarf.Entry, error) {
+	if w.unitLen > 0 && (off < 0 || int64(off) >= w.unitLen) {
+		return nil, fmt.Errorf("reference %#x outside its unit", off)
+	}
 	w.r.Seek(off)
 	e, err := w.r.Next()
 	if err != nil {

@@ -103,7 +103,7 @@ func gnuZlib(declared uint64, data []byte) []byte {
 }
 
 // smallLimits keep fuzzing and the memory tests cheap.
-var smallLimits = dwarfLimits{section: 1 << 20, unit: 1 << 20, info: 8 << 20}
+var smallLimits = dwarfLimits{section: 1 << 20, unit: 1 << 20, info: 8 << 20, whole: 4 << 20}
 
 // plainDWARF returns the uncompressed DWARF sections of testdata/shapes.c
 // built as a shared object (so no relocations), or skips without gcc.

@@ -31,6 +31,8 @@ const (
 	formFlagPresent   = 0x19
 	formImplicitConst = 0x21
 	formIndirect      = 0x16
+	formRefAddr       = 0x10
+	formGNURefAlt     = 0x1f20
 )
 
 type scanAttr struct {
@@ -50,6 +52,8 @@ type scanner struct {
 	// bounds memory).
 	lastOff   uint64
 	lastTable []scanAbbrev
+	lastCross bool
+	curCross  bool // the current unit's table uses DW_FORM_ref_addr
 }
 
 // parseAbbrevTable decodes the abbreviation table at off, indexed by code
@@ -58,6 +62,7 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 	if s.lastTable != nil && s.lastOff == off {
 		return s.lastTable, nil
 	}
+	cross := false
 	if off >= uint64(len(s.abbrev)) {
 		return nil, fmt.Errorf("abbrev offset %d outside .debug_abbrev", off)
 	}
@@ -88,6 +93,9 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 			if form == formImplicitConst {
 				b.sleb()
 			}
+			if form == formRefAddr || form == formIndirect || form == formGNURefAlt {
+				cross = true
+			}
 			a.attrs = append(a.attrs, scanAttr{at, form})
 		}
 		for uint64(len(t)) <= code {
@@ -95,15 +103,22 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 		}
 		t[code] = a
 	}
-	s.lastOff, s.lastTable = off, t
+	s.lastOff, s.lastTable, s.lastCross = off, t, cross
 	return t, nil
 }
 
 // unitDefinesWanted reports whether the unit (header included) has a
 // top-level struct, union or typedef DIE that is not a declaration and
-// whose name is in want and not yet in done. An error means the
-// pre-scan could not decide.
-func (s *scanner) unitDefinesWanted(unit []byte, want map[string]bool, done map[string]Struct) (bool, error) {
+// whose name is in want and not yet in done, and whether the unit may
+// refer to other units (its abbreviations use DW_FORM_ref_addr). An error
+// means the pre-scan could not decide.
+func (s *scanner) unitDefinesWanted(unit []byte, want map[string]bool, done map[string]Struct) (hit, cross bool, err error) {
+	s.curCross = false
+	hit, err = s.scanUnit(unit, want, done)
+	return hit, s.curCross, err
+}
+
+func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]Struct) (bool, error) {
 	b := buf{data: unit}
 	length := uint64(b.u32())
 	offSize := 4
@@ -137,6 +152,7 @@ func (s *scanner) unitDefinesWanted(unit []byte, want map[string]bool, done map[
 	if err != nil {
 		return false, err
 	}
+	s.curCross = s.lastCross
 	sc := dieScan{s: s, b: &b, table: table, offSize: offSize, addrSize: addrSize, version: version}
 	// The unit DIE.
 	code := b.uleb()

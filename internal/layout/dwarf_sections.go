@@ -21,11 +21,14 @@ type dwarfLimits struct {
 	unit int64
 	// info caps the declared size of .debug_info, which is streamed.
 	info int64
+	// whole caps .debug_info when it must be held whole, because its
+	// units refer to each other (dwz, LTO).
+	whole int64
 }
 
 // defaultLimits are generous for any real Ruby (libruby 3.4's largest
 // compilation unit is a few MiB, its .debug_str about 2 MiB).
-var defaultLimits = dwarfLimits{section: 64 << 20, unit: 64 << 20, info: 2 << 30}
+var defaultLimits = dwarfLimits{section: 64 << 20, unit: 64 << 20, info: 2 << 30, whole: 512 << 20}
 
 // debugSections finds the DWARF sections of f by canonical name
 // (".debug_info"), whether stored plain, SHF_COMPRESSED or as legacy

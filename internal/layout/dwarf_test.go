@@ -422,3 +422,77 @@ func TestWalksOnlyWhatIsNeeded(t *testing.T) {
 		})
 	}
 }
+
+// TestDwz checks DWARF rewritten by dwz, as distributions ship it: shared
+// types moved into partial units that other units reference with
+// DW_FORM_ref_addr (read whole), and, with -m, into a supplementary file
+// named by .gnu_debugaltlink.
+func TestDwz(t *testing.T) {
+	needTool(t, "dwz")
+	needTool(t, "gcc")
+	dir := t.TempDir()
+	src, err := os.ReadFile(filepath.Join("testdata", "shapes.c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two units with the same types, so dwz has something to share.
+	var objs []string
+	for _, p := range []string{"a", "b", "c"} {
+		c := filepath.Join(dir, p+".c")
+		if err := os.WriteFile(c, []byte(regexp.MustCompile(`\bg_`).ReplaceAllString(string(src), p+"_")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, compileC(t, c, filepath.Join(dir, p+".o"), "-g", "-fPIC"))
+	}
+	link := func(name string, objs ...string) string {
+		out := filepath.Join(dir, name)
+		run(t, "gcc", append([]string{"-shared", "-o", out}, objs...)...)
+		return out
+	}
+
+	t.Run("partial units", func(t *testing.T) {
+		so := link("libpu.so", objs[0], objs[1])
+		run(t, "dwz", so)
+		f, err := os.Open(so)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		l, st, err := extractDWARF(f, shapesStructs, defaultLimits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.whole {
+			t.Error("dwz output not read whole: are there no partial units?")
+		}
+		checkShapesValues(t, l)
+		checkAgainstPahole(t, l, run(t, "pahole", "-F", "dwarf", objs[0]))
+	})
+
+	t.Run("multifile", func(t *testing.T) {
+		s1, s2 := link("lib1.so", objs[0], objs[1]), link("lib2.so", objs[0], objs[2])
+		common := filepath.Join(dir, "common.debug")
+		run(t, "dwz", "-m", common, "-M", common, s1, s2)
+		// The main file alone lacks the shared types.
+		if l, err := FromDWARFFile(s1, shapesStructs); err == nil && len(l.Structs) == len(shapesStructs) {
+			t.Fatal("dwz -m left every struct in the main file; the test shows nothing")
+		}
+		l, err := FromBinaryFile(s1, shapesStructs, []string{t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Source != "dwarf:"+s1 {
+			t.Errorf("source %q", l.Source)
+		}
+		checkShapesValues(t, l)
+		checkAgainstPahole(t, l, run(t, "pahole", "-F", "dwarf", objs[0]))
+		// Without the supplementary file, the error says where it looked.
+		if err := os.Rename(common, common+".gone"); err != nil {
+			t.Fatal(err)
+		}
+		_, err = FromBinaryFile(s1, shapesStructs, []string{dir})
+		if err == nil || !strings.Contains(err.Error(), "dwz file was not found: looked for "+common) {
+			t.Errorf("error %v", err)
+		}
+	})
+}

@@ -170,6 +170,7 @@ func extractFor(r io.ReaderAt, q DebugFileQuery, roots, want []string, dlDir str
 	if f, err := elf.NewFile(r); err == nil && hasDWARF(f) {
 		dwarfExtractions.Add(1)
 		l, err := FromDWARF(r, want)
+		l, err = withAltFile(l, err, q.HostPath, want, roots)
 		if err == nil && ok(l) {
 			l.Source = "dwarf:" + q.Path
 			return l, nil
@@ -198,7 +199,48 @@ func extractFor(r io.ReaderAt, q DebugFileQuery, roots, want []string, dlDir str
 		return nil, fmt.Errorf("%s and no debug file (looked for %s)", msg, strings.Join(tried, ", "))
 	}
 	dwarfExtractions.Add(1)
-	return FromDWARFFile(dbg, want)
+	l, err := FromDWARFFile(dbg, want)
+	return withAltFile(l, err, dbg, want, roots)
+}
+
+// withAltFile completes l, read from the DWARF file at path, from the dwz
+// supplementary file that path's .gnu_debugaltlink names, when structs
+// are missing (dwz moves types shared by several binaries there).
+func withAltFile(l *Layout, err error, path string, want, roots []string) (*Layout, error) {
+	if err != nil && !errors.Is(err, ErrNoDWARF) {
+		return l, err
+	}
+	if l != nil && len(l.Structs) == len(want) {
+		return l, nil
+	}
+	alt, tried := FindAltFile(path, roots)
+	if alt == "" {
+		if len(tried) > 0 && err != nil {
+			return nil, fmt.Errorf("%w (its dwz file was not found: looked for %s)", err, strings.Join(tried, ", "))
+		}
+		return l, err
+	}
+	var missing []string
+	for _, w := range want {
+		if l == nil || !l.Has(w, "") {
+			missing = append(missing, w)
+		}
+	}
+	al, aerr := FromDWARFFile(alt, missing)
+	if aerr != nil {
+		if l == nil {
+			return nil, fmt.Errorf("%s: %w", path, aerr)
+		}
+		return l, nil
+	}
+	if l == nil {
+		al.Source = "dwarf:" + path
+		return al, nil
+	}
+	for name, s := range al.Structs {
+		l.Structs[name] = s
+	}
+	return l, nil
 }
 
 // debuginfodDir is where downloaded debug files are kept: in the layout
