@@ -18,6 +18,11 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 	var out bytes.Buffer
 	rootCmd.SetOut(&out)
 	rootCmd.SetArgs(args)
+	t.Cleanup(func() {
+		rootCmd.SetOut(nil)
+		rootCmd.SetArgs(nil)
+		layoutFlags.structs, layoutFlags.debugRoots = nil, nil
+	})
 	err := rootCmd.Execute()
 	return out.String(), err
 }
