@@ -16,6 +16,7 @@ packages=(
   procps psmisc        # ps, pkill in tests and scripts
   time                 # /usr/bin/time: peak RSS in scripts/bench-layout.sh
   dwz                  # DWARF as distributions ship it (layout tests)
+  ruby-dev             # Ruby's headers: real DWARF for the layout tests
   iproute2             # ss: scripts/pyroscope.sh picks free ports
   chromium             # headless browser: flame graph HTML renders (output tests)
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture

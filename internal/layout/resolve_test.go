@@ -363,3 +363,56 @@ func TestWantedStructsCoverTables(t *testing.T) {
 		}
 	}
 }
+
+// TestRealRubyHeaders compiles Ruby's own public headers (ruby-dev) with
+// gcc -g and checks the structs they declare against the built-in table
+// of the installed Ruby: real DWARF from real declarations, not from
+// layoutgen.
+func TestRealRubyHeaders(t *testing.T) {
+	for _, tool := range []string{"gcc", "ruby"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (scripts/install-deps.sh installs it)", tool)
+		}
+	}
+	out := mustRun(t, "ruby", "-e", `print RUBY_VERSION, "\n", RbConfig::CONFIG["rubyhdrdir"], "\n", RbConfig::CONFIG["rubyarchhdrdir"]`)
+	parts := strings.Split(out, "\n")
+	if len(parts) != 3 {
+		t.Fatalf("ruby said %q", out)
+	}
+	version, hdr, archHdr := parts[0], parts[1], parts[2]
+	if _, err := os.Stat(filepath.Join(hdr, "ruby.h")); err != nil {
+		t.Skipf("Ruby headers not installed (%v; scripts/install-deps.sh installs ruby-dev)", err)
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "rh.c")
+	if err := os.WriteFile(src, []byte("#include <ruby.h>\nstruct RString g_str; struct RArray g_ary; struct RBasic g_basic; st_table g_st;\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	obj := filepath.Join(dir, "rh.o")
+	mustRun(t, "gcc", "-g", "-c", "-I"+hdr, "-I"+archHdr, "-o", obj, src)
+	l, err := layout.FromDWARFFile(obj, layout.WantedStructs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := table(t, version)
+	n := 0
+	for _, s := range []string{"RBasic", "RString", "RArray"} {
+		ts, ds := tab.Structs[s], l.Structs[s]
+		if ds.Size != ts.Size || ds.Size == 0 {
+			t.Errorf("%s: size %d, table %d", s, ds.Size, ts.Size)
+		}
+		for name, tf := range ts.Fields {
+			df, ok := ds.Fields[name]
+			if !ok || df.Offset != tf.Offset || df.Size != tf.Size {
+				t.Errorf("%s.%s: DWARF %+v (present %v), table %d+%d", s, name, df, ok, tf.Offset, tf.Size)
+			}
+			n++
+		}
+	}
+	if n < 20 {
+		t.Errorf("only %d fields compared", n)
+	}
+	if !l.Has("st_table", "num_entries") {
+		t.Errorf("st_table.num_entries missing: %v", l.Structs["st_table"])
+	}
+}
