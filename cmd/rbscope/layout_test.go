@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/rbscope/rbscope/internal/layout"
+	"github.com/rbscope/rbscope/internal/layout/layoutgen"
 )
 
 // runCLI runs rbscope in-process with args and returns its stdout.
@@ -84,4 +86,53 @@ func errorsAs(err error, ee *exitError) bool {
 		*ee = e
 	}
 	return ok
+}
+
+// TestLayoutCommandDebugFile runs `rbscope layout` on Debian's libruby
+// (no DWARF) with a debug file for its build id under --debug-root, made
+// from the 3.1.2 table by layoutgen: the output names the debug file and
+// the Ruby version read from libruby.
+func TestLayoutCommandDebugFile(t *testing.T) {
+	const lib = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
+	if _, err := os.Stat(lib); err != nil {
+		t.Skip("Debian's libruby 3.1 not installed (scripts/install-deps.sh installs ruby)")
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc not installed (scripts/install-deps.sh installs it)")
+	}
+	f, err := os.Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := layout.QueryFromELF(f, lib, lib)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := layout.Builtin("3.1.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	dbg := layoutgen.BuildIDPath(root, q.BuildID)
+	if err := layoutgen.DebugFile(tab, nil, q.BuildID, dbg); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, "layout", "--debug-root", root, "--struct", "rb_control_frame_struct", lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l layout.Layout
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if l.RubyVersion != "3.1.2" || l.Source != "dwarf:"+dbg {
+		t.Errorf("ruby_version %q source %q", l.RubyVersion, l.Source)
+	}
+	if f, err := l.Field("rb_control_frame_struct", "iseq"); err != nil || f.Offset != 16 {
+		t.Errorf("iseq = %+v %v", f, err)
+	}
+	if sz, _ := l.Size("rb_control_frame_struct"); sz != 64 {
+		t.Errorf("rb_control_frame_struct size %d, want 64", sz)
+	}
 }
