@@ -62,11 +62,16 @@ func FromDWARFFile(path string, want []string) (*Layout, error) {
 }
 
 // FromDWARF extracts the layouts of the structs named in want from the
-// DWARF of the ELF file r. It walks compilation units one at a time and
-// stops as soon as every wanted struct is found; memory stays bounded by
-// the largest unit and the string and abbreviation sections, each capped.
-// Structs absent from the DWARF are absent from the result; it fails with
-// ErrNoDWARF when there is no DWARF and when none of want is found.
+// DWARF of the ELF file r (plain, SHF_COMPRESSED zlib or zstd, or legacy
+// .zdebug sections; relocations applied in ET_REL objects). It streams
+// compilation units one at a time, decoding only those that define a
+// wanted struct, and stops as soon as every wanted struct is found: memory
+// stays bounded by the largest unit plus the string and abbreviation
+// sections, each capped (64 MiB). Units that refer to other units (dwz
+// partial units, LTO) are read with the whole .debug_info instead, capped
+// at 512 MiB. Structs absent from the DWARF are absent from the result; it
+// fails with ErrNoDWARF when there is no DWARF and when none of want is
+// found.
 func FromDWARF(r io.ReaderAt, want []string) (*Layout, error) {
 	l, _, err := extractDWARF(r, want, defaultLimits)
 	return l, err
@@ -176,11 +181,11 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 	if needWhole && len(l.Structs) < len(wantSet) {
 		st.whole = true
 		info, err := loadSection(secs, ".debug_info", dwarfLimits{section: lim.whole})
-		if err != nil {
-			return nil, st, err
+		if err == nil {
+			applyRelocs(info, 0, infoRels)
+			err = scanWhole(info, abbrev, str, extra, wantSet, l)
 		}
-		applyRelocs(info, 0, infoRels)
-		if err := scanWhole(info, abbrev, str, extra, wantSet, l); err != nil && firstErr == nil {
+		if err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
