@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -277,6 +278,20 @@ func TestWriteFuzzSeeds(t *testing.T) {
 		run(t, "objcopy", "--compress-debug-sections="+flag, base, out)
 		files[name] = out
 	}
+	// dwz partial units, read whole.
+	needTool(t, "dwz")
+	src2 := filepath.Join(dir, "b.c")
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(src2, []byte(regexp.MustCompile(`\bg_`).ReplaceAllString(string(data), "b_")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	so := filepath.Join(dir, "dwz.so")
+	run(t, "gcc", "-g", "-shared", "-fPIC", "-nostdlib", "-o", so, src, src2)
+	run(t, "dwz", so)
+	files["dwz-partial"] = so
 	seedDir := filepath.Join("testdata", "fuzz", "FuzzFromDWARF")
 	if err := os.MkdirAll(seedDir, 0o755); err != nil {
 		t.Fatal(err)
