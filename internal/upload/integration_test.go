@@ -381,8 +381,15 @@ func TestQueueCapsWhileServerDown(t *testing.T) {
 			maxQueued = max(maxQueued, u.Stats().QueuedBytes)
 		}
 	}
-	time.Sleep(500 * time.Millisecond)
-	down := u.Stats()
+	// Wait for the encoder: every interval but the open last one queued
+	// or dropped.
+	var down Stats
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		down = u.Stats()
+		if down.DroppedSamples+down.QueuedSamples == n-100 || time.Now().After(deadline) {
+			break
+		}
+	}
 	maxQueued = max(maxQueued, down.QueuedBytes)
 	if maxQueued > memCap+diskCap || down.Dropped == 0 || down.Pushed != 0 {
 		t.Errorf("while down: max %d bytes queued (caps %d+%d), stats %+v; want drops within caps", maxQueued, memCap, diskCap, down)
@@ -395,8 +402,11 @@ func TestQueueCapsWhileServerDown(t *testing.T) {
 	if st.PushedSamples+st.DroppedSamples != n || st.Queued != 0 || st.Rejected != 0 {
 		t.Errorf("pushed %d + dropped %d samples != %d sent, or some refused: %+v", st.PushedSamples, st.DroppedSamples, n, st)
 	}
-	if st.PushedSamples != down.QueuedSamples {
-		t.Errorf("pushed %d samples, %d were queued when the server came back", st.PushedSamples, down.QueuedSamples)
+	// Once the server is back nothing more is lost, but for one interval
+	// the last push (at Close) may displace while the queue is still full.
+	if st.DroppedSamples-down.DroppedSamples > 100 || st.PushedSamples < down.QueuedSamples {
+		t.Errorf("pushed %d samples (%d were queued when the server came back), dropped %d more after",
+			st.PushedSamples, down.QueuedSamples, st.DroppedSamples-down.DroppedSamples)
 	}
 	c := waitCounts(t, srv, app, t0, st.PushedSamples)
 	if c.Total != st.PushedSamples {

@@ -369,16 +369,20 @@ func (u *Uploader) push(m meta, data []byte) error {
 		return err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
 	err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
 	switch {
+	case resp.StatusCode == http.StatusUnprocessableEntity && bytes.Contains(body, []byte("invalid_argument")):
+		// Pyroscope's validation failures (a profile outside its
+		// ingestion window, too many labels) come as 422 invalid_argument.
+		return errPermanent{err}
 	case resp.StatusCode == http.StatusUnprocessableEntity:
-		// Pyroscope answers 422 to every ingest failure that is not its
-		// own validation error, transient ones included ("empty ring"
-		// while it starts): retried, a few times.
+		// Pyroscope answers 422 to every other ingest failure, transient
+		// ones included ("empty ring" while it starts): retried, a few
+		// times.
 		return errTransient422{err}
 	case resp.StatusCode >= 400 && resp.StatusCode < 500 &&
 		resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests:

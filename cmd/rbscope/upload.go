@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/upload"
+)
+
+// uploadOpts are the flags that push profiles to a Pyroscope server, shared
+// by report (and record, once wired). Credentials come from the
+// environment only (see upload's package comment), never from flags.
+type uploadOpts struct {
+	url      string
+	app      string
+	tags     []string
+	queueDir string
+	interval time.Duration
+	timeout  time.Duration
+}
+
+// register adds the flags to f.
+func (o *uploadOpts) register(f *pflag.FlagSet) {
+	f.StringVar(&o.url, "upload", "", "push profiles to the Pyroscope server at this URL (credentials: $"+
+		upload.EnvBasicAuthUser+"/$"+upload.EnvBasicAuthPassword+" or $"+upload.EnvAuthToken+")")
+	f.StringVar(&o.app, "app-name", "", "--upload: application name, Pyroscope's service_name (default: the Ruby script's name)")
+	f.StringArrayVar(&o.tags, "tag", nil, "--upload: tag every profile with key=value (repeatable)")
+	f.StringVar(&o.queueDir, "upload-queue", "", "--upload: directory where profiles wait while the server is unreachable (default: memory only)")
+	f.DurationVar(&o.interval, "upload-interval", upload.DefaultInterval, "--upload: length of one pushed profile")
+	f.DurationVar(&o.timeout, "upload-timeout", 30*time.Second, "--upload: how long to keep pushing once sampling ends")
+}
+
+// config is the uploader configuration for a recording at rate Hz of
+// command (for the default app name) on host (empty: this machine).
+func (o *uploadOpts) config(rate float64, command []string, host string) (upload.Config, error) {
+	tags := map[string]string{}
+	for _, t := range o.tags {
+		k, v, err := upload.ParseTag(t)
+		if err != nil {
+			return upload.Config{}, exitError{2, fmt.Errorf("--tag: %w", err)}
+		}
+		tags[k] = v
+	}
+	if _, ok := tags["hostname"]; !ok && host != "" {
+		tags["hostname"] = host
+	}
+	app := o.app
+	if app == "" {
+		app = defaultAppName(command)
+	}
+	return upload.Config{
+		URL:        o.url,
+		AppName:    app,
+		Tags:       tags,
+		Interval:   o.interval,
+		SampleRate: int(math.Round(rate)),
+		QueueDir:   o.queueDir,
+	}, nil
+}
+
+// defaultAppName names an application after its program: the script of
+// "ruby bin/shop.rb" ("shop"), the command of "bundle exec puma" or
+// "/usr/bin/puma" ("puma"); "ruby" when there is none.
+func defaultAppName(command []string) string {
+	name := ""
+	if len(command) > 0 {
+		switch filepath.Base(command[0]) {
+		case "ruby", "bundle", "bundler":
+			for _, a := range command[1:] {
+				if !strings.HasPrefix(a, "-") && a != "exec" {
+					name = a
+					break
+				}
+			}
+		default:
+			name = command[0]
+		}
+	}
+	name = strings.TrimSuffix(filepath.Base(name), ".rb")
+	var b strings.Builder
+	for _, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '.', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	if s := strings.Trim(b.String(), "._-"); s != "" {
+		return s
+	}
+	return "ruby"
+}
+
+// uploadRecording pushes the raw recording at path to o.url.
+func (o *uploadOpts) uploadRecording(stderr io.Writer, path string) error {
+	rd, err := recording.Open(path)
+	if err != nil {
+		return fmt.Errorf("read recording: %w", err)
+	}
+	defer rd.Close()
+	h := rd.Header()
+	cfg, err := o.config(h.RateHz, h.Command, h.Hostname)
+	if err != nil {
+		return err
+	}
+	cfg.Logf = func(format string, args ...any) {
+		fmt.Fprintf(stderr, "rbscope: upload: "+format+"\n", args...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	st, err := upload.PushRecording(ctx, cfg, rd.Samples())
+	if d := rd.Damage(); d != nil {
+		fmt.Fprintf(stderr, "rbscope: warning: %s is damaged after its first %d samples (%v); pushed those\n", path, st.Samples, d)
+	}
+	if err != nil {
+		if st.Rejected > 0 {
+			err = fmt.Errorf("%w (Pyroscope refuses profiles older than its -validation.reject-older-than, 1h by default)", err)
+		}
+		return fmt.Errorf("upload to %s: %w", o.url, err)
+	}
+	if st.Samples == 0 {
+		return exitError{1, fmt.Errorf("%s holds no samples; nothing to upload", path)}
+	}
+	fmt.Fprintf(stderr, "pushed %d samples in %d profiles to %s as %s\n", st.PushedSamples, st.Pushed, o.url, cfg.AppName)
+	return nil
+}
+
+// init adds --upload to report: `rbscope report --input RAW --upload URL`
+// pushes the recording instead of rendering it. report.go registers the
+// command first (files initialize in name order).
+func init() {
+	var report *cobra.Command
+	for _, c := range rootCmd.Commands() {
+		if c.Name() == "report" {
+			report = c
+		}
+	}
+	if report == nil || report.RunE == nil {
+		return
+	}
+	var o uploadOpts
+	o.register(report.Flags())
+	render := report.RunE
+	report.RunE = func(cmd *cobra.Command, args []string) error {
+		if o.url == "" {
+			return render(cmd, args)
+		}
+		for _, f := range []string{"format", "output", "title", "lines", "top"} {
+			if fl := cmd.Flags().Lookup(f); fl != nil && fl.Changed {
+				return exitError{2, fmt.Errorf("--upload pushes the recording instead of rendering it: drop --%s", f)}
+			}
+		}
+		input, _ := cmd.Flags().GetString("input")
+		if input == "" {
+			return exitError{2, errors.New("report --upload needs --input RAW (a raw recording written by rbscope record)")}
+		}
+		return o.uploadRecording(cmd.ErrOrStderr(), input)
+	}
+	report.Example += `
+  rbscope report -i rec.raw.gz --upload http://pyroscope:4040 --app-name shop --tag env=prod`
+}
