@@ -26,9 +26,10 @@ executable), or of its separate debug file, and prints the layout of the
 Ruby VM structs rbscope uses, as JSON in the schema of the built-in tables,
 to compare with them or with pahole.
 
-Separate debug files are looked for by build id under each --debug-root
-(default: $RBSCOPE_DEBUG_ROOT, colon-separated, then /usr/lib/debug) and by
+Separate debug files are looked for by build id under each --debug-root,
+then $RBSCOPE_DEBUG_ROOT (colon-separated), then /usr/lib/debug; and by
 .gnu_debuglink next to FILE, in .debug/ beside it and under each root.
+With DEBUGINFOD_URLS set, they are then downloaded from debuginfod.
 
 Examples:
   rbscope layout /opt/ruby/lib/libruby.so.3.4
@@ -51,10 +52,7 @@ func runLayout(cmd *cobra.Command, args []string) error {
 	if len(want) == 0 {
 		want = layout.WantedStructs
 	}
-	roots := layoutFlags.debugRoots
-	if len(roots) == 0 {
-		roots = layout.DefaultDebugRoots()
-	}
+	roots := layout.WithDefaultDebugRoots(layoutFlags.debugRoots)
 	l, err := layout.FromBinaryFile(file, want, roots)
 	if err != nil {
 		return exitError{2, fmt.Errorf("%w\n(install the binary's debug symbols or point --debug-root at them)", err)}

@@ -30,6 +30,20 @@ func DefaultDebugRoots() []string {
 	return append(roots, SystemDebugRoot)
 }
 
+// WithDefaultDebugRoots returns roots followed by DefaultDebugRoots(),
+// each directory once.
+func WithDefaultDebugRoots(roots []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, r := range append(append([]string(nil), roots...), DefaultDebugRoots()...) {
+		if r != "" && !seen[filepath.Clean(r)] {
+			seen[filepath.Clean(r)] = true
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // DebugFileQuery names a binary whose separate debug file is wanted.
 type DebugFileQuery struct {
 	// Path is the binary's path as the target names it; debuglink

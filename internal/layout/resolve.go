@@ -29,8 +29,8 @@ type BinaryInfo struct {
 
 // ResolveOptions tunes Resolve.
 type ResolveOptions struct {
-	// DebugRoots are searched for separate debug files; nil means
-	// DefaultDebugRoots().
+	// DebugRoots are searched for separate debug files before
+	// DefaultDebugRoots() ($RBSCOPE_DEBUG_ROOT, /usr/lib/debug).
 	DebugRoots []string
 	// CacheDir holds extracted layouts by build id; "" means
 	// DefaultCacheDir().
@@ -64,10 +64,7 @@ func Resolve(bins []BinaryInfo, rubyVersion string, opts ResolveOptions) (*Layou
 	if opts.NoDWARF {
 		return builtin, berr
 	}
-	roots := opts.DebugRoots
-	if roots == nil {
-		roots = DefaultDebugRoots()
-	}
+	roots := WithDefaultDebugRoots(opts.DebugRoots)
 	cacheDir := opts.CacheDir
 	if cacheDir == "" {
 		cacheDir = DefaultCacheDir()

@@ -189,7 +189,8 @@ func TestResolveFromDebugFile(t *testing.T) {
 	}
 	t.Setenv("RBSCOPE_DEBUG_ROOT", root)
 	cache := filepath.Join(dir, "cache")
-	opts := layout.ResolveOptions{CacheDir: cache}
+	// DebugRoots come first, then $RBSCOPE_DEBUG_ROOT, which has it.
+	opts := layout.ResolveOptions{CacheDir: cache, DebugRoots: []string{filepath.Join(dir, "elsewhere")}}
 	bins := []layout.BinaryInfo{{Path: "/usr/lib/libruby.so.3.1", HostPath: stripped}}
 
 	l, err := layout.Resolve(bins, "3.1.2", opts)
@@ -317,6 +318,18 @@ func TestResolveSystemRubyFallsBack(t *testing.T) {
 	const lib = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
 	if _, err := os.Stat(lib); err != nil {
 		t.Skip("Debian's libruby 3.1 not installed (scripts/install-deps.sh installs ruby)")
+	}
+	f, err := os.Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := layout.QueryFromELF(f, lib, lib)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dbg, _ := layout.FindDebugFile(q, layout.DefaultDebugRoots()); dbg != "" {
+		t.Skipf("libruby's debug symbols are installed (%s): no fallback to test", dbg)
 	}
 	empty := t.TempDir()
 	l, err := layout.Resolve([]layout.BinaryInfo{{Path: lib}}, "3.1.2",
