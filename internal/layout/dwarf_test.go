@@ -243,11 +243,13 @@ func TestFromDWARFMatchesPahole(t *testing.T) {
 		variants = append(variants, struct{ name, obj, plain string }{v.name, out, base})
 	}
 	if _, err := exec.LookPath("clang"); err == nil {
-		out := filepath.Join(dir, "clang.o")
-		run(t, "clang", "-g", "-gdwarf-5", "-c", "-o", out, src)
 		// pahole 1.24 misprints clang's nested type definitions, so
-		// this variant is checked against the hand-verified values only.
-		variants = append(variants, struct{ name, obj, plain string }{"clang-dwarf5", out, "-"})
+		// these are checked against the hand-verified values only.
+		for _, v := range []string{"4", "5"} {
+			out := filepath.Join(dir, "clang"+v+".o")
+			run(t, "clang", "-g", "-gdwarf-"+v, "-c", "-o", out, src)
+			variants = append(variants, struct{ name, obj, plain string }{"clang-dwarf" + v, out, "-"})
+		}
 	}
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
