@@ -2,6 +2,8 @@ package layout
 
 import (
 	"bufio"
+	"debug/elf"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -242,6 +244,8 @@ func TestFromDWARFMatchesPahole(t *testing.T) {
 		}
 		variants = append(variants, struct{ name, obj, plain string }{v.name, out, base})
 	}
+	checkCompression(t, filepath.Join(dir, "objcopy-zstd.o"), ".debug_info", elf.COMPRESS_ZSTD)
+	checkCompression(t, filepath.Join(dir, "gz.o"), ".debug_info", elf.COMPRESS_ZLIB)
 	if _, err := exec.LookPath("clang"); err == nil {
 		// pahole 1.24 misprints clang's nested type definitions, so
 		// these are checked against the hand-verified values only.
@@ -497,4 +501,26 @@ func TestDwz(t *testing.T) {
 			t.Errorf("error %v", err)
 		}
 	})
+}
+
+// checkCompression checks that section name of the object at path is
+// SHF_COMPRESSED with the given algorithm, so a variant tests what it says.
+func checkCompression(t *testing.T, path, name string, want elf.CompressionType) {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := f.Section(name)
+	if s == nil || s.Flags&elf.SHF_COMPRESSED == 0 {
+		t.Fatalf("%s: %s not compressed", path, name)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := elf.CompressionType(binary.LittleEndian.Uint32(raw[s.Offset:])); got != want {
+		t.Errorf("%s: %s compressed with %v, want %v", path, name, got, want)
+	}
 }
