@@ -135,10 +135,9 @@ func dwarfLayout(b BinaryInfo, roots []string, cacheDir, dlDir string) (*Layout,
 	if err != nil {
 		return nil, err
 	}
-	if err := cacheStore(cacheDir, q.BuildID, WantedStructs, l); err != nil {
-		// A read-only cache costs time on the next run, nothing more.
-		_ = err
-	}
+	// A cache that cannot be written costs time on the next run, nothing
+	// more: the error is dropped.
+	_ = cacheStore(cacheDir, q.BuildID, WantedStructs, l)
 	return l, nil
 }
 
