@@ -469,12 +469,20 @@ func (c *core) sameFile(path string, f *os.File) error {
 	return nil
 }
 
+// OpenFile opens the file the process mapped as path: under SysRoot, or
+// CoreOptions.Exe for the executable. A file whose first page differs from
+// the core's copy is refused (it is another build).
 func (c *core) OpenFile(path string) (File, error) {
 	hp := c.hostPath(path)
 	f, err := openRegular(hp)
 	if err != nil {
 		return nil, fmt.Errorf("open %s, mapped by the core's process, as %s: %w "+
 			"(pass the executable with --exe or a copy of the target's files with --sysroot)", path, hp, err)
+	}
+	if err := c.sameFile(path, f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open %s, mapped by the core's process: %w "+
+			"(pass the binary the process ran with --exe, or its files with --sysroot)", path, err)
 	}
 	return osFile{f}, nil
 }

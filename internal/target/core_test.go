@@ -182,6 +182,9 @@ func TestCoreMappedFiles(t *testing.T) {
 	// And a wrong --exe.
 	tg = openTiny(t, defaultTinyCore(), CoreOptions{SysRoot: root, Exe: filepath.Join(root, tinyLib)})
 	wantUnmapped(t, tg.ReadAt(b[:], 0x401000), 0x401000, "not the file the process mapped")
+	if _, err := tg.OpenFile(tinyExe); err == nil || !strings.Contains(err.Error(), "not the file the process mapped") {
+		t.Errorf("OpenFile(exe) with a wrong --exe: %v", err)
+	}
 }
 
 func TestCoreExecutableFallbacks(t *testing.T) {
