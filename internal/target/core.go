@@ -98,10 +98,13 @@ type coreThread struct {
 	regs Registers
 }
 
-// OpenCore opens the ELF core file path (x86_64; plain or gzip-compressed)
-// as a Target. Memory reads are served from the core's PT_LOAD segments,
-// and for file-backed pages the core does not hold, from the mapped files
-// under opts.SysRoot (opts.Exe for the executable).
+// OpenCore opens the ELF core file path (x86_64; plain or gzip-compressed,
+// decompressed to an unlinked temporary file) as a Target. Memory reads
+// are served from the core's PT_LOAD segments, and for file-backed pages
+// the core does not hold, from the mapped files under opts.SysRoot
+// (opts.Exe for the executable) when their first page matches the core's
+// copy. Executable reports the path the process ran, even with opts.Exe.
+// The Target also implements CoreInfo (registers, auxiliary vector).
 func OpenCore(path string, opts CoreOptions) (Target, error) {
 	if opts.SysRoot == "" {
 		opts.SysRoot = "/"
