@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -356,35 +357,39 @@ func TestRecordSignalsResume(t *testing.T) {
 	}
 }
 
-var recShareRE = regexp.MustCompile(`share a=([0-9.]+) b=([0-9.]+)`)
+var recShareRE = regexp.MustCompile(`share a=([0-9.]+) b=([0-9.]+) wall_a=([0-9.]+) cpu_per_wall=([0-9.]+)`)
 
-// recShares parses the script's "share a=... b=..." line.
-func recShares(t *testing.T, out string) (float64, float64) {
+// recShares parses the script's last line: the CPU shares of work_a and
+// work_b, work_a's share of wall-clock time, and CPU time per wall time.
+func recShares(t *testing.T, out string) (cpuA, cpuB, wallA, cpuPerWall float64) {
 	t.Helper()
 	m := recShareRE.FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no share line in %q", out)
 	}
-	a, _ := strconv.ParseFloat(m[1], 64)
-	b, _ := strconv.ParseFloat(m[2], 64)
-	return a, b
+	var v [4]float64
+	for i := range v {
+		v[i], _ = strconv.ParseFloat(m[i+1], 64)
+	}
+	return v[0], v[1], v[2], v[3]
 }
 
 // The script splits CPU between two methods (about 1:9 by work: the
 // sampling noise of a share p is sqrt(p(1-p)/n), 1 point at p=0.1 and
-// n=900, so a 3-point bound is 3 sigma) and
-// measures each one's CPU time itself. With STACKPROF=1 it also runs
-// stackprof in-process and prints stackprof's shares.
+// n=900, so a 3-point bound is 3 sigma) and measures each one's CPU time
+// and wall-clock time itself. With STACKPROF=1 it also runs stackprof
+// (CPU mode) in-process and prints stackprof's shares.
 const recProportionScript = `
 def cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+def wall = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 def work_a; x = 0; 10_000.times { x += 1 }; end
 def work_b; x = 0; 90_000.times { x += 1 }; end
-ta = tb = 0.0
+ta = tb = wa = wb = 0.0
 run = lambda do
   deadline = Time.now + Float(ARGV[0])
   while Time.now < deadline
-    t0 = cpu; work_a; t1 = cpu; work_b; t2 = cpu
-    ta += t1 - t0; tb += t2 - t1
+    t0 = cpu; w0 = wall; work_a; t1 = cpu; w1 = wall; work_b; t2 = cpu; w2 = wall
+    ta += t1 - t0; tb += t2 - t1; wa += w1 - w0; wb += w2 - w1
   end
 end
 if ENV["STACKPROF"]
@@ -396,12 +401,19 @@ if ENV["STACKPROF"]
 else
   run.call
 end
-puts "share a=#{ta / (ta + tb)} b=#{tb / (ta + tb)}"
+puts "share a=#{ta / (ta + tb)} b=#{tb / (ta + tb)} wall_a=#{wa / (wa + wb)} cpu_per_wall=#{(ta + tb) / (wa + wb)}"
 `
 
-// TestRecordProportions: a 10 s recording at 100 Hz attributes CPU to two
-// methods within 3 percentage points of the shares the script measured
-// itself, and stackprof (in-process, same script) agrees.
+// TestRecordProportions: a 10 s recording at 100 Hz attributes time to
+// two methods within 3 percentage points of the shares the script
+// measured itself, and stackprof (in-process, same script) agrees.
+//
+// rbscope samples wall-clock time, the script's truth and stackprof are
+// CPU time: they are the same only while the target has a CPU to itself.
+// On a machine too busy for that (the script gets less than 90% of a CPU)
+// a method's wall-clock share includes its time waiting for a CPU, which
+// is not spread evenly, so rbscope is then checked against the wall-clock
+// share the script measured, and the CPU comparisons are only logged.
 func TestRecordProportions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s recording")
@@ -411,28 +423,11 @@ func TestRecordProportions(t *testing.T) {
 	dir := t.TempDir()
 	raw := filepath.Join(dir, "rec.raw.gz")
 
-	// stackprof runs alongside (its own process, its own truth).
-	type spRes struct {
-		out string
-		err error
-	}
-	spDone := make(chan spRes, 1)
-	if _, err := exec.Command("ruby", "-e", "require 'stackprof'").CombinedOutput(); err == nil {
-		go func() {
-			c := exec.Command("ruby", script, "6")
-			c.Env = append(os.Environ(), "STACKPROF=1")
-			b, err := c.CombinedOutput()
-			spDone <- spRes{string(b), err}
-		}()
-	} else {
-		spDone <- spRes{err: errors.New("stackprof not installed")}
-	}
-
 	res := recRun(t, "record", "--rate", "100", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw, "--", "ruby", script, "10")
 	if res.err != nil {
 		t.Fatalf("record: %v\n%s", res.err, res.stderr)
 	}
-	trueA, trueB := recShares(t, res.stdout)
+	cpuA, _, wallA, cpuPerWall := recShares(t, res.stdout)
 	_, samples := recReadRaw(t, raw)
 	var na, nb int
 	for _, s := range samples {
@@ -443,34 +438,50 @@ func TestRecordProportions(t *testing.T) {
 			nb++
 		}
 	}
-	if na+nb < 600 {
+	if na+nb < 200 {
 		t.Fatalf("only %d samples in work_a/work_b of %d", na+nb, len(samples))
 	}
-	gotA, gotB := float64(na)/float64(na+nb), float64(nb)/float64(na+nb)
-	t.Logf("truth a=%.3f b=%.3f; rbscope a=%.3f b=%.3f (%d samples)", trueA, trueB, gotA, gotB, na+nb)
-	if d := gotA - trueA; d > 0.03 || d < -0.03 {
-		t.Errorf("work_a: rbscope %.3f, truth %.3f", gotA, trueA)
+	gotA := float64(na) / float64(na+nb)
+	// 3 points, or 3 sigma of the sampling noise when a busy machine
+	// let rbscope take fewer samples than the ~1000 asked for.
+	tol := max(0.03, 3*math.Sqrt(wallA*(1-wallA)/float64(na+nb)))
+	quiet := cpuPerWall >= 0.9
+	t.Logf("rbscope a=%.3f (%d samples); script: CPU share a=%.3f, wall share a=%.3f, CPU per wall %.2f",
+		gotA, na+nb, cpuA, wallA, cpuPerWall)
+	within := func(what string, got, want float64) {
+		t.Helper()
+		if d := got - want; d > tol || d < -tol {
+			t.Errorf("%s: %.3f, want %.3f +- %.3f", what, got, want, tol)
+		}
 	}
-	if d := gotB - trueB; d > 0.03 || d < -0.03 {
-		t.Errorf("work_b: rbscope %.3f, truth %.3f", gotB, trueB)
+	within("rbscope vs the wall-clock share", gotA, wallA)
+	if quiet {
+		within("rbscope vs the CPU share", gotA, cpuA)
+	} else {
+		t.Logf("the target got %.0f%% of a CPU: CPU-share comparisons only logged", 100*cpuPerWall)
 	}
-	sp := <-spDone
-	if sp.err != nil {
-		t.Logf("stackprof comparison skipped: %v %s", sp.err, sp.out)
+
+	// stackprof, in its own run of the same script (without rbscope).
+	if _, err := exec.Command("ruby", "-e", "require 'stackprof'").CombinedOutput(); err != nil {
+		t.Logf("stackprof comparison skipped: ruby-stackprof not installed")
 		return
 	}
-	m := regexp.MustCompile(`stackprof a=([0-9.]+) b=([0-9.]+)`).FindStringSubmatch(sp.out)
+	c := exec.Command("ruby", script, "4")
+	c.Env = append(os.Environ(), "STACKPROF=1")
+	b, err := c.CombinedOutput()
+	if err != nil {
+		t.Fatalf("stackprof run: %v\n%s", err, b)
+	}
+	m := regexp.MustCompile(`stackprof a=([0-9.]+) b=([0-9.]+)`).FindStringSubmatch(string(b))
 	if m == nil {
-		t.Fatalf("stackprof output %q", sp.out)
+		t.Fatalf("stackprof output %q", b)
 	}
 	spA, _ := strconv.ParseFloat(m[1], 64)
-	spTrueA, _ := recShares(t, sp.out)
-	t.Logf("stackprof a=%.3f (its run's truth a=%.3f)", spA, spTrueA)
-	if d := spA - spTrueA; d > 0.03 || d < -0.03 {
-		t.Errorf("stackprof disagrees with its run's truth: %.3f vs %.3f", spA, spTrueA)
-	}
-	if d := spA - gotA; d > 0.03 || d < -0.03 {
-		t.Errorf("stackprof a=%.3f, rbscope a=%.3f", spA, gotA)
+	spCPUA, _, _, spCPUPerWall := recShares(t, string(b))
+	t.Logf("stackprof a=%.3f; its run: CPU share a=%.3f, CPU per wall %.2f", spA, spCPUA, spCPUPerWall)
+	if quiet && spCPUPerWall >= 0.9 {
+		within("stackprof vs its run's CPU share", spA, spCPUA)
+		within("stackprof vs rbscope", spA, gotA)
 	}
 }
 
