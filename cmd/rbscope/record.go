@@ -266,6 +266,9 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 	go func() {
 		select {
 		case sig := <-sigs:
+			// A second Ctrl-C kills rbscope the default way (the kernel
+			// then resumes a paused target).
+			signal.Stop(sigs)
 			sigMu.Lock()
 			gotSignal = sig
 			sigMu.Unlock()
