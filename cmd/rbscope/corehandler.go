@@ -199,7 +199,7 @@ func runCoreHandler(o coreHandlerOpts, args []string) error {
 	if timeout <= 0 {
 		timeout = postmortem.DefaultTimeout
 	}
-	time.AfterFunc(timeout+5*time.Second, func() {
+	time.AfterFunc(timeout+2*time.Second, func() {
 		logLine(o.dir, "pid="+strconv.Itoa(c.Pid)+": gave up at the deadline ("+timeout.String()+")")
 		os.Exit(3)
 	})
