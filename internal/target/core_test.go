@@ -380,3 +380,34 @@ func TestCoreMappedPathsStayInSysRoot(t *testing.T) {
 		t.Errorf("OpenFile(/dev/zero) = %v, want not a regular file", err)
 	}
 }
+
+// TestCoreConcurrentReads reads from several goroutines at once, through
+// the core and the mapped files (run with -race).
+func TestCoreConcurrentReads(t *testing.T) {
+	tg := openTiny(t, defaultTinyCore(), CoreOptions{SysRoot: tinySysroot(t)})
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		go func(g int) {
+			b := make([]byte, 256)
+			for i := 0; i < 200; i++ {
+				addr := tinyLibBase + uint64((g*977+i*131)%(0x4000-256))
+				if err := tg.ReadAt(b, addr); err != nil {
+					errs <- err
+					return
+				}
+				for k := range b {
+					if b[k] != pattern(addr+uint64(k)) {
+						errs <- ErrUnmapped{Addr: addr + uint64(k)}
+						return
+					}
+				}
+			}
+			errs <- nil
+		}(g)
+	}
+	for g := 0; g < 8; g++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent read: %v", err)
+		}
+	}
+}
