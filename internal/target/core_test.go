@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -397,7 +398,7 @@ func TestCoreConcurrentReads(t *testing.T) {
 				}
 				for k := range b {
 					if b[k] != pattern(addr+uint64(k)) {
-						errs <- ErrUnmapped{Addr: addr + uint64(k)}
+						errs <- fmt.Errorf("wrong byte at 0x%x", addr+uint64(k))
 						return
 					}
 				}
