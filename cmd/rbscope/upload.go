@@ -102,6 +102,49 @@ func defaultAppName(command []string) string {
 	return "ruby"
 }
 
+// start starts pushing a live recording at rate Hz of command (for the
+// default app name); it returns nil without --upload. Give the uploader
+// every sample (Add never blocks) and call finish when sampling ends.
+func (o *uploadOpts) start(stderr io.Writer, rate float64, command []string) (*upload.Uploader, error) {
+	if o.url == "" {
+		return nil, nil
+	}
+	cfg, err := o.config(rate, command, "")
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logf = func(format string, args ...any) {
+		fmt.Fprintf(stderr, "rbscope: upload: "+format+"\n", args...)
+	}
+	up, err := upload.New(cfg)
+	if err != nil {
+		return nil, exitError{2, fmt.Errorf("--upload: %w", err)}
+	}
+	fmt.Fprintf(stderr, "rbscope: pushing profiles every %v to %s as %s\n", cfg.Interval, o.url, up.SeriesName())
+	return up, nil
+}
+
+// finish pushes what up still holds, for at most --upload-timeout, and
+// says what it pushed. A nil up does nothing.
+func (o *uploadOpts) finish(stderr io.Writer, up *upload.Uploader) error {
+	if up == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	err := up.Close(ctx)
+	st := up.Stats()
+	fmt.Fprintf(stderr, "rbscope: pushed %d samples in %d profiles to %s", st.PushedSamples, st.Pushed, o.url)
+	if st.DroppedSamples > 0 {
+		fmt.Fprintf(stderr, "; %d samples dropped", st.DroppedSamples)
+	}
+	fmt.Fprintln(stderr)
+	if err != nil {
+		return fmt.Errorf("upload to %s: %w", o.url, err)
+	}
+	return nil
+}
+
 // uploadRecording pushes the raw recording at path to o.url.
 func (o *uploadOpts) uploadRecording(stderr io.Writer, path string) error {
 	rd, err := recording.Open(path)

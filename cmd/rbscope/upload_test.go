@@ -47,7 +47,7 @@ func upWrite(t *testing.T, t0 time.Time, n int) string {
 
 func TestReportUpload(t *testing.T) {
 	srv := pyroscopetest.Start(t)
-	t0 := time.Now().Add(-5 * time.Minute).Truncate(time.Second)
+	t0 := time.Now().Add(-5 * time.Minute).Truncate(10 * time.Second)
 	path := upWrite(t, t0, 1000)
 	_, stderr, code := run(t, "report", "--input", path, "--upload", srv.URL(), "--tag", "env=ci", "--upload-interval", "2s")
 	if code != 0 || !strings.Contains(stderr, "pushed 1000 samples in 5 profiles to "+srv.URL()+" as shop") {
@@ -118,5 +118,38 @@ func TestDefaultAppName(t *testing.T) {
 		if got := defaultAppName(strings.Fields(cmd)); got != want {
 			t.Errorf("defaultAppName(%q) = %q, want %q", cmd, got, want)
 		}
+	}
+}
+
+// TestLiveUploadHelpers drives the helpers record uses: start, Add, finish.
+func TestLiveUploadHelpers(t *testing.T) {
+	srv := pyroscopetest.Start(t)
+	o := uploadOpts{url: srv.URL(), tags: []string{"env=ci"}, interval: time.Second, timeout: 30 * time.Second}
+	var stderr strings.Builder
+	up, err := o.start(&stderr, 100, []string{"ruby", "/srv/app/worker.rb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Second)
+	for i := range 250 {
+		up.Add(stack.Sample{Time: t0.Add(time.Duration(i) * 10 * time.Millisecond), Pid: 1, TID: 1, ThreadName: "main",
+			Frames: []stack.Frame{{Name: "Worker#run", Path: "/srv/app/worker.rb", Line: 3, Kind: stack.KindRuby}}})
+	}
+	if err := o.finish(&stderr, up); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr.String(), "as worker{env=ci,hostname=") || !strings.Contains(stderr.String(), "pushed 250 samples in 3 profiles") {
+		t.Errorf("stderr %q", stderr.String())
+	}
+	c, err := srv.WaitForTotal(`{service_name="worker", env="ci"}`, t0.Add(-time.Minute), time.Now(), 250, 10*time.Second)
+	if err != nil || c.Self["Worker#run"] != 250 {
+		t.Errorf("server: %v, %v; want 250 samples of Worker#run", c.Self, err)
+	}
+	none := uploadOpts{}
+	if up, err := none.start(&stderr, 100, nil); up != nil || err != nil {
+		t.Errorf("no --upload: %v, %v", up, err)
+	}
+	if err := none.finish(&stderr, nil); err != nil {
+		t.Error(err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/pprof/profile"
 
+	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/stack"
 )
 
@@ -500,5 +501,37 @@ func BenchmarkAdd(b *testing.B) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		_ = u.Close(ctx)
+	})
+}
+
+// BenchmarkEncode measures turning one 10s interval (1000 samples) into a
+// pushed profile against the pprof writer alone (the baseline): the
+// difference is the relabelling for Pyroscope (reparse, rewrite).
+func BenchmarkEncode(b *testing.B) {
+	t0 := time.Unix(1700000000, 0)
+	iv := interval{start: t0, end: t0.Add(10 * time.Second), stamp: t0}
+	for i := range 1000 {
+		iv.samples = append(iv.samples, synth(t0, i))
+	}
+	b.Run("baseline-output-pprof", func(b *testing.B) {
+		for b.Loop() {
+			w, err := output.New("pprof", output.Options{RateHz: 100, Start: t0})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, s := range iv.samples {
+				w.Add(s)
+			}
+			if _, err := w.WriteTo(io.Discard); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encode", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := encodeProfile(iv, 100); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 }
