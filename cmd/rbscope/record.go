@@ -348,24 +348,24 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		defer pauser.Close()
 		ro.Pauser = pauser
 	}
-	var src sampler.Source
-	var tree *sampler.TreeSource
-	if o.subprocesses {
-		tree = sampler.NewTreeSource(pid, proc, sampler.TreeOptions{
-			Ruby: ro, Open: ropts,
-			OnNewProcess: func(p int, rp *ruby.Process) {
-				if p != pid {
-					r.say("recording subprocess %d (Ruby %s)", p, rp.Version())
-				}
-			},
-		})
-		defer tree.Close()
-		src = tree
-	} else {
-		rs := sampler.NewRubySource(proc, ro)
-		defer rs.Close()
-		src = rs
-	}
+	// One source for both modes: it follows the target across exec
+	// (`bundle exec`), and with --subprocesses also its descendants.
+	rootOpened := false
+	tree := sampler.NewTreeSource(pid, proc, sampler.TreeOptions{
+		Ruby: ro, Open: ropts, NoChildren: !o.subprocesses,
+		OnNewProcess: func(p int, rp *ruby.Process) {
+			switch {
+			case p != pid:
+				r.say("recording subprocess %d (Ruby %s)", p, rp.Version())
+			case rootOpened:
+				r.say("process %d exec'd: recording the new program (Ruby %s)", p, rp.Version())
+			default:
+				rootOpened = true
+			}
+		},
+	})
+	defer tree.Close()
+	src := sampler.Source(tree)
 
 	// Raw recording.
 	start := time.Now()
@@ -489,7 +489,7 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
 		r.say("last error: %v", st.LastError)
 	}
-	if tree != nil {
+	if o.subprocesses {
 		if sk := tree.Skipped(); len(sk) > 0 {
 			r.say("%d non-Ruby subprocesses skipped", len(sk))
 		}

@@ -605,3 +605,34 @@ sleep`)
 		}
 	}
 }
+
+// TestRecordFollowsExec: a launched command that execs another Ruby (as
+// `bundle exec` does) is followed: samples from before and after the exec.
+func TestRecordFollowsExec(t *testing.T) {
+	recBinary(t)
+	script := recScript(t, `
+def before_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 1; end
+before_exec
+exec("ruby", "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 1.5; end; after_exec")`)
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "rec.raw.gz")
+	res := recRun(t, "record", "--rate", "100", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw, "--", "ruby", script)
+	if res.err != nil {
+		t.Fatalf("record: %v\n%s", res.err, res.stderr)
+	}
+	_, samples := recReadRaw(t, raw)
+	n := map[string]int{}
+	for _, s := range samples {
+		for _, m := range []string{"Object#before_exec", "Object#after_exec"} {
+			if hasFrame(s, m) {
+				n[m]++
+			}
+		}
+	}
+	if n["Object#before_exec"] < 30 || n["Object#after_exec"] < 40 {
+		t.Errorf("samples by method %v; stderr:\n%s", n, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "exec'd") {
+		t.Errorf("no note of the exec:\n%s", res.stderr)
+	}
+}

@@ -53,20 +53,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		return nil, err
 	}
 	now := time.Now()
-	var threads []stack.Thread
-	var err error
-	if s.pauser != nil {
-		resume, perr := s.pauser.Pause(s.pid)
-		if perr != nil {
-			return nil, fmt.Errorf("pause: %w", perr)
-		}
-		threads, err = s.p.Snapshot()
-		if rerr := resume(); rerr != nil {
-			return nil, fmt.Errorf("resume: %w", rerr)
-		}
-	} else {
-		threads, err = s.p.Snapshot()
-	}
+	threads, err := s.snapshot()
 	if err != nil {
 		return nil, err
 	}
@@ -83,6 +70,25 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		})
 	}
 	return s.out, nil
+}
+
+// snapshot reads every thread's stack, pausing the process around it in
+// blocking mode. The process is resumed however the walk ends (a panic
+// included).
+func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
+	if s.pauser == nil {
+		return s.p.Snapshot()
+	}
+	resume, err := s.pauser.Pause(s.pid)
+	if err != nil {
+		return nil, fmt.Errorf("pause: %w", err)
+	}
+	defer func() {
+		if rerr := resume(); rerr != nil && err == nil {
+			threads, err = nil, fmt.Errorf("resume: %w", rerr)
+		}
+	}()
+	return s.p.Snapshot()
 }
 
 // Close releases the files kept open for reading thread states.

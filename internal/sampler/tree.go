@@ -23,12 +23,17 @@ type TreeOptions struct {
 	// process rbscope can read before it is ignored (3 s when 0). A
 	// process that execs gets another chance.
 	OpenTimeout time.Duration
-	// OnNewProcess, when set, is called when a process is first sampled.
+	// OnNewProcess, when set, is called when a process is first sampled
+	// (and again for a process that exec'd a new Ruby).
 	OnNewProcess func(pid int, p *ruby.Process)
+	// NoChildren samples the root only (still following it across exec,
+	// as `bundle exec` does).
+	NoChildren bool
 }
 
 // TreeSource samples a root process and every Ruby process descending
-// from it, discovered as they appear. Each sample carries its pid. Non-Ruby
+// from it, discovered as they appear (or the root alone, with
+// NoChildren). A process that execs is opened anew. Each sample carries its pid. Non-Ruby
 // processes are skipped (after OpenTimeout of attempts at each rescan).
 // Sampling ends (with target.ErrProcessExited) when the root exits;
 // children that exit are dropped silently.
@@ -130,9 +135,12 @@ func (ts *TreeSource) rescan(now time.Time) error {
 		return target.ErrProcessExited{Pid: ts.root}
 	}
 	ts.check(ts.root, st.Identity(), now)
-	kids, err := proctree.Descendants(ts.root)
-	if err != nil {
-		return err
+	var kids []int
+	if !ts.opts.NoChildren {
+		kids, err = proctree.Descendants(ts.root)
+		if err != nil {
+			return err
+		}
 	}
 	alive := map[int]bool{ts.root: true}
 	for _, pid := range kids {
