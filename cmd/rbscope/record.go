@@ -92,7 +92,7 @@ The recording ends when the first process exits.`,
 	f.StringVar(&o.raw, "raw", "", "raw recording file (default in the user cache directory)")
 	f.BoolVarP(&o.subprocesses, "subprocesses", "s", false, "also record Ruby child processes, including ones started later")
 	f.BoolVar(&o.nonblocking, "nonblocking", false, "do not pause the process while reading its stacks")
-	f.BoolVar(&o.onCPU, "on-cpu", false, "keep only samples of threads that were running on a CPU")
+	f.BoolVar(&o.onCPU, "on-cpu", false, "keep only samples of threads running on a CPU (kernel state R: running or\nwaiting for a CPU; threads that a pause woke up can look runnable for a moment)")
 	f.BoolVar(&o.silent, "silent", false, "print no progress or summary")
 	f.DurationVar(&o.startTimeout, "start-timeout", 10*time.Second, "launch mode: how long Ruby may take to start")
 	f.StringVar(&o.rubyVersion, "ruby-version", "", "Ruby version to assume when it cannot be detected (e.g. 3.1.2)")
