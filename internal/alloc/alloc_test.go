@@ -455,3 +455,45 @@ func TestNoProbes(t *testing.T) {
 		t.Fatalf("PlanFor(sleep) = %v, want ErrNoProbes", err)
 	}
 }
+
+// TestSymbolsFallback counts through the allocation functions and
+// Class#new (what a Ruby without USDT probes offers), naming classes with
+// the Ruby walker: classes only, no file:line.
+func TestSymbolsFallback(t *testing.T) {
+	needBPF(t)
+	const n = 2000
+	p := startRuby(t, script(t, "alloc.rb"), fmt.Sprint(n))
+	p.expect(t, "ready")
+	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{ForceSymbols: true})
+	if tr.Plan().Mode != "symbols" {
+		t.Fatalf("mode %q", tr.Plan().Mode)
+	}
+	p.send(t)
+	p.expect(t, "done")
+	r, err := tr.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for class, want := range map[string]uint64{"Widget": n, "Gadget": 2 * n, "Outer::Inner": n / 2} {
+		if got := classCount(r, class); got != want {
+			t.Errorf("class %s: %d, want %d", class, got, want)
+		}
+	}
+	// Builtins: within 2% (alloc.rb's own handshake allocates a few).
+	for class, want := range map[string]uint64{"String": 3*n - 10, "Array": n + n/10, "Hash": n / 4} {
+		got := classCount(r, class)
+		if d := float64(got)/float64(want) - 1; d > 0.02 || d < -0.02 {
+			t.Errorf("class %s: %d, want %d", class, got, want)
+		}
+	}
+	for _, s := range r.BySite {
+		if s.Path != "" || s.Line != 0 {
+			t.Errorf("symbols mode reported a site %s:%d", s.Path, s.Line)
+		}
+	}
+	if t.Failed() {
+		for _, c := range r.ByClass {
+			t.Logf("%d %s", c.Count, c.Class)
+		}
+	}
+}

@@ -60,6 +60,7 @@ type allocSiteKey struct {
 const (
 	allocMapClasses         = "classes"
 	allocMapGcStart         = "gc_start"
+	allocMapPendingNew      = "pending_new"
 	allocMapProbeSpecs      = "probe_specs"
 	allocMapSites           = "sites"
 	allocMapStats           = "stats"
@@ -121,6 +122,7 @@ type allocProgramSpecs struct {
 type allocMapSpecs struct {
 	Classes    *ebpf.MapSpec `ebpf:"classes"`
 	GcStart    *ebpf.MapSpec `ebpf:"gc_start"`
+	PendingNew *ebpf.MapSpec `ebpf:"pending_new"`
 	ProbeSpecs *ebpf.MapSpec `ebpf:"probe_specs"`
 	Sites      *ebpf.MapSpec `ebpf:"sites"`
 	Stats      *ebpf.MapSpec `ebpf:"stats"`
@@ -156,6 +158,7 @@ func (o *allocObjects) Close() error {
 type allocMaps struct {
 	Classes    *ebpf.Map `ebpf:"classes"`
 	GcStart    *ebpf.Map `ebpf:"gc_start"`
+	PendingNew *ebpf.Map `ebpf:"pending_new"`
 	ProbeSpecs *ebpf.Map `ebpf:"probe_specs"`
 	Sites      *ebpf.Map `ebpf:"sites"`
 	Stats      *ebpf.Map `ebpf:"stats"`
@@ -165,6 +168,7 @@ func (m *allocMaps) Close() error {
 	return _AllocClose(
 		m.Classes,
 		m.GcStart,
+		m.PendingNew,
 		m.ProbeSpecs,
 		m.Sites,
 		m.Stats,

@@ -24,6 +24,7 @@ const (
 	KindString      Kind = 4 // ruby:string__create(length, file, line)
 	KindSymbol      Kind = 5 // ruby:symbol__create(str, file, line)
 	KindNewobj      Kind = 6 // entry of an allocation function: klass VALUE
+	KindClassNew    Kind = 7 // entry of Class#new (counted as KindNewobj)
 	KindGCMarkBegin Kind = 16
 	KindGCMarkEnd   Kind = 17
 	KindGCSwpBegin  Kind = 18
@@ -84,11 +85,19 @@ var ErrNoProbes = errors.New("this Ruby has neither USDT probes (built without -
 var newobjFuncs = []struct {
 	name string
 	reg  string
+	kind Kind
 }{
-	{"rb_wb_protected_newobj_of", "rdi"},
-	{"rb_wb_unprotected_newobj_of", "rdi"},
-	{"rb_ec_wb_protected_newobj_of", "rsi"},
-	{"rb_newobj_of", "rdi"},
+	{"rb_wb_protected_newobj_of", "rdi", KindNewobj},
+	{"rb_wb_unprotected_newobj_of", "rdi", KindNewobj},
+	{"rb_ec_wb_protected_newobj_of", "rsi", KindNewobj},
+	{"rb_newobj_of", "rdi", KindNewobj},
+	// Class#new and its C API: T_OBJECT allocation is inlined in Ruby's
+	// gc.c, so objects of Ruby classes are counted here (and the
+	// allocation-function call that may follow for the same klass on the
+	// same thread is not counted again).
+	{"rb_class_new_instance_pass_kw", "rdx", KindClassNew},
+	{"rb_class_new_instance_kw", "rdx", KindClassNew},
+	{"rb_class_new_instance", "rdx", KindClassNew},
 }
 
 // PlanFor finds the Ruby binary mapped into the target (the executable or
@@ -221,7 +230,7 @@ func planBinary(path, host string, forceSymbols bool) (*Plan, error) {
 		if err != nil {
 			return nil, err
 		}
-		plan.Sites = append(plan.Sites, Site{Kind: KindNewobj, Name: fn.name, Offset: off, Args: []usdt.Arg{arg}})
+		plan.Sites = append(plan.Sites, Site{Kind: fn.kind, Name: fn.name, Offset: off, Args: []usdt.Arg{arg}})
 	}
 	if len(plan.Sites) == 0 {
 		return nil, nil

@@ -29,6 +29,7 @@ enum kind {
 	KIND_STRING = 4, /* string__create(long length, file, line) */
 	KIND_SYMBOL = 5, /* symbol__create(const char *str, file, line) */
 	KIND_NEWOBJ = 6, /* newobj function entry: arg 0 is the klass VALUE */
+	KIND_CLASS_NEW = 7, /* Class#new entry (rb_class_new_instance*): klass */
 	KIND_GC_MARK_BEGIN = 16,
 	KIND_GC_MARK_END = 17,
 	KIND_GC_SWEEP_BEGIN = 18,
@@ -126,6 +127,18 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } gc_start SEC(".maps");
+
+/* Symbols mode: the klass each thread's Class#new is allocating. Its
+ * allocator may call an allocation function we also hook (String.new ->
+ * rb_wb_protected_newobj_of(String)); that call is the same object and is
+ * not counted again. T_OBJECT allocators are inlined and call nothing we
+ * hook, so Class#new is where those objects are counted at all. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u64);
+} pending_new SEC(".maps");
 
 static __always_inline void stat_add(__u32 slot, __u64 v)
 {
@@ -228,17 +241,32 @@ static __always_inline int handle(struct pt_regs *ctx)
 		return 0;
 	}
 
-	stat_add(STAT_EVENTS, 1);
-	if (sample_period > 1 && bpf_get_prandom_u32() % sample_period != 0)
-		return 0;
-	stat_add(STAT_SAMPLED, 1);
-
 	__u64 a0 = 0, a1 = 0, a2 = 0;
 	if (read_arg(ctx, &spec->args[0], &a0) || read_arg(ctx, &spec->args[1], &a1) ||
 	    read_arg(ctx, &spec->args[2], &a2)) {
 		stat_add(STAT_ARG_ERRORS, 1);
 		return 0;
 	}
+
+	/* Before sampling, so that the pairing holds whatever is sampled. */
+	if (kind == KIND_CLASS_NEW || kind == KIND_NEWOBJ) {
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
+		if (kind == KIND_CLASS_NEW) {
+			bpf_map_update_elem(&pending_new, &tid, &a0, BPF_ANY);
+			kind = KIND_NEWOBJ;
+		} else {
+			__u64 *p = bpf_map_lookup_elem(&pending_new, &tid);
+			if (p && *p == a0) {
+				*p = 0;
+				return 0;
+			}
+		}
+	}
+
+	stat_add(STAT_EVENTS, 1);
+	if (sample_period > 1 && bpf_get_prandom_u32() % sample_period != 0)
+		return 0;
+	stat_add(STAT_SAMPLED, 1);
 
 	struct site_key sk = {};
 	struct class_key ck = {};

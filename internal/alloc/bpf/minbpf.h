@@ -19,6 +19,7 @@ typedef signed long long __s64;
 #define BPF_MAP_TYPE_ARRAY 2
 #define BPF_MAP_TYPE_PERCPU_HASH 5
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
+#define BPF_MAP_TYPE_LRU_HASH 9
 
 /* map_flags */
 #define BPF_F_NO_PREALLOC 1
