@@ -497,3 +497,35 @@ func TestSymbolsFallback(t *testing.T) {
 		}
 	}
 }
+
+// TestDutyCycle: attached half of every 200 ms, the probes' semaphore is
+// seen both raised and dropped, and the report is an estimate scaled by
+// elapsed/attached time.
+func TestDutyCycle(t *testing.T) {
+	needBPF(t)
+	p := startRuby(t, script(t, "alloc.rb"), "10")
+	p.expect(t, "ready")
+	pid := p.cmd.Process.Pid
+	tr := attachOrSkip(t, pid, Options{DutyCycle: 0.5, DutyWindow: 200 * time.Millisecond})
+	seen := map[uint16]bool{}
+	start := time.Now()
+	deadline := start.Add(5 * time.Second)
+	for time.Now().Before(deadline) && (!(seen[0] && seen[1]) || time.Since(start) < 1200*time.Millisecond) {
+		seen[semaphore(t, pid, tr.Plan())] = true
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !seen[0] || !seen[1] {
+		t.Errorf("semaphore values seen in 5s: %v, want both 0 and 1", seen)
+	}
+	r, err := tr.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Estimated || r.Scale < 1.5 || r.Scale > 3 {
+		t.Errorf("estimated %v scale %v, want true and about 2", r.Estimated, r.Scale)
+	}
+	tr.Close()
+	if got := semaphore(t, pid, tr.Plan()); got != 0 {
+		t.Errorf("semaphore %d after Close", got)
+	}
+}
