@@ -38,8 +38,8 @@ c = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
 puts "elapsed=#{Process.clock_gettime(Process::CLOCK_MONOTONIC) - t} cpu=#{Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - c}"
 EOF
 
-echo "== 1. per-sample cost (go test -bench Sample ./internal/sampler/)"
-go test -run XXX -bench Sample -benchtime 2s ./internal/sampler/ | grep '^Benchmark' |
+echo "== 1. per-sample cost (go test -bench 'Sample|RunOverhead' ./internal/sampler/)"
+go test -run XXX -bench 'Sample|RunOverhead' -benchtime 2s ./internal/sampler/ | grep '^Benchmark' |
   awk '{ns[$1]=$3; print} END {
     for (k in ns) { if (k ~ /ReadBaseline/) base = ns[k] }
     for (k in ns) { if (k !~ /ReadBaseline/ && base > 0) printf "   %-40s %8.0f x one 8-byte read\n", k, ns[k] / base }
