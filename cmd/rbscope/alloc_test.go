@@ -277,3 +277,50 @@ func TestAllocBadFlags(t *testing.T) {
 	_, stderr, code = run(t, "alloc", "--pid", "1", "--duty-cycle", "2")
 	oneLineError(t, stderr, code, "--duty-cycle 2 is not between 0 and 1")
 }
+
+// TestAllocLiveView draws the terminal view twice: the second draw moves
+// the cursor back over the first, and rates are per second since the last
+// draw.
+func TestAllocLiveView(t *testing.T) {
+	var b bytes.Buffer
+	v := newLiveView(&b, true, false)
+	r1 := &alloc.Report{Pid: 7, Duration: time.Second,
+		ByClass: []alloc.ClassCount{{Class: "Widget", Count: 100}},
+		BySite:  []alloc.SiteCount{{Class: "Widget", Path: "/app.rb", Line: 3, Count: 100}}}
+	r2 := &alloc.Report{Pid: 7, Duration: 3 * time.Second,
+		ByClass: []alloc.ClassCount{{Class: "Widget", Count: 500}, {Class: "String", Count: 40}},
+		BySite:  []alloc.SiteCount{{Class: "Widget", Path: "/app.rb", Line: 3, Count: 500}, {Class: "String", Path: "", Line: 0, Count: 40}}}
+	v.draw(r1, nil)
+	first := b.String()
+	if strings.Contains(first, "\x1b[") {
+		t.Errorf("first draw moves the cursor: %q", first)
+	}
+	if !strings.Contains(first, "         100        100  Widget\n") || !strings.Contains(first, "/app.rb:3:Widget") {
+		t.Errorf("first draw:\n%s", first)
+	}
+	b.Reset()
+	v.draw(r2, r1)
+	second := b.String()
+	// 5 lines drawn before: header, class header, 1 class, site header, 1 site.
+	if !strings.HasPrefix(second, "\x1b[5A\x1b[J") {
+		t.Errorf("second draw does not redraw in place: %q", second)
+	}
+	// Widget: 400 more in 2 s = 200/s; String: 40 new = 20/s.
+	for _, want := range []string{"         500        200  Widget\n", "          40         20  String\n", "(unknown):0:String", "540 allocations", "220/s"} {
+		if !strings.Contains(second, want) {
+			t.Errorf("second draw lacks %q:\n%s", want, second)
+		}
+	}
+	// Not a terminal: one plain line per draw.
+	b.Reset()
+	plain := newLiveView(&b, false, false)
+	plain.draw(r2, r1)
+	if got := b.String(); got != "rbscope alloc: 3s 540 allocations, 220/s; top: Widget 500, String 40\n" {
+		t.Errorf("plain line %q", got)
+	}
+	b.Reset()
+	newLiveView(&b, false, true).draw(r2, r1)
+	if b.Len() != 0 {
+		t.Errorf("--silent drew %q", b.String())
+	}
+}
