@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rbscope/rbscope/internal/postmortem"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -70,8 +69,7 @@ func openTarget(pid int, core, exe string) (target.Target, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open core file %s: %w", core, err)
 		}
-		// A crashed Ruby process's core maps its binaries twice.
-		return postmortem.WithoutStrayMappings(t), nil
+		return t, nil
 	}
 	return nil, errors.New("no target: give --pid PID or --core FILE")
 }

@@ -543,7 +543,7 @@ func readStacks(path, sysRoot string, maxCore int64, r *Report) (notRuby bool, e
 			r.Mappings = mappingsJSON(ms)
 		}
 	}
-	p, err := ruby.Open(WithoutStrayMappings(t), ruby.Options{})
+	p, err := ruby.Open(t, ruby.Options{})
 	if err != nil {
 		if errors.Is(err, ruby.ErrNotRuby) {
 			return true, err

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rbscope/rbscope/internal/target"
 )
 
 func TestParseArgs(t *testing.T) {
@@ -104,24 +103,6 @@ func TestInstallFile(t *testing.T) {
 	}
 	if _, err := Uninstall(dir, pf); err == nil {
 		t.Error("a second uninstall succeeded")
-	}
-}
-
-// TestDropStray uses the libruby mappings of a real kernel core of a Ruby
-// process that crashed through rb_bug.
-func TestDropStray(t *testing.T) {
-	const lib = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1.2"
-	ms := []target.Mapping{
-		{Start: 0x7f5b0bc00000, End: 0x7f5b0bfb0000, Offset: 0, Path: lib}, // the crash reporter's
-		{Start: 0x7f5b0c000000, End: 0x7f5b0c021000},
-		{Start: 0x7f5b14000000, End: 0x7f5b14033000, Offset: 0, Path: lib},
-		{Start: 0x7f5b14033000, End: 0x7f5b1428c000, Offset: 0x33000, Path: lib},
-		{Start: 0x7f5b1428c000, End: 0x7f5b143a4000, Offset: 0x28c000, Path: lib},
-		{Start: 0x7f5b20000000, End: 0x7f5b20001000, Offset: 0, Path: "/lone.so"},
-	}
-	got := dropStray(ms)
-	if len(got) != len(ms)-1 || got[1].Start != 0x7f5b14000000 || got[4].Path != "/lone.so" {
-		t.Errorf("%+v", got)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/layout"
@@ -65,9 +66,17 @@ func snapshotWith(t *testing.T, pid int, opts Options) ([]stack.Thread, *Process
 	if err != nil {
 		return nil, nil
 	}
-	ths, err := p.Snapshot()
-	if err != nil {
-		return nil, p
+	// Wait until every thread sits in Kernel#sleep, so that two snapshots
+	// of the same process compare equal.
+	var ths []stack.Thread
+	for i := 0; i < 100; i++ {
+		if ths, err = p.Snapshot(); err != nil {
+			return nil, p
+		}
+		if allSleeping(ths) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	return ths, p
 }

@@ -235,6 +235,15 @@ func looksLikeRuby(path string, syms elfx.Symbols) bool {
 }
 
 func firstMapping(maps []target.Mapping, path string) (start, off uint64, ok bool) {
+	// Ruby's crash reporter maps each binary a second time, whole and
+	// read-only, to print its C backtrace; the loader's mapping is the one
+	// at offset 0 that the file's next segment directly follows.
+	for i, m := range maps {
+		if m.Path == path && m.Offset == 0 && i+1 < len(maps) &&
+			maps[i+1].Path == path && maps[i+1].Start == m.End && maps[i+1].Offset > 0 {
+			return m.Start, 0, true
+		}
+	}
 	for _, m := range maps {
 		if m.Path == path {
 			if !ok || m.Offset < off {
