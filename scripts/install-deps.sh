@@ -11,6 +11,7 @@ packages=(
   pahole               # reference struct layouts for DWARF tests
   valgrind             # callgrind_annotate reads our callgrind output
   gdb                  # gcore: core dumps of live rubies for the core-file target tests
+  zstd bzip2 xz-utils lz4 # compressed cores (systemd-coredump stores zstd) in the core-file target tests
   clang llvm           # regenerates the eBPF objects (bpf2go)
   elfutils             # eu-readelf for note checks
   procps psmisc        # ps, pkill in tests and scripts

@@ -23,7 +23,7 @@ type CoreOptions struct {
 	// are looked up ("/" when empty), e.g. a copy of the machine's root
 	// file system where the core was taken.
 	SysRoot string
-	// MaxDecompressed caps the size of a gzip-compressed core once
+	// MaxDecompressed caps the size of a compressed core once
 	// decompressed (DefaultMaxDecompressed when 0).
 	MaxDecompressed int64
 }
@@ -98,8 +98,9 @@ type coreThread struct {
 	regs Registers
 }
 
-// OpenCore opens the ELF core file path (x86_64; plain or gzip-compressed,
-// decompressed to an unlinked temporary file) as a Target. Memory reads
+// OpenCore opens the ELF core file path (x86_64; plain, or compressed with
+// gzip, zstd as systemd-coredump stores cores, or bzip2: decompressed to an
+// unlinked temporary file) as a Target. Memory reads
 // are served from the core's PT_LOAD segments, and for file-backed pages
 // the core does not hold, from the mapped files under opts.SysRoot
 // (opts.Exe for the executable) when their first page matches the core's
@@ -116,18 +117,21 @@ func OpenCore(path string, opts CoreOptions) (Target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open core: %w", err)
 	}
-	var magic [2]byte
-	if n, _ := f.ReadAt(magic[:], 0); n == 2 && magic == [2]byte{0x1f, 0x8b} {
-		plain, err := gunzipToTemp(f, path, opts.MaxDecompressed)
+	var cut *cutShort
+	if kind := compression(f); kind != "" {
+		plain, short, err := decompressToTemp(f, kind, path, opts.MaxDecompressed)
 		f.Close()
 		if err != nil {
 			return nil, err
 		}
-		f = plain
+		f, cut = plain, short
 	}
 	c, err := newCore(f, path, opts)
 	if err != nil {
 		f.Close()
+		if cut != nil {
+			return nil, cut.explain(path, err)
+		}
 		return nil, err
 	}
 	return c, nil
@@ -165,7 +169,7 @@ func (c *core) readHeaders() ([][]byte, error) {
 		return nil, fmt.Errorf("read ELF header of %s: %w", c.name, err)
 	}
 	if n < 4 || string(h[:4]) != "\x7fELF" {
-		return nil, fmt.Errorf("%s is not an ELF core file (nor a gzip-compressed one): "+
+		return nil, fmt.Errorf("%s is not an ELF core file (nor a compressed one): "+
 			"pass a core dump made by gcore or the kernel", c.name)
 	}
 	if n < elfHeaderSize {

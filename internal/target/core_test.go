@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -410,5 +411,61 @@ func TestCoreConcurrentReads(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatalf("concurrent read: %v", err)
 		}
+	}
+}
+
+// TestCoreCompressed compresses the tiny core with the real tools: zstd
+// (systemd-coredump's format) and bzip2 read like the plain core, cut
+// short they read as partial cores or say truncated; xz and lz4 are named
+// with the command that decompresses them.
+func TestCoreCompressed(t *testing.T) {
+	raw := defaultTinyCore().bytes()
+	plainPath := writeTiny(t, raw)
+	root := tinySysroot(t)
+	plain := openTiny(t, defaultTinyCore(), CoreOptions{SysRoot: root})
+	want, _ := plain.Mappings()
+	for _, c := range []struct {
+		tool, suffix string
+		readable     bool
+	}{{"zstd", ".zst", true}, {"bzip2", ".bz2", true}, {"xz", ".xz", false}, {"lz4", ".lz4", false}} {
+		t.Run(c.tool, func(t *testing.T) {
+			if _, err := exec.LookPath(c.tool); err != nil {
+				t.Skipf("%s not installed: %v", c.tool, err)
+			}
+			out := filepath.Join(t.TempDir(), "core"+c.suffix)
+			if b, err := exec.Command(c.tool, "-c", plainPath).Output(); err != nil {
+				t.Fatalf("%s: %v", c.tool, err)
+			} else if err := os.WriteFile(out, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tg, err := OpenCore(out, CoreOptions{SysRoot: root})
+			if !c.readable {
+				if err == nil || !strings.Contains(err.Error(), c.tool+" -dk "+out) {
+					t.Errorf("OpenCore: %v; want an error saying %s -dk", err, c.tool)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tg.Close()
+			if got, _ := tg.Mappings(); !reflect.DeepEqual(got, want) {
+				t.Errorf("mappings differ from the plain core's")
+			}
+			checkPattern(t, tg, tinyLibBase, 0x4000)
+			if _, err := OpenCore(out, CoreOptions{MaxDecompressed: int64(len(raw) / 2)}); err == nil ||
+				!strings.Contains(err.Error(), "MaxDecompressed") {
+				t.Errorf("over the cap: %v", err)
+			}
+			// Cut short.
+			b, _ := os.ReadFile(out)
+			cut := filepath.Join(t.TempDir(), "cut"+c.suffix)
+			os.WriteFile(cut, b[:len(b)*2/3], 0o600)
+			if tg, err := OpenCore(cut, CoreOptions{}); err == nil {
+				tg.Close()
+			} else if !strings.Contains(err.Error(), c.tool+"-compressed core "+cut+" is truncated") {
+				t.Errorf("cut %s: %v", c.tool, err)
+			}
+		})
 	}
 }
