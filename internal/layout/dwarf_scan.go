@@ -42,7 +42,7 @@ type scanAttr struct {
 type scanAbbrev struct {
 	tag      uint64
 	children bool
-	attrs    []scanAttr
+	first, n int // attributes: scanner.attrStore[first : first+n]
 }
 
 // scanner holds what the pre-scan reuses across units.
@@ -54,7 +54,10 @@ type scanner struct {
 	lastTable []scanAbbrev
 	lastCross bool
 	curCross  bool // the current unit's table uses DW_FORM_ref_addr
+	attrStore []scanAttr
 }
+
+func (s *scanner) attrs(a scanAbbrev) []scanAttr { return s.attrStore[a.first : a.first+a.n] }
 
 // parseAbbrevTable decodes the abbreviation table at off, indexed by code
 // (gcc and clang number codes densely from 1).
@@ -67,7 +70,10 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 		return nil, fmt.Errorf("abbrev offset %d outside .debug_abbrev", off)
 	}
 	b := buf{data: s.abbrev, off: int(off)}
-	var t []scanAbbrev
+	// Reuse the previous table's memory: only one table is kept.
+	t := s.lastTable[:0]
+	attrs := s.attrStore[:0]
+	s.lastTable = nil
 	for {
 		code := b.uleb()
 		if b.err != nil {
@@ -82,6 +88,7 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 		var a scanAbbrev
 		a.tag = b.uleb()
 		a.children = b.u8() != 0
+		start := len(attrs)
 		for {
 			at, form := b.uleb(), b.uleb()
 			if b.err != nil {
@@ -96,13 +103,15 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 			if form == formRefAddr || form == formIndirect || form == formGNURefAlt {
 				cross = true
 			}
-			a.attrs = append(a.attrs, scanAttr{at, form})
+			attrs = append(attrs, scanAttr{at, form})
 		}
+		a.first, a.n = start, len(attrs)-start
 		for uint64(len(t)) <= code {
 			t = append(t, scanAbbrev{})
 		}
 		t[code] = a
 	}
+	s.attrStore = attrs
 	s.lastOff, s.lastTable, s.lastCross = off, t, cross
 	return t, nil
 }
@@ -161,7 +170,7 @@ func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]St
 	}
 	cu := table[code]
 	var strOffBase uint64
-	for _, a := range cu.attrs {
+	for _, a := range s.attrs(cu) {
 		if a.attr == atStrOffsetsBase && a.form == 0x17 {
 			strOffBase = b.offset(offSize)
 			continue
@@ -186,10 +195,10 @@ func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]St
 		}
 		a := table[code]
 		interesting := depth == 1 && (a.tag == tagStruct || a.tag == tagUnion || a.tag == tagTypedef)
-		var name string
+		var name []byte
 		decl := false
 		sibling := -1
-		for _, at := range a.attrs {
+		for _, at := range s.attrs(a) {
 			switch {
 			case interesting && at.attr == atName:
 				name, err = sc.name(at.form)
@@ -207,8 +216,8 @@ func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]St
 				}
 			}
 		}
-		if interesting && !decl && name != "" && want[name] {
-			if _, ok := done[name]; !ok {
+		if interesting && !decl && len(name) > 0 && want[string(name)] {
+			if _, ok := done[string(name)]; !ok {
 				return true, nil
 			}
 		}
@@ -248,8 +257,9 @@ func (d *dieScan) fixed(form uint64) uint64 {
 	return d.b.u64()
 }
 
-// name decodes a DW_AT_name value; forms it cannot resolve give "".
-func (d *dieScan) name(form uint64) (string, error) {
+// name decodes a DW_AT_name value, without copying; forms it cannot
+// resolve give nil.
+func (d *dieScan) name(form uint64) ([]byte, error) {
 	b := d.b
 	switch form {
 	case formString:
@@ -258,10 +268,10 @@ func (d *dieScan) name(form uint64) (string, error) {
 			b.off++
 		}
 		if b.off >= len(b.data) {
-			return "", errors.New("unterminated string")
+			return nil, errors.New("unterminated string")
 		}
 		b.off++
-		return string(b.data[start : b.off-1]), nil
+		return b.data[start : b.off-1], nil
 	case formStrp:
 		return cstr(d.s.str, b.offset(d.offSize)), nil
 	case formLineStrp:
@@ -282,7 +292,7 @@ func (d *dieScan) name(form uint64) (string, error) {
 		}
 		p := d.strOffBase + idx*uint64(d.offSize)
 		if p+uint64(d.offSize) > uint64(len(d.s.strOffsets)) || p < d.strOffBase {
-			return "", nil
+			return nil, nil
 		}
 		var so uint64
 		if d.offSize == 8 {
@@ -292,18 +302,18 @@ func (d *dieScan) name(form uint64) (string, error) {
 		}
 		return cstr(d.s.str, so), nil
 	}
-	return "", d.skip(form)
+	return nil, d.skip(form)
 }
 
-func cstr(sec []byte, off uint64) string {
+func cstr(sec []byte, off uint64) []byte {
 	if off >= uint64(len(sec)) {
-		return ""
+		return nil
 	}
 	end := off
 	for end < uint64(len(sec)) && sec[end] != 0 {
 		end++
 	}
-	return string(sec[off:end])
+	return sec[off:end]
 }
 
 // skip steps over one attribute value of the given form.
