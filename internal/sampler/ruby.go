@@ -60,6 +60,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	s.out = s.out[:0]
 	for i := range threads {
 		th := &threads[i]
+		s.states.note(th.TID)
 		s.out = append(s.out, stack.Sample{
 			Time:       now,
 			Pid:        s.pid,
@@ -101,13 +102,22 @@ func (s *RubySource) Close() error {
 // /proc/PID/task/TID/stat, keeping each file open and re-reading it with
 // pread (procfs regenerates the contents at offset 0).
 type taskStates struct {
-	pid   int
-	dir   string
-	files map[int]*os.File
-	cur   map[int]byte
-	seen  map[int]bool
-	buf   []byte
+	pid      int
+	dir      string
+	files    map[int]*os.File
+	cur      map[int]byte
+	seen     map[int]bool
+	buf      []byte
+	listed   time.Time // when the thread list was last read
+	relist   bool      // a thread unknown to the list was seen
+	tids     []int
 }
+
+// relistEvery bounds how long a thread list is reused. Listing
+// /proc/PID/task costs as much as reading a few threads' states, so it is
+// done only this often, or when the walker reports a thread the list
+// does not have (a new thread's first sample then has no state).
+const relistEvery = 100 * time.Millisecond
 
 func newTaskStates(pid int) *taskStates {
 	return &taskStates{
@@ -118,6 +128,50 @@ func newTaskStates(pid int) *taskStates {
 }
 
 func (ts *taskStates) refresh() error {
+	if ts.relist || time.Since(ts.listed) >= relistEvery {
+		if err := ts.list(); err != nil {
+			return err
+		}
+	}
+	alive := 0
+	for _, tid := range ts.tids {
+		f := ts.files[tid]
+		if f == nil {
+			continue
+		}
+		k, err := f.ReadAt(ts.buf, 0)
+		if k == 0 && err != nil {
+			// The thread exited.
+			f.Close()
+			delete(ts.files, tid)
+			delete(ts.cur, tid)
+			continue
+		}
+		alive++
+		ts.cur[tid] = stateLetter(ts.buf[:k])
+	}
+	if alive == 0 {
+		// Every thread gone: the process exited, or the list is stale.
+		if err := ts.list(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// note tells the cache which threads the walker saw; an unknown one
+// makes the next refresh re-list the threads.
+func (ts *taskStates) note(tid int) {
+	if tid != 0 && ts.files[tid] == nil {
+		ts.relist = true
+	}
+}
+
+// list re-reads the thread list, opening the stat file of new threads
+// and closing those of exited ones.
+func (ts *taskStates) list() error {
+	ts.listed = time.Now()
+	ts.relist = false
 	d, err := os.Open(ts.dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -134,28 +188,21 @@ func (ts *taskStates) refresh() error {
 		return target.ErrProcessExited{Pid: ts.pid}
 	}
 	clear(ts.seen)
+	ts.tids = ts.tids[:0]
 	for _, n := range names {
 		tid, err := strconv.Atoi(n)
 		if err != nil {
 			continue
 		}
 		ts.seen[tid] = true
-		f := ts.files[tid]
-		if f == nil {
-			f, err = os.Open(ts.dir + n + "/stat")
+		if ts.files[tid] == nil {
+			f, err := os.Open(ts.dir + n + "/stat")
 			if err != nil {
 				continue // exited meanwhile
 			}
 			ts.files[tid] = f
 		}
-		k, err := f.ReadAt(ts.buf, 0)
-		if k == 0 && err != nil {
-			f.Close()
-			delete(ts.files, tid)
-			delete(ts.cur, tid)
-			continue
-		}
-		ts.cur[tid] = stateLetter(ts.buf[:k])
+		ts.tids = append(ts.tids, tid)
 	}
 	for tid, f := range ts.files {
 		if !ts.seen[tid] {
