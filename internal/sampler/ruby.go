@@ -102,15 +102,15 @@ func (s *RubySource) Close() error {
 // /proc/PID/task/TID/stat, keeping each file open and re-reading it with
 // pread (procfs regenerates the contents at offset 0).
 type taskStates struct {
-	pid      int
-	dir      string
-	files    map[int]*os.File
-	cur      map[int]byte
-	seen     map[int]bool
-	buf      []byte
-	listed   time.Time // when the thread list was last read
-	relist   bool      // a thread unknown to the list was seen
-	tids     []int
+	pid    int
+	dir    string
+	files  map[int]*os.File
+	cur    map[int]byte
+	seen   map[int]bool
+	buf    []byte
+	listed time.Time // when the thread list was last read
+	relist bool      // a thread unknown to the list was seen
+	tids   []int
 }
 
 // relistEvery bounds how long a thread list is reused. Listing
