@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // smallTinyCore is the default tiny core holding 64 bytes of each segment,
@@ -30,7 +32,11 @@ func fuzzSeeds() map[string][]byte {
 	zw := gzip.NewWriter(&z)
 	zw.Write(small)
 	zw.Close()
+	zs, _ := zstd.NewWriter(nil)
+	zst := zs.EncodeAll(small, nil)
+	zs.Close()
 	return map[string][]byte{
+		"tiny-zstd": zst,
 		"tiny":      small,
 		"tiny-xnum": xnum.bytes(),
 		"tiny-gzip": z.Bytes(),
