@@ -171,17 +171,18 @@ func noteBuildID(r io.Reader) string {
 // notes, or "".
 func BuildIDFromNotes(data []byte) string {
 	for len(data) >= 12 {
-		namesz := binary.LittleEndian.Uint32(data[0:])
-		descsz := binary.LittleEndian.Uint32(data[4:])
+		// Sizes are 32-bit in the file; do the arithmetic in 64 bits so a
+		// crafted size cannot wrap around.
+		namesz := uint64(binary.LittleEndian.Uint32(data[0:]))
+		descsz := uint64(binary.LittleEndian.Uint32(data[4:]))
 		typ := binary.LittleEndian.Uint32(data[8:])
-		nameEnd := 12 + uint64((namesz+3)&^3)
-		descEnd := nameEnd + uint64((descsz+3)&^3)
-		if descEnd > uint64(len(data)) || nameEnd > uint64(len(data)) {
+		nameEnd := 12 + (namesz+3)&^3
+		descEnd := nameEnd + (descsz+3)&^3
+		if nameEnd > uint64(len(data)) || descEnd > uint64(len(data)) || nameEnd+descsz > uint64(len(data)) {
 			return ""
 		}
-		name := data[12 : 12+namesz]
-		if typ == 3 && namesz == 4 && string(name) == "GNU\x00" && nameEnd+uint64(descsz) <= uint64(len(data)) {
-			return hex.EncodeToString(data[nameEnd : nameEnd+uint64(descsz)])
+		if typ == 3 && namesz == 4 && string(data[12:16]) == "GNU\x00" {
+			return hex.EncodeToString(data[nameEnd : nameEnd+descsz])
 		}
 		data = data[descEnd:]
 	}

@@ -60,3 +60,21 @@ func FuzzOpen(f *testing.F) {
 		Open(bytes.NewReader(data))
 	})
 }
+
+func TestBuildIDFromNotes(t *testing.T) {
+	note := []byte{4, 0, 0, 0, 4, 0, 0, 0, 3, 0, 0, 0, 'G', 'N', 'U', 0, 0xde, 0xad, 0xbe, 0xef}
+	if got := BuildIDFromNotes(note); got != "deadbeef" {
+		t.Errorf("build id %q, want deadbeef", got)
+	}
+	// A namesz that wraps a 32-bit sum must not panic.
+	crafted := []byte{0xfe, 0xff, 0xff, 0xff, 4, 0, 0, 0, 3, 0, 0, 0, 'G', 'N', 'U', 0}
+	if got := BuildIDFromNotes(crafted); got != "" {
+		t.Errorf("crafted note gave %q", got)
+	}
+}
+
+func FuzzBuildIDFromNotes(f *testing.F) {
+	f.Add([]byte{4, 0, 0, 0, 4, 0, 0, 0, 3, 0, 0, 0, 'G', 'N', 'U', 0, 1, 2, 3, 4})
+	f.Add([]byte{0xfe, 0xff, 0xff, 0xff, 4, 0, 0, 0, 3, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, data []byte) { BuildIDFromNotes(data) })
+}
