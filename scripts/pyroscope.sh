@@ -40,18 +40,20 @@ build() {
     return 0
   fi
   mkdir -p "$cache"
-  echo "pyroscope.sh: building pyroscope $version into $cache (a few minutes when cold)" >&2
-  local tmp="$bin.tmp.$$"
-  # A lock so parallel test packages do not build it twice at once.
-  exec 9>"$cache/build.lock"
-  flock 9
-  if [ -x "$bin" ] && [ "$(cat "$cache/stamp" 2>/dev/null)" = "$want" ]; then
-    return 0
-  fi
-  (cd "$mod" && GOFLAGS=-mod=readonly go build -trimpath -o "$tmp" github.com/grafana/pyroscope/cmd/pyroscope)
-  mv -f "$tmp" "$bin"
-  echo "$want" >"$cache/stamp"
-  exec 9>&-
+  # Locked in a subshell (the lock goes with it), so parallel test packages
+  # do not build it twice at once and a server started by `run` does not
+  # inherit the lock.
+  (
+    flock 9
+    if [ -x "$bin" ] && [ "$(cat "$cache/stamp" 2>/dev/null)" = "$want" ]; then
+      exit 0
+    fi
+    echo "pyroscope.sh: building pyroscope $version into $cache (a few minutes when cold)" >&2
+    tmp="$bin.tmp.$$"
+    (cd "$mod" && GOFLAGS=-mod=readonly go build -trimpath -o "$tmp" github.com/grafana/pyroscope/cmd/pyroscope)
+    mv -f "$tmp" "$bin"
+    echo "$want" >"$cache/stamp"
+  ) 9>"$cache/build.lock"
 }
 
 port_free() { ! ss -Htln "sport = :$1" 2>/dev/null | grep -q .; }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // meta describes one queued profile: everything the push needs but the
@@ -46,7 +47,8 @@ type queue struct {
 	dir      string
 	nextSeq  uint64
 	notify   chan struct{}
-	diskErr  error // last disk failure, reported once
+	diskErr  error    // last disk failure, reported once
+	lock     *os.File // holds the queue dir's flock
 	logf     func(string, ...any)
 }
 
@@ -58,10 +60,33 @@ func newQueue(dir string, memCap, dskCap int64, logf func(string, ...any)) (*que
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create queue dir: %w", err)
 	}
+	// One uploader per directory: two would reuse each other's file
+	// names and send each other's profiles twice.
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock queue dir: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("queue dir %s is in use by another rbscope: give each its own", dir)
+		}
+		return nil, fmt.Errorf("lock queue dir: %w", err)
+	}
+	q.lock = lock
 	if err := q.load(); err != nil {
+		q.close()
 		return nil, fmt.Errorf("load queue dir: %w", err)
 	}
 	return q, nil
+}
+
+// close releases the queue dir (its files stay).
+func (q *queue) close() {
+	if q.lock != nil {
+		_ = q.lock.Close()
+		q.lock = nil
+	}
 }
 
 const (

@@ -103,7 +103,8 @@ func New(cfg Config) (*Uploader, error) {
 func (u *Uploader) SeriesName() string { return u.name }
 
 // Add queues one sample. It never blocks on the network or the disk; after
-// Close it does nothing.
+// Close it does nothing. The uploader keeps s.Frames until the sample's
+// interval is encoded: the caller must not modify it afterwards.
 func (u *Uploader) Add(s stack.Sample) {
 	t := s.Time
 	if t.IsZero() {
@@ -450,6 +451,7 @@ func (u *Uploader) close(ctx context.Context) error {
 	u.cancel()
 	<-u.sendDone
 	<-u.encDone
+	defer u.q.close()
 	n, _, samples := u.q.stats()
 	if n == 0 {
 		return nil

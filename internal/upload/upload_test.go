@@ -389,6 +389,18 @@ func TestQueueBoundedWhileDown(t *testing.T) {
 		t.Errorf("%d files in the queue dir, %d queued", len(files), st.Queued)
 	}
 
+	// One uploader per queue dir.
+	u1, err := New(Config{URL: url, AppName: "down", QueueDir: dir, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{URL: url, AppName: "down", QueueDir: dir, Logf: t.Logf}); err == nil || !strings.Contains(err.Error(), "in use by another rbscope") {
+		t.Errorf("second uploader on one queue dir: %v", err)
+	}
+	ctx1, cancel1 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_ = u1.Close(ctx1)
+	cancel1()
+
 	// A later uploader adopts them, oldest first, and pushes them.
 	rec := &recorder{}
 	srv := httptest.NewServer(rec)
@@ -419,7 +431,7 @@ func TestQueueBoundedWhileDown(t *testing.T) {
 		}
 		last = f
 	}
-	if files, _ := filepath.Glob(filepath.Join(dir, "*")); len(files) != 0 {
+	if files, _ := filepath.Glob(filepath.Join(dir, "*"+fileExt)); len(files) != 0 {
 		t.Errorf("queue dir not empty after delivery: %v", files)
 	}
 }
