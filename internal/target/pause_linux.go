@@ -110,6 +110,12 @@ func (p *Pauser) Close() error {
 		if !p.closed {
 			p.closed = true
 			p.settlePending(5 * time.Second)
+			if n := len(p.pending); n > 0 {
+				// Threads that never stopped are still attached to this
+				// OS thread: keep it locked so that no other goroutine
+				// runs on it; the kernel detaches them when rbscope exits.
+				return fmt.Errorf("%d threads did not stop within %v of being interrupted; they stay attached until rbscope exits", n, pauseStopTimeout+5*time.Second)
+			}
 			runtime.UnlockOSThread()
 		}
 		return nil
