@@ -440,7 +440,10 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		return abort(err)
 	}
 	if pauser != nil {
-		_ = pauser.Close() // every thread detached before going on
+		// Every thread detached before going on.
+		if err := pauser.Close(); err != nil {
+			r.say("warning: %v", err)
+		}
 	}
 	if child != nil {
 		select {
