@@ -446,6 +446,14 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		}
 	}
 	if child != nil {
+		if st.Exited {
+			// The sampler saw it exit (a zombie): the poller is about
+			// to notice too.
+			select {
+			case <-childDone:
+			case <-time.After(2 * time.Second):
+			}
+		}
 		select {
 		case <-childDone:
 			reap()

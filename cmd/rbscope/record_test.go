@@ -636,3 +636,55 @@ exec("ruby", "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Time.now -
 		t.Errorf("no note of the exec:\n%s", res.stderr)
 	}
 }
+
+// TestRecordLaunchAsSudoUser: under sudo (SUDO_UID/SUDO_GID set, running
+// as root) the launched command runs as the invoking user, and is still
+// recorded.
+func TestRecordLaunchAsSudoUser(t *testing.T) {
+	bin := recBinary(t)
+	// A directory the unprivileged user can read (t.TempDir's are 0700).
+	dir, err := os.MkdirTemp("", "rbscope-sudo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, "app.rb")
+	if err := os.WriteFile(script, []byte(`
+def as_user_spin; t = Time.now; x = 0; x += 1 while Time.now - t < 1; end
+puts "uid=#{Process.uid} gid=#{Process.gid}"
+as_user_spin`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	raw := filepath.Join(dir, "rec.raw.gz")
+	cmd := exec.Command(bin, "record", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw, "--", "ruby", script)
+	cmd.Env = append(os.Environ(), "SUDO_UID=65534", "SUDO_GID=65534")
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("record: %v\n%s", err, se.String())
+	}
+	if strings.Contains(se.String(), "still running") || !strings.Contains(se.String(), "exited with status 0") {
+		t.Errorf("the command's exit was not seen:\n%s", se.String())
+	}
+	if !strings.Contains(so.String(), "uid=65534 gid=65534") {
+		t.Errorf("command ran as %q, want uid=65534 gid=65534", so.String())
+	}
+	_, samples := recReadRaw(t, raw)
+	n := 0
+	for _, s := range samples {
+		if hasFrame(s, "Object#as_user_spin") {
+			n++
+		}
+	}
+	if n < 30 {
+		t.Errorf("%d samples in as_user_spin", n)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "s.txt")); err != nil {
+		t.Error(err)
+	} else if uid := st.Sys().(*syscall.Stat_t).Uid; uid != 65534 {
+		t.Errorf("profile owned by uid %d, want the sudo user 65534", uid)
+	}
+}
