@@ -49,6 +49,7 @@ type queue struct {
 	notify   chan struct{}
 	diskErr  error    // last disk failure, reported once
 	lock     *os.File // holds the queue dir's flock
+	inflight *entry   // the entry being pushed, never dropped
 	logf     func(string, ...any)
 }
 
@@ -220,10 +221,19 @@ func (q *queue) push(m meta, data []byte) (dropped []meta) {
 				q.logf("cannot spill to queue dir, keeping profiles in memory only: %v", err)
 			}
 		}
-		if len(q.entries) == 0 {
+		// Drop the oldest entry that is not being pushed right now (its
+		// push may well succeed).
+		victim := -1
+		for i, x := range q.entries {
+			if x != q.inflight {
+				victim = i
+				break
+			}
+		}
+		if victim < 0 {
 			return append(dropped, m) // larger than the whole queue
 		}
-		dropped = append(dropped, q.removeLocked(0).meta)
+		dropped = append(dropped, q.removeLocked(victim).meta)
 	}
 	q.entries = append(q.entries, e)
 	select {
@@ -293,6 +303,19 @@ func (q *queue) read(e *entry) ([]byte, error) {
 		return nil, fmt.Errorf("read queued profile %s: %w", path, err)
 	}
 	return data, nil
+}
+
+// begin marks e as being pushed; end clears the mark.
+func (q *queue) begin(e *entry) {
+	q.mu.Lock()
+	q.inflight = e
+	q.mu.Unlock()
+}
+
+func (q *queue) end() {
+	q.mu.Lock()
+	q.inflight = nil
+	q.mu.Unlock()
 }
 
 // remove takes e out of the queue unless something else already did; it

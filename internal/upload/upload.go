@@ -264,8 +264,10 @@ func (u *Uploader) sender() {
 			}
 			continue
 		}
+		u.q.begin(e)
 		data, err := u.q.read(e)
 		if err != nil {
+			u.q.end()
 			if u.q.remove(e) {
 				u.dropped.Add(1)
 				u.droppedSamples.Add(int64(e.meta.Samples))
@@ -274,6 +276,12 @@ func (u *Uploader) sender() {
 			continue
 		}
 		err = u.push(e.meta, data)
+		if err == nil {
+			u.q.remove(e) // before end, so no push can drop it instead
+			u.pushed.Add(1)
+			u.pushedSamples.Add(int64(e.meta.Samples))
+		}
+		u.q.end()
 		var perm errPermanent
 		var e422 errTransient422
 		if errors.As(err, &e422) {
@@ -288,10 +296,6 @@ func (u *Uploader) sender() {
 		}
 		switch {
 		case err == nil:
-			if u.q.remove(e) {
-				u.pushed.Add(1)
-				u.pushedSamples.Add(int64(e.meta.Samples))
-			}
 			if down {
 				n, _, _ := u.q.stats()
 				u.cfg.Logf("server at %s is back: pushing again (%d profiles queued)", u.cfg.URL, n)

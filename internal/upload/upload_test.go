@@ -547,3 +547,37 @@ func BenchmarkEncode(b *testing.B) {
 		}
 	})
 }
+
+// TestQueueKeepsInflight: a full queue drops its oldest entry, except the
+// one being pushed (its push may succeed; dropping it would count it
+// twice, as pushed and as dropped).
+func TestQueueKeepsInflight(t *testing.T) {
+	q, err := newQueue("", 100, 0, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := func(i int) meta { return meta{Name: "a{}", From: int64(i), Until: int64(i), Rate: 100, Samples: i} }
+	data := make([]byte, 40)
+	for i := 1; i <= 2; i++ {
+		if lost := q.push(m(i), data); len(lost) != 0 {
+			t.Fatalf("push %d dropped %v", i, lost)
+		}
+	}
+	q.begin(q.head())
+	if lost := q.push(m(3), data); len(lost) != 1 || lost[0].From != 2 {
+		t.Errorf("with 1 in flight, push 3 dropped %v, want entry 2", lost)
+	}
+	if lost := q.push(m(4), make([]byte, 70)); len(lost) != 2 || lost[0].From != 3 || lost[1].From != 4 {
+		t.Errorf("push 4 (too big beside the one in flight) dropped %v, want 3 then 4 itself", lost)
+	}
+	q.end()
+	if lost := q.push(m(5), data); len(lost) != 0 {
+		t.Errorf("push 5 dropped %v", lost)
+	}
+	if lost := q.push(m(6), data); len(lost) != 1 || lost[0].From != 1 {
+		t.Errorf("nothing in flight: push 6 dropped %v, want entry 1", lost)
+	}
+	if n, size, _ := q.stats(); n != 2 || size != 80 {
+		t.Errorf("queue holds %d entries, %d bytes; want 2, 80", n, size)
+	}
+}
