@@ -55,9 +55,10 @@ printed; re-render it with 'rbscope report'); at the end the --format
 output is written to --output (default rbscope-<time>-<pid>.<ext> in the
 current directory).
 
-By default each sample pauses the process (ptrace) for the few dozen
-microseconds it takes to read its stacks, so that every stack is
-consistent; the process is always resumed, also on Ctrl-C, errors and
+By default each sample pauses the process (ptrace) for as long as it
+takes to read its stacks (tens to hundreds of microseconds), so that
+every stack is consistent; the process is always resumed, also on
+Ctrl-C, errors and
 SIGTERM (and the kernel resumes it if rbscope is killed). --nonblocking
 reads the running process instead: no pauses, but a stack that changes
 while it is read is counted as an error.
