@@ -58,10 +58,9 @@ current directory).
 By default each sample pauses the process (ptrace) for as long as it
 takes to read its stacks (tens to hundreds of microseconds), so that
 every stack is consistent; the process is always resumed, also on
-Ctrl-C, errors and
-SIGTERM (and the kernel resumes it if rbscope is killed). --nonblocking
-reads the running process instead: no pauses, but a stack that changes
-while it is read is counted as an error.
+Ctrl-C, errors and SIGTERM (and the kernel resumes it if rbscope is
+killed). --nonblocking reads the running process instead: no pauses,
+but a stack that changes while it is read is counted as an error.
 
 Launch mode ('rbscope record -- ruby app.rb') starts the command (as the
 invoking user when run with sudo), waits until Ruby has started, and
