@@ -68,7 +68,8 @@ samples it until it exits. Ctrl-C (SIGINT) or SIGTERM stops the recording
 and is passed on to the command (a Ctrl-C typed in the terminal already
 reaches it); the profile is written, then rbscope waits up to 5 s for the
 command to exit and otherwise leaves it running (it is never left
-paused).
+paused). When --duration ends the recording first, the command goes on
+running. A command that execs another Ruby (bundle exec) is followed.
 
 --subprocesses also samples Ruby processes that descend from the target
 (fork, system, spawn), found as they appear; non-Ruby ones are skipped.
