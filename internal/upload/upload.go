@@ -244,8 +244,9 @@ func (e errPermanent) Unwrap() error { return e.err }
 func (u *Uploader) sender() {
 	defer close(u.sendDone)
 	attempt := 0
-	down := false
-	var lastWarn time.Time
+	down := false   // the last push failed
+	warned := false // and the outage was reported
+	var lastWarn, lastDownWarn time.Time
 	draining := false
 	var last422 *entry // the entry the last 422 answer was for
 	n422 := 0
@@ -296,11 +297,11 @@ func (u *Uploader) sender() {
 		}
 		switch {
 		case err == nil:
-			if down {
+			if down && warned {
 				n, _, _ := u.q.stats()
 				u.cfg.Logf("server at %s is back: pushing again (%d profiles queued)", u.cfg.URL, n)
 			}
-			down, attempt = false, 0
+			down, warned, attempt = false, false, 0
 			continue
 		case errors.As(err, &perm):
 			if u.q.remove(e) {
@@ -320,14 +321,15 @@ func (u *Uploader) sender() {
 		default:
 		}
 		u.retried.Add(1)
-		if !down || time.Since(lastWarn) > time.Minute {
+		// One warning a minute at most, however flaky the server.
+		if time.Since(lastDownWarn) > time.Minute {
 			n, _, _ := u.q.stats()
 			verb := "cannot push to"
-			if down {
+			if warned {
 				verb = "still cannot push to"
 			}
 			u.cfg.Logf("%s %s (%v): keeping %d profiles queued and retrying; profiling goes on", verb, u.cfg.URL, err, n)
-			lastWarn = time.Now()
+			lastDownWarn, warned = time.Now(), true
 		}
 		down = true
 		t := time.NewTimer(backoff(attempt))
