@@ -29,7 +29,7 @@ var recBin struct {
 	err  error
 }
 
-// recBinary builds rbscope once per test run.
+// recBinary returns the rbscope binary TestMain built (or builds one).
 func recBinary(t testing.TB) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -37,6 +37,9 @@ func recBinary(t testing.TB) string {
 	}
 	if _, err := exec.LookPath("ruby"); err != nil {
 		t.Skip("ruby not installed")
+	}
+	if binPath != "" {
+		return binPath // built by TestMain, removed after the run
 	}
 	recBin.once.Do(func() {
 		dir, err := os.MkdirTemp("", "rbscope-bin")
