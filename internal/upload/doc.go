@@ -19,7 +19,14 @@
 // within the caller's deadline and leaves what it could not send in the
 // queue directory, where the next Uploader with the same directory picks
 // it up. Delivery is at least once: a push whose answer is lost (a proxy
-// that times out after the server stored it) is sent again.
+// that times out after the server stored it) is sent again, and counted
+// once, since Pyroscope keeps one profile per series and timestamp (so
+// every profile an Uploader makes gets a timestamp of its own).
+//
+// Pyroscope answers 422 both to profiles it will never take ("invalid
+// argument": outside its ingestion window, 1h back by default) and to
+// transient trouble ("empty ring" while it starts): the first are dropped
+// and counted as Rejected, the second retried a few times.
 //
 // Credentials come only from the environment, so they never show in ps:
 // PYROSCOPE_BASIC_AUTH_USER and PYROSCOPE_BASIC_AUTH_PASSWORD (basic auth)

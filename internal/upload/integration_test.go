@@ -21,8 +21,8 @@ import (
 
 	"github.com/rbscope/rbscope/internal/pyroscopetest"
 	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
-	"github.com/rbscope/rbscope/internal/target"
 )
 
 // local counts what a test gave the uploader, as the server should count
@@ -163,55 +163,49 @@ func startRuby(t *testing.T, script string) int {
 	return cmd.Process.Pid
 }
 
-// TestRubyToPyroscope samples a real Ruby process with the walker, pushes
-// the samples to a real Pyroscope and reads them back: same method names,
-// same sample counts, same proportions, labels pid and thread_name usable
-// in queries.
+// TestRubyToPyroscope samples a real Ruby process the way record does
+// (the walker behind the sampler, its batches handed to Add), pushes to a
+// real Pyroscope and reads back: same method names, same sample counts,
+// same proportions, labels pid and thread_name usable in queries.
 func TestRubyToPyroscope(t *testing.T) {
 	pid := startRuby(t, spinScript)
 	srv := pyroscopetest.Start(t)
-	tg, err := target.OpenLive(pid)
+	p, err := sampler.OpenRuby(context.Background(), pid, ruby.Options{}, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tg.Close()
-	p, err := ruby.Open(tg, ruby.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	defer p.Target().Close()
 	const app = "rbscope-ruby-it"
 	u, err := New(Config{URL: srv.URL(), AppName: app, Tags: map[string]string{"env": "ci"}, Interval: time.Second, SampleRate: 100, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var l local
+	threadNames := map[string]bool{}
 	start := time.Now()
-	var threadName string
-	for tick := start; time.Since(start) < 3*time.Second; tick = tick.Add(10 * time.Millisecond) {
-		time.Sleep(time.Until(tick))
-		threads, err := p.Snapshot()
-		if err != nil {
-			continue // a racy read while the target runs; the sampler retries the same way
-		}
-		for _, th := range threads {
-			s := stack.Sample{Time: time.Now(), Pid: pid, TID: th.TID, ThreadName: th.Name, OnCPU: true, Frames: th.Frames}
-			u.Add(s)
-			l.add(s)
-			if len(th.Frames) > 0 {
-				threadName = th.Name
+	sst, err := sampler.Run(context.Background(), sampler.NewRubySource(p, sampler.RubyOptions{}),
+		sampler.Config{Rate: 100, Duration: 3 * time.Second}, func(b []stack.Sample) {
+			for _, s := range b {
+				u.Add(s)
+				l.add(s)
+				if len(s.Frames) > 0 {
+					threadNames[s.ThreadName] = true
+				}
 			}
-		}
+		})
+	if err != nil {
+		t.Fatal(err)
 	}
 	st := closeWithin(t, u, 30*time.Second)
-	t.Logf("sent %d samples: %v; stats %+v", l.total, l.self, st)
+	t.Logf("sampler %d samples, %d errors; sent %d: %v; stats %+v", sst.Samples, sst.ErrorCount(), l.total, l.self, st)
 	if l.total < 100 {
 		t.Fatalf("only %d samples taken from ruby", l.total)
 	}
 	if st.PushedSamples != l.total || st.Dropped != 0 {
 		t.Errorf("stats %+v, want %d samples pushed, none dropped", st, l.total)
 	}
-	if l.self["Object#heavy"] == 0 || l.self["Object#light"] == 0 {
-		t.Errorf("walker samples lack Object#heavy/Object#light: %v", l.self)
+	if l.self["Object#heavy"] == 0 || l.self["Object#light"] == 0 || !threadNames["spinner"] || len(threadNames) != 1 {
+		t.Errorf("walker samples lack Object#heavy/Object#light on thread spinner: %v, threads %v", l.self, threadNames)
 	}
 	c := waitCounts(t, srv, app, start, l.total)
 	l.sameAsServer(t, c)
@@ -221,7 +215,7 @@ func TestRubyToPyroscope(t *testing.T) {
 
 	// The labels select the same data.
 	host, _ := os.Hostname()
-	sel := fmt.Sprintf(`{service_name=%q, pid=%q, thread_name=%q, env="ci", hostname=%q}`, app, strconv.Itoa(pid), threadName, host)
+	sel := fmt.Sprintf(`{service_name=%q, pid=%q, thread_name="spinner", env="ci", hostname=%q}`, app, strconv.Itoa(pid), host)
 	byLabel, err := srv.Query(context.Background(), sel, start.Add(-time.Minute), time.Now().Add(time.Minute))
 	if err != nil {
 		t.Fatal(err)
