@@ -501,7 +501,7 @@ func BenchmarkAdd(b *testing.B) {
 			}
 		}
 	})
-	b.Run("add", func(b *testing.B) {
+	b.Run("add", func(b *testing.B) { // 1s intervals: the encoder runs meanwhile
 		u, err := New(Config{URL: "http://127.0.0.1:9", AppName: "bench", Interval: time.Second, Logf: func(string, ...any) {}})
 		if err != nil {
 			b.Fatal(err)
