@@ -19,7 +19,7 @@ import (
 const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
 
 // needBPF skips unless the test can attach uprobes.
-func needBPF(t *testing.T) {
+func needBPF(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("attaching uprobes needs root (CAP_SYS_ADMIN)")
@@ -39,7 +39,7 @@ type rubyProc struct {
 	out   *bufio.Reader
 }
 
-func startRuby(t *testing.T, args ...string) *rubyProc {
+func startRuby(t testing.TB, args ...string) *rubyProc {
 	t.Helper()
 	cmd := exec.Command("ruby", args...)
 	stdin, err := cmd.StdinPipe()
@@ -62,7 +62,7 @@ func startRuby(t *testing.T, args ...string) *rubyProc {
 }
 
 // expect reads stdout lines until one equal to want, within 60s.
-func (p *rubyProc) expect(t *testing.T, want string) {
+func (p *rubyProc) expect(t testing.TB, want string) {
 	t.Helper()
 	ch := make(chan error, 1)
 	go func() {
@@ -88,14 +88,14 @@ func (p *rubyProc) expect(t *testing.T, want string) {
 	}
 }
 
-func (p *rubyProc) send(t *testing.T) {
+func (p *rubyProc) send(t testing.TB) {
 	t.Helper()
 	if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func script(t *testing.T, name string) string {
+func script(t testing.TB, name string) string {
 	t.Helper()
 	p, err := filepath.Abs(filepath.Join("testdata", name))
 	if err != nil {
@@ -104,7 +104,7 @@ func script(t *testing.T, name string) string {
 	return p
 }
 
-func attachOrSkip(t *testing.T, pid int, opts Options) *Tracker {
+func attachOrSkip(t testing.TB, pid int, opts Options) *Tracker {
 	t.Helper()
 	tr, err := Attach(pid, opts)
 	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes) {

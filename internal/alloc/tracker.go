@@ -375,19 +375,15 @@ func (tr *Tracker) Close() error {
 	return tr.t.Close()
 }
 
-// Alive reports whether the traced process still exists.
+// Alive reports whether the traced process still exists (a zombie has
+// exited).
 func (tr *Tracker) Alive() bool {
-	err := unix.Kill(tr.pid, 0)
-	if err == nil || errors.Is(err, unix.EPERM) {
-		// A zombie has exited even though kill succeeds.
-		b, rerr := os.ReadFile(fmt.Sprintf("/proc/%d/stat", tr.pid))
-		if rerr != nil {
-			return false
-		}
-		i := strings.LastIndexByte(string(b), ')')
-		return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", tr.pid))
+	if err != nil {
+		return false
 	}
-	return false
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
 }
 
 // reasonError prints as its reason alone (one line users can act on) but
@@ -401,6 +397,11 @@ func (e *reasonError) Error() string   { return e.reason.Error() }
 func (e *reasonError) Unwrap() []error { return []error{e.reason, e.cause} }
 
 func classifyLoad(err error) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		// The verifier refused the program: a bug here, not the kernel.
+		return fmt.Errorf("load program (verifier): %w", err)
+	}
 	switch {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
 		return &reasonError{ErrPermission, err}
