@@ -58,9 +58,20 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		return nil, err
 	}
 	s.out = s.out[:0]
+	var failed *ThreadErrors
 	for i := range threads {
 		th := &threads[i]
 		s.states.note(th.TID)
+		if th.Error != "" {
+			// A thread that changed under the walker (created, ending,
+			// or read without pausing): its partial stack would distort
+			// the profile, so it is counted as an error instead.
+			if failed == nil {
+				failed = &ThreadErrors{Pid: s.pid}
+			}
+			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error})
+			continue
+		}
 		s.out = append(s.out, stack.Sample{
 			Time:       now,
 			Pid:        s.pid,
@@ -70,8 +81,37 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			Frames:     th.Frames,
 		})
 	}
+	if failed != nil {
+		return s.out, failed
+	}
 	return s.out, nil
 }
+
+// ThreadError is one thread whose stack could not be read in a sample.
+type ThreadError struct {
+	TID  int
+	Name string
+	Err  string
+}
+
+// ThreadErrors is returned with the other threads' samples when some
+// threads of a sample could not be read. It counts as an inconsistent
+// read (ErrUnmapped).
+type ThreadErrors struct {
+	Pid     int
+	Threads []ThreadError
+}
+
+func (e *ThreadErrors) Error() string {
+	if len(e.Threads) == 1 {
+		t := e.Threads[0]
+		return fmt.Sprintf("process %d thread %d (%s): %s", e.Pid, t.TID, t.Name, t.Err)
+	}
+	return fmt.Sprintf("process %d: %d threads could not be read, first %d: %s", e.Pid, len(e.Threads), e.Threads[0].TID, e.Threads[0].Err)
+}
+
+// Inconsistent marks the error as a read that raced with the target.
+func (e *ThreadErrors) Inconsistent() bool { return true }
 
 // snapshot reads every thread's stack, pausing the process around it in
 // blocking mode. The process is resumed however the walk ends (a panic

@@ -201,6 +201,7 @@ func TestErrorKinds(t *testing.T) {
 		target.ErrPermission{Pid: 7, Op: "read memory of", Err: errors.New("EPERM")},
 		errors.New("bad iseq"),
 		inconsistent{},
+		fmt.Errorf("process 7: %w", &ThreadErrors{Pid: 7, Threads: []ThreadError{{TID: 9, Err: "frame moved"}}}),
 		nil,
 		fmt.Errorf("walk: %w", target.ErrProcessExited{Pid: 7}),
 		nil, // never reached: sampling stops on exit
@@ -217,14 +218,14 @@ func TestErrorKinds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [numErrorKinds]int{ErrUnmapped: 3, ErrPermission: 1, ErrOther: 1}
+	want := [numErrorKinds]int{ErrUnmapped: 4, ErrPermission: 1, ErrOther: 1}
 	if st.Errors != want {
 		t.Errorf("errors %v, want %v", st.Errors, want)
 	}
-	if !st.Exited || st.Ticks != 7 || st.Samples != 1 {
-		t.Errorf("exited %v ticks %d samples %d, want true 7 1", st.Exited, st.Ticks, st.Samples)
+	if !st.Exited || st.Ticks != 8 || st.Samples != 1 {
+		t.Errorf("exited %v ticks %d samples %d, want true 8 1", st.Exited, st.Ticks, st.Samples)
 	}
-	if got := st.ErrorSummary(); got != "3 unmapped/inconsistent, 1 permission, 1 other" {
+	if got := st.ErrorSummary(); got != "4 unmapped/inconsistent, 1 permission, 1 other" {
 		t.Errorf("summary %q", got)
 	}
 }

@@ -118,8 +118,8 @@ func (ts *TreeSource) Sample(ctx context.Context) ([]stack.Sample, error) {
 				continue
 			}
 			errs = append(errs, fmt.Errorf("process %d: %w", pid, err))
-			continue
 		}
+		// With some threads unreadable, the others' samples still count.
 		ts.out = append(ts.out, samples...)
 	}
 	return ts.out, errors.Join(errs...)
