@@ -68,7 +68,8 @@ type Config struct {
 	// intervals are cut only by sample times, never by the wall clock.
 	Replay bool
 
-	auth auth
+	auth         auth
+	backpressure bool // PushRecording: the encoder waits for queue room
 }
 
 type auth struct {

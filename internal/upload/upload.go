@@ -218,6 +218,17 @@ func (u *Uploader) encode(iv interval) {
 		return
 	}
 	m := meta{Name: u.name, From: iv.start.UnixNano(), Until: iv.end.UnixNano(), Rate: u.cfg.SampleRate, Samples: n}
+	if u.cfg.backpressure {
+		// PushRecording: wait for room rather than drop (Close's deadline
+		// ends the wait).
+		for !u.abort.Load() {
+			qn, size, _ := u.q.stats()
+			if qn == 0 || size+int64(len(data)) <= u.cfg.MaxMemoryBytes {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	if lost := u.q.push(m, data); len(lost) > 0 {
 		var samples int64
 		for _, l := range lost {

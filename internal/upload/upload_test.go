@@ -581,3 +581,44 @@ func TestQueueKeepsInflight(t *testing.T) {
 		t.Errorf("queue holds %d entries, %d bytes; want 2, 80", n, size)
 	}
 }
+
+// TestPushRecordingBackpressure pushes a recording twenty times larger
+// than the memory queue: PushRecording reads only as fast as the server
+// takes it, so nothing is dropped.
+func TestPushRecordingBackpressure(t *testing.T) {
+	var mu sync.Mutex
+	var got int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		p, err := profile.ParseData(b)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		time.Sleep(2 * time.Millisecond) // a server slower than the reader
+		mu.Lock()
+		for _, s := range p.Sample {
+			got += s.Value[0]
+		}
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	t0 := time.Unix(1700000000, 0)
+	const n = 20000 // 200 one-second profiles of about 600 bytes
+	i := 0
+	next := func() (stack.Sample, error) {
+		if i == n {
+			return stack.Sample{}, io.EOF
+		}
+		i++
+		return synth(t0, i-1), nil
+	}
+	st, err := PushRecording(context.Background(), Config{URL: srv.URL, AppName: "replay", Interval: time.Second,
+		MaxMemoryBytes: 6 << 10, Logf: t.Logf}, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PushedSamples != n || st.Dropped != 0 || got != n {
+		t.Errorf("stats %+v, server got %d; want all %d pushed, none dropped", st, got, n)
+	}
+}
