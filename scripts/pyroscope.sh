@@ -119,7 +119,14 @@ case "$cmd" in
   run)
     build
     mapfile -t args < <(server_args "$@")
-    echo "pyroscope.sh: starting $bin ${args[*]}" >&2
+    port="" data=""
+    for a in "${args[@]}"; do
+      case "$a" in
+        -server.http-listen-port=*) port=${a#*=} ;;
+        -pyroscopedb.data-path=*) data=$(dirname "${a#*=}") ;;
+      esac
+    done
+    echo "pyroscope.sh: Pyroscope at http://127.0.0.1:$port (data in $data); Ctrl-C stops it" >&2
     exec "$bin" "${args[@]}"
     ;;
   *)
