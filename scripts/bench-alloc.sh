@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Measures what `rbscope alloc` costs the process it traces, against the
 # same loop untraced and under bcc's uobjnew, in one run:
-#   - 5M Object.new and 1M array literals (internal/alloc/testdata/bench.rb)
+#   - 5M Object.new, 1M array literals, and 500k Object.new paced at 100
+#     per millisecond ("paced": allocation rate set by input, not CPU)
+#     (internal/alloc/testdata/bench.rb)
 #   - modes: none, rbscope (exact), rbscope --sample-period 10,
 #     rbscope --duty-cycle 0.1, bcc uobjnew (if it can run here)
 #   - best of RUNS runs per mode (the machine may be shared), slowdown as a
 #     ratio to "none", per-event cost in ns, and the count error of each
 #     rbscope mode against the known number of allocations.
 # Needs root. Not part of CI. Usage: scripts/bench-alloc.sh [RUNS]
+# Environment: N_OBJ, N_ARY, N_PACED (sizes), KINDS ("objects arrays paced"), MODES ("none rbscope sampled
+# duty bcc"). bcc needs EXTRA_PACKAGES="bpfcc-tools linux-headers-amd64"
+# scripts/install-deps.sh; without headers for the running kernel, the
+# nearest Debian headers are merged into one tree for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
 RUNS=${1:-${RUNS:-3}}
 N_OBJ=${N_OBJ:-5000000}
 N_ARY=${N_ARY:-1000000}
+N_PACED=${N_PACED:-500000}
 BENCH=$PWD/internal/alloc/testdata/bench.rb
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
@@ -45,7 +52,7 @@ fi
 # loop's class the tracer reported, "-" if none).
 run_one() {
   local mode=$1 kind=$2 n=$3 class
-  [ "$kind" = objects ] && class=Object || class=Array
+  [ "$kind" = arrays ] && class=Array || class=Object
   local in="$WORK/in" out="$WORK/out" rep="$WORK/rep.json" log="$WORK/tracer.log"
   rm -f "$in" "$out" "$rep" "$log"
   mkfifo "$in"
@@ -91,9 +98,10 @@ run_one() {
 
 modes=(${MODES:-none rbscope sampled duty})
 [ -n "$BCC" ] && [ -z "${MODES:-}" ] && modes+=(bcc)
+[ -z "$BCC" ] && [[ " ${modes[*]} " == *" bcc "* ]] && { echo "bench-alloc: uobjnew not installed" >&2; exit 1; }
 
-for kind in objects arrays; do
-  [ "$kind" = objects ] && n=$N_OBJ || n=$N_ARY
+for kind in ${KINDS:-objects arrays paced}; do
+  case $kind in objects) n=$N_OBJ ;; arrays) n=$N_ARY ;; paced) n=$N_PACED ;; esac
   declare -A best=() cnt=()
   for ((r = 1; r <= RUNS; r++)); do
     for m in "${modes[@]}"; do

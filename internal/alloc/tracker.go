@@ -293,11 +293,14 @@ func closeLinks(links []link.Link) {
 }
 
 func (tr *Tracker) detach() {
-	closeLinks(tr.links)
-	tr.links = nil
+	// The attached period ends when detaching starts: closing the links
+	// takes tens of milliseconds, which would otherwise count as attached
+	// time and bias duty-cycle estimates low.
 	if tr.attached {
 		tr.onTotal += time.Since(tr.onSince)
 	}
+	closeLinks(tr.links)
+	tr.links = nil
 	tr.attached = false
 }
 

@@ -20,6 +20,18 @@ when "arrays"
     x = [i, i]
     i += 1
   end
+when "paced"
+  # 100 allocations every millisecond: a program whose allocation rate is
+  # set by its input (like a server below saturation), not by its CPU.
+  while i < n
+    k = 0
+    while k < 100
+      Object.new
+      k += 1
+    end
+    i += 100
+    sleep 0.001
+  end
 else
   abort "unknown kind #{kind}"
 end
