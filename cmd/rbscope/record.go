@@ -40,6 +40,7 @@ type recordOpts struct {
 	silent       bool
 	startTimeout time.Duration
 	rubyVersion  string
+	up           uploadOpts
 }
 
 func init() {
@@ -97,6 +98,7 @@ The recording ends when the first process exits.`,
 	f.BoolVar(&o.silent, "silent", false, "print no progress or summary")
 	f.DurationVar(&o.startTimeout, "start-timeout", 10*time.Second, "launch mode: how long Ruby may take to start")
 	f.StringVar(&o.rubyVersion, "ruby-version", "", "Ruby version to assume when it cannot be detected (e.g. 3.1.2)")
+	o.up.register(f)
 	rootCmd.AddCommand(cmd)
 }
 
@@ -419,6 +421,17 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		}
 	}()
 
+	// --upload: push each interval to Pyroscope while recording.
+	command := argv
+	if !launch {
+		command = pidCommand(o.pid)
+	}
+	up, err := o.up.start(stderr, o.rate, command)
+	if err != nil {
+		_ = raw.Close(recording.Stats{End: time.Now()})
+		return abort(err)
+	}
+
 	var rawErr error
 	cfg := sampler.Config{
 		Rate: o.rate, Duration: o.duration, OnCPUOnly: o.onCPU,
@@ -429,6 +442,9 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 			return
 		}
 		for i := range b {
+			if up != nil {
+				up.Add(b[i])
+			}
 			if err := raw.Add(b[i]); err != nil {
 				rawErr = err
 				cancel(fmt.Errorf("write raw recording: %w", err))
@@ -436,6 +452,9 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 			}
 		}
 	})
+	if uerr := o.up.finish(stderr, up); uerr != nil {
+		r.say("warning: %v", uerr)
+	}
 	if err != nil {
 		_ = raw.Close(recording.Stats{End: time.Now()})
 		return abort(err)
@@ -519,7 +538,11 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		return r.finish(child, childDone, reap, sig, fmt.Errorf("read back raw recording: %w", err))
 	}
 	defer rd.Close()
-	n, err := output.RenderFile(o.format, output.Options{RateHz: o.rate, Start: st.Start}, rd.Next, outPath)
+	// A torn block (a full disk, say) keeps what was recorded before it.
+	n, err := output.RenderFile(o.format, output.Options{RateHz: o.rate, Start: st.Start}, rd.Samples(), outPath)
+	if derr := rd.Damage(); derr != nil {
+		r.say("warning: raw recording is damaged after %d samples: %v", n, derr)
+	}
 	if err != nil {
 		return r.finish(child, childDone, reap, sig, fmt.Errorf("render %s: %w", o.format, err))
 	}
@@ -583,4 +606,14 @@ func selfCPU() (time.Duration, bool) {
 	}
 	// Clock ticks are 1/100 s on Linux (USER_HZ).
 	return time.Duration(st.UTime+st.STime) * 10 * time.Millisecond, true
+}
+
+// pidCommand returns the command line of process pid, for naming its
+// profiles; nil when it cannot be read.
+func pidCommand(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 }
