@@ -529,3 +529,31 @@ func TestDutyCycle(t *testing.T) {
 		t.Errorf("semaphore %d after Close", got)
 	}
 }
+
+// TestNoLeakedFDs: Close releases every map, program, link and file.
+func TestNoLeakedFDs(t *testing.T) {
+	needBPF(t)
+	p := startRuby(t, script(t, "alloc.rb"), "10")
+	p.expect(t, "ready")
+	count := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := count()
+	for i := 0; i < 3; i++ {
+		tr := attachOrSkip(t, p.cmd.Process.Pid, Options{DutyCycle: 0.5, DutyWindow: 50 * time.Millisecond})
+		time.Sleep(120 * time.Millisecond)
+		if _, err := tr.Snapshot(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := count(); after != before {
+		t.Errorf("%d file descriptors open before, %d after three attach/close cycles", before, after)
+	}
+}

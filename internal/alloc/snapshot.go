@@ -61,7 +61,8 @@ type Report struct {
 	// (before sampling), Counted how many were counted.
 	Events, Counted uint64 `json:"-"`
 	// SitesDropped counts events whose file:line did not fit in the
-	// kernel's site table (their class is still counted).
+	// kernel's site table (their class is still counted unless
+	// ClassesDropped says the class table was full too).
 	SitesDropped, ClassesDropped, ArgErrors uint64 `json:"-"`
 	// GC time and phase counts from the gc__mark/gc__sweep probes
 	// (unscaled: GC probes are never sampled, but are missed while a
@@ -115,9 +116,10 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	}
 	sc := func(v uint64) uint64 { return uint64(math.Round(float64(v) * scale)) }
 
+	// Class totals: the sites' sums, plus the class map, which holds only
+	// events whose site did not fit in the site map.
 	byClass := map[string]*ClassCount{}
-	for k, c := range classes {
-		name := tr.className(Kind(k.Kind), k.Cls, r)
+	addClass := func(name string, c allocCounter) {
 		cc := byClass[name]
 		if cc == nil {
 			cc = &ClassCount{Class: name}
@@ -125,6 +127,9 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 		}
 		cc.Count += c.Count
 		cc.Bytes += c.Bytes
+	}
+	for k, c := range classes {
+		addClass(tr.className(Kind(k.Kind), k.Cls, r), c)
 	}
 	type siteID struct {
 		class, path string
@@ -142,6 +147,7 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 			}
 			path = p
 		}
+		addClass(name, c)
 		id := siteID{name, path, int(int32(k.Line))}
 		s := bySite[id]
 		if s == nil {

@@ -41,7 +41,7 @@ enum stat {
 	STAT_EVENTS = 0,       /* allocation events seen (before sampling) */
 	STAT_SAMPLED = 1,      /* events counted */
 	STAT_SITES_FULL = 2,   /* counted events whose site did not fit */
-	STAT_CLASSES_FULL = 3, /* counted events whose class did not fit */
+	STAT_CLASSES_FULL = 3, /* ... nor their class: lost */
 	STAT_ARG_ERRORS = 4,   /* argument reads that failed */
 	STAT_GC_MARK_NS = 5,
 	STAT_GC_MARK_COUNT = 6,
@@ -210,20 +210,27 @@ static __always_inline void gc_phase(__u32 kind)
 	*start = 0;
 }
 
-static __always_inline void bump(void *map, const void *key, __u64 bytes, __u32 full_slot)
+/* bump adds one event to key's counter; nonzero when the map is full. */
+static __always_inline int bump(void *map, const void *key, __u64 bytes)
 {
 	struct counter *c = bpf_map_lookup_elem(map, key);
 	if (c) {
 		c->count++;
 		c->bytes += bytes;
-		return;
+		return 0;
 	}
 	struct counter init = {.count = 1, .bytes = bytes};
-	if (bpf_map_update_elem(map, key, &init, BPF_NOEXIST)) {
-		/* Another program on this CPU cannot have raced us (uprobes do
-		 * not nest), so a failure means the map is full. */
-		stat_add(full_slot, 1);
+	if (!bpf_map_update_elem(map, key, &init, BPF_NOEXIST))
+		return 0;
+	/* Another CPU may have inserted the same key first (EEXIST); the
+	 * values are per CPU, so this CPU's slot is still to be counted. */
+	c = bpf_map_lookup_elem(map, key);
+	if (c) {
+		c->count++;
+		c->bytes += bytes;
+		return 0;
 	}
+	return -1; /* the map is full */
 }
 
 static __always_inline int handle(struct pt_regs *ctx)
@@ -292,8 +299,14 @@ static __always_inline int handle(struct pt_regs *ctx)
 	}
 	sk.file = a1;
 	sk.line = (__u32)a2;
-	bump(&sites, &sk, bytes, STAT_SITES_FULL);
-	bump(&classes, &ck, bytes, STAT_CLASSES_FULL);
+	/* Per-class totals are the sums of the sites, taken in user space;
+	 * the class map only catches events whose site did not fit. One hash
+	 * update per event instead of two. */
+	if (bump(&sites, &sk, bytes)) {
+		stat_add(STAT_SITES_FULL, 1);
+		if (bump(&classes, &ck, bytes))
+			stat_add(STAT_CLASSES_FULL, 1);
+	}
 	return 0;
 }
 
