@@ -557,3 +557,36 @@ func TestNoLeakedFDs(t *testing.T) {
 		t.Errorf("%d file descriptors open before, %d after three attach/close cycles", before, after)
 	}
 }
+
+// TestAnonymousClasses: objects of anonymous classes are counted under one
+// name, and no name is read from reused memory.
+func TestAnonymousClasses(t *testing.T) {
+	needBPF(t)
+	path := script(t, "anon.rb")
+	p := startRuby(t, path)
+	p.expect(t, "ready")
+	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
+	p.send(t)
+	p.expect(t, "done")
+	r, err := tr.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := siteCount(r, AnonymousClass, path, 9); got != 1500 {
+		t.Errorf("%s at line 9: %d, want 1500", AnonymousClass, got)
+	}
+	if got := siteCount(r, "Named", path, 10); got != 700 {
+		t.Errorf("Named at line 10: %d, want 700", got)
+	}
+	for _, c := range r.ByClass {
+		for _, ch := range c.Class {
+			if ch < ' ' || ch > '~' {
+				t.Errorf("class name %q is not printable", c.Class)
+				break
+			}
+		}
+	}
+	if t.Failed() {
+		logReport(t, r)
+	}
+}

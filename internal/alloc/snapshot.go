@@ -23,6 +23,13 @@ const (
 	statGCSweepCount
 )
 
+// AnonymousClass names the objects of anonymous classes (Class.new),
+// which are counted together: their names are temporary strings.
+const AnonymousClass = "(anonymous class)"
+
+// anonClass is the eBPF program's marker for anonymous classes.
+const anonClass = 1
+
 // ClassCount is the allocations of one class.
 type ClassCount struct {
 	Class string `json:"class"`
@@ -197,8 +204,8 @@ func sortReport(r *Report) {
 func (tr *Tracker) className(k Kind, cls uint64, r *Report) string {
 	switch k {
 	case KindObject:
-		if cls == 0 {
-			return "(anonymous)"
+		if cls == 0 || cls == anonClass {
+			return AnonymousClass
 		}
 		s, err := tr.names.cString(cls)
 		if err != nil {

@@ -12,6 +12,7 @@
 #include "minbpf.h"
 
 #define MAX_SPECS 256
+#define ANON_CLASS 1 /* class "pointer" of anonymous classes' objects */
 #define MAX_SITES 65536
 #define MAX_CLASSES 16384
 
@@ -282,6 +283,18 @@ static __always_inline int handle(struct pt_regs *ctx)
 	ck.kind = kind;
 	switch (kind) {
 	case KIND_OBJECT:
+		sk.cls = a0;
+		/* An anonymous class's name ("#<Class:0x...>") is a temporary
+		 * string made for this one event: its pointer is unique and the
+		 * memory is soon reused. Count those under one marker instead
+		 * (2 bytes read, not a string copy). */
+		if (a0) {
+			char p[2] = {};
+			if (!bpf_probe_read_user(p, sizeof(p), (void *)a0) && p[0] == '#' && p[1] == '<')
+				sk.cls = ANON_CLASS;
+		}
+		ck.cls = sk.cls;
+		break;
 	case KIND_NEWOBJ:
 		sk.cls = a0;
 		ck.cls = a0;
