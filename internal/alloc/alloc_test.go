@@ -41,7 +41,16 @@ type rubyProc struct {
 
 func startRuby(t testing.TB, args ...string) *rubyProc {
 	t.Helper()
+	return startRubyEnv(t, nil, args...)
+}
+
+// startRubyEnv is startRuby with extra environment variables.
+func startRubyEnv(t testing.TB, env []string, args ...string) *rubyProc {
+	t.Helper()
 	cmd := exec.Command("ruby", args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -401,12 +410,26 @@ func TestSemaphoreReleasedOnClose(t *testing.T) {
 // as a foreign tracer might: Attach must say so.
 func TestProbeBusy(t *testing.T) {
 	needBPF(t)
-	p := startRuby(t, script(t, "alloc.rb"), "10")
+	// The foreign probe goes on a private copy of libruby: uprobes are
+	// per inode, so tests of other packages attaching to the system
+	// libruby at the same time are not disturbed, nor disturb this one.
+	lib, err := os.ReadFile(libruby)
+	if err != nil {
+		t.Skipf("no libruby to copy: %v", err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, filepath.Base(libruby)), lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := startRubyEnv(t, []string{"LD_LIBRARY_PATH=" + dir}, script(t, "alloc.rb"), "10")
 	p.expect(t, "ready")
 	pid := p.cmd.Process.Pid
 	plan, err := planOf(pid)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.HasPrefix(plan.Binary, dir) {
+		t.Fatalf("ruby did not load the private libruby copy: %s", plan.Binary)
 	}
 	var obj Site
 	for _, s := range plan.Sites {
