@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -611,5 +612,63 @@ func TestAnonymousClasses(t *testing.T) {
 	}
 	if t.Failed() {
 		logReport(t, r)
+	}
+}
+
+// TestOtherMountNamespace: the target sees a different libruby (another
+// inode) at the same path, as in a container. Opened through
+// /proc/PID/root, the probes land on the file the target really maps.
+func TestOtherMountNamespace(t *testing.T) {
+	needBPF(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("unshare not installed (util-linux)")
+	}
+	lib, err := os.ReadFile(libruby)
+	if err != nil {
+		t.Skipf("no libruby: %v", err)
+	}
+	copyPath := filepath.Join(t.TempDir(), "libruby-copy.so")
+	if err := os.WriteFile(copyPath, lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rb := script(t, "alloc.rb")
+	shell := fmt.Sprintf("mount --bind %s %s && exec ruby %s 1000", copyPath, libruby, rb)
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", shell)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	p := &rubyProc{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	p.expect(t, "ready")
+	pid := cmd.Process.Pid // unshare execs sh, which execs ruby
+
+	var hostSt, targetSt syscall.Stat_t
+	if err := syscall.Stat(libruby, &hostSt); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/root%s", pid, libruby), &targetSt); err != nil {
+		t.Fatal(err)
+	}
+	if hostSt.Ino == targetSt.Ino {
+		t.Skip("the bind mount did not give the target another libruby")
+	}
+	tr := attachOrSkip(t, pid, Options{})
+	p.send(t)
+	p.expect(t, "done")
+	r, err := tr.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := classCount(r, "Widget"); got != 1000 {
+		t.Errorf("counted %d Widgets in the other mount namespace, want 1000", got)
 	}
 }
