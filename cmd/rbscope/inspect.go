@@ -45,13 +45,7 @@ table, field by field).`,
 			return runInspect(cmd.OutOrStdout(), o)
 		},
 	}
-	f := cmd.Flags()
-	f.IntVarP(&o.pid, "pid", "p", 0, "process id of the Ruby process")
-	f.StringVar(&o.core, "core", "", "core file to read instead of a live process")
-	f.StringVar(&o.exe, "exe", "", "with --core: the ruby executable that produced the core")
-	f.StringVar(&o.format, "format", "text", "output format: text or json")
-	f.StringVar(&o.rubyVersion, "ruby-version", "", "Ruby version to assume when it cannot be detected")
-	f.BoolVar(&o.noSymbols, "no-symbols", false, "ignore symbol tables and find the VM by scanning memory")
+	o.register(cmd.Flags())
 	rootCmd.AddCommand(cmd)
 }
 

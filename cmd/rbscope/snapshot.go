@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -43,14 +44,19 @@ The process is not paused or changed: rbscope reads its memory
 			return runSnapshot(cmd.OutOrStdout(), o)
 		},
 	}
-	f := cmd.Flags()
+	o.register(cmd.Flags())
+	rootCmd.AddCommand(cmd)
+}
+
+// register adds the flags that name a target and how to read it, shared
+// by snapshot and inspect.
+func (o *snapshotOpts) register(f *pflag.FlagSet) {
 	f.IntVarP(&o.pid, "pid", "p", 0, "process id of the Ruby process")
-	f.StringVar(&o.core, "core", "", "core file to read instead of a live process (plain or .gz)")
+	f.StringVar(&o.core, "core", "", "core file to read instead of a live process (plain or compressed)")
 	f.StringVar(&o.exe, "exe", "", "with --core: the ruby executable that produced the core")
 	f.StringVar(&o.format, "format", "text", "output format: text or json")
 	f.StringVar(&o.rubyVersion, "ruby-version", "", "Ruby version to assume when it cannot be detected (e.g. 3.1.2)")
 	f.BoolVar(&o.noSymbols, "no-symbols", false, "ignore symbol tables and find the VM by scanning memory")
-	rootCmd.AddCommand(cmd)
 }
 
 // openTarget opens the live process or core file the flags name.
