@@ -19,7 +19,7 @@ packages=(
   dwz                  # DWARF as distributions ship it (layout tests)
   ruby-dev             # Ruby's headers: real DWARF for the layout tests
   iproute2             # ss: scripts/pyroscope.sh picks free ports
-  chromium             # headless browser: flame graph HTML renders (output tests)
+  chromium fonts-liberation # headless browser and a font: flame graph HTML renders (output tests)
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture
   tmux                 # rbscope top is tested in a detached tmux session
 )
