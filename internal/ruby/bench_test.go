@@ -78,3 +78,24 @@ func BenchmarkSnapshotLiveCold(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkReadBaseline64 is one 64-byte process_vm_readv of the same kind
+// of target: the unit the snapshot benchmarks are compared with.
+func BenchmarkReadBaseline64(b *testing.B) {
+	proc := testutil.StartRuby(b, "stacks.rb", "bench")
+	tg, err := target.OpenLive(proc.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	maps, err := tg.Mappings()
+	if err != nil || len(maps) == 0 {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := tg.ReadAt(buf, maps[0].Start); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -144,6 +144,7 @@ type threadRef struct {
 	main   bool
 	gvl    bool
 	ractor uint64
+	tb     []byte // the rb_thread_t, when already read
 }
 
 const maxListLen = 100000
@@ -182,13 +183,20 @@ func (p *Process) threadList() ([]threadRef, error) {
 			return nil, err
 		}
 		var ractors []uint64
-		if o.vmRactorSet.ok && o.ractorVMLRNode.ok {
+		cnt := uint64(0)
+		if f, err := p.lay.Field("rb_vm_struct", "ractor.cnt"); err == nil {
+			if c, err := p.r.u32(vm + f.Offset); err == nil {
+				cnt = uint64(c)
+			}
+		}
+		if cnt > 1 && o.vmRactorSet.ok && o.ractorVMLRNode.ok {
 			err = p.walkList(vm+o.vmRactorSet.off, func(node uint64) error {
 				ractors = append(ractors, node-o.ractorVMLRNode.off)
 				return nil
 			})
 		}
 		if len(ractors) == 0 || err != nil {
+			// One ractor (the common case): the main one.
 			mr, err2 := p.r.u64(vm + o.vmMainRactor.off)
 			if err2 != nil {
 				return nil, fmt.Errorf("read main ractor: %w", err2)
@@ -206,20 +214,25 @@ func (p *Process) threadList() ([]threadRef, error) {
 			}
 			mainTh := o.ractorThreadsMain.u64(b)
 			runEC := o.ractorRunningEC.u64(b)
-			err = p.walkList(ra+o.ractorThreadsSet.off, func(node uint64) error {
+			// Follow the list through the thread structs themselves (the
+			// list node is inside rb_thread_t), keeping each struct.
+			head := ra + o.ractorThreadsSet.off
+			node := le64(b, o.ractorThreadsSet.off)
+			for i := 0; node != head; i++ {
+				if i >= maxListLen || !isHeapPtr(node) {
+					return nil, invalidf("thread list of ractor 0x%x is broken at node 0x%x", ra, node)
+				}
 				th := node - o.thLTNode.off
-				ref := threadRef{addr: th, main: th == mainTh, ractor: ra}
-				if runEC != 0 && o.thEC.ok {
-					ec, err := p.r.u64(th + o.thEC.off)
-					if err == nil && ec == runEC {
-						ref.gvl = true
-					}
+				tb, err := p.r.readOwned(th, int(o.thSize))
+				if err != nil {
+					return nil, fmt.Errorf("read thread at 0x%x: %w", th, err)
+				}
+				ref := threadRef{addr: th, main: th == mainTh, ractor: ra, tb: tb}
+				if runEC != 0 && o.thEC.ok && o.thEC.u64(tb) == runEC {
+					ref.gvl = true
 				}
 				out = append(out, ref)
-				return nil
-			})
-			if err != nil {
-				return nil, fmt.Errorf("list threads of ractor 0x%x: %w", ra, err)
+				node = le64(tb, o.thLTNode.off)
 			}
 		}
 		return out, nil

@@ -29,6 +29,7 @@ type caches struct {
 	epBuf       []byte
 	reqBuf      []target.Read
 	osNames     map[int]string
+	slotCache   map[uint64]slotEntry
 	symScanDone bool
 	classpathSerial,
 	attachedSerial uint64
@@ -49,6 +50,7 @@ func (c *caches) init() {
 	c.idCache = map[uint64]string{}
 	c.epBuf = make([]byte, 0, 24)
 	c.osNames = map[int]string{}
+	c.slotCache = map[uint64]slotEntry{}
 }
 
 // errNoSymbols reports that the global symbol table was not found.

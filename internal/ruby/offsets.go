@@ -42,8 +42,8 @@ type offsets struct {
 	ecVMStack, ecVMStackSize, ecCFP fieldOff
 	ecSize                          uint64
 
-	cfpPC, cfpIseq, cfpSelf, cfpEP, cfpFlag, cfpMe fieldOff
-	cfpSize                                        uint64
+	cfpPC, cfpIseq, cfpSelf, cfpEP, cfpFlag, cfpMe, cfpBlock fieldOff
+	cfpSize                                                  uint64
 
 	iseqBody, iseqType, iseqName, iseqFilename, iseqFilepath fieldOff
 	iseqSize                                                 uint64
@@ -127,6 +127,10 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 	o.cfpEP = f(cf, "ep")
 	o.cfpFlag = f(cf, "flag")
 	o.cfpMe = f(cf, "me")
+	o.cfpBlock = f(cf, "block_code")
+	if !o.cfpBlock.ok {
+		o.cfpBlock = f(cf, "block_iseq")
+	}
 	o.cfpSize = size(cf)
 
 	is := "rb_iseq_struct"

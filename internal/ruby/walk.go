@@ -85,9 +85,12 @@ func (p *Process) refreshOSNames() {
 
 func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 	o := &p.o
-	tb, err := p.r.readOwned(ref.addr, int(o.thSize))
-	if err != nil {
-		return stack.Thread{}, fmt.Errorf("read rb_thread_t: %w", err)
+	tb := ref.tb
+	if tb == nil {
+		var err error
+		if tb, err = p.r.readOwned(ref.addr, int(o.thSize)); err != nil {
+			return stack.Thread{}, fmt.Errorf("read rb_thread_t: %w", err)
+		}
 	}
 	th := stack.Thread{Main: ref.main, GVL: ref.gvl}
 	if st := o.thStatus.u64(tb); p.ver < v(2, 3, 0) {
@@ -121,7 +124,12 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 		if !isHeapPtr(ec) {
 			return th, invalidf("thread has execution context 0x%x", ec)
 		}
-		eb, err := p.r.read(ec, int(o.ecSize))
+		// vm_stack, vm_stack_size and cfp lead the struct in every version.
+		need := o.ecCFP.off + 8
+		if vs := o.ecVMStackSize.off + 8; vs > need {
+			need = vs
+		}
+		eb, err := p.r.read(ec, int(need))
 		if err != nil {
 			return th, fmt.Errorf("read execution context: %w", err)
 		}
@@ -204,16 +212,26 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	}
 	count := int(n / o.cfpSize)
 	fds := make([]frameData, count)
+	cached := make([]bool, count)
 	modern := p.ver >= v(2, 3, 0)
 	reqs := p.reqBuf[:0]
 	for i := range fds {
 		fd := &fds[i]
 		fd.cf = buf[uint64(i)*o.cfpSize : uint64(i+1)*o.cfpSize]
 		fd.ep = o.cfpEP.u64(fd.cf)
+		if modern && !isHeapPtr(fd.ep) {
+			return nil, fmt.Errorf("frame %d: %w", i, invalidf("control frame has ep 0x%x", fd.ep))
+		}
+		// A frame whose iseq, self, environment and block are those seen
+		// in this slot before is the same frame (only its pc moves): its
+		// environment, iseq header and method entry are not read again.
+		addr := cfp + uint64(i)*o.cfpSize
+		if e, ok := p.slotCache[addr]; ok && e.key == slotKeyOf(o, fd.cf) {
+			fd.epData, fd.iseqHdr, fd.meHdr = e.epData, e.iseqHdr, e.meHdr
+			cached[i] = true
+			continue
+		}
 		if modern {
-			if !isHeapPtr(fd.ep) {
-				return nil, fmt.Errorf("frame %d: %w", i, invalidf("control frame has ep 0x%x", fd.ep))
-			}
 			reqs = append(reqs, target.Read{Addr: fd.ep - 16, Buf: fd.epData[:]})
 		}
 		if iseq := o.cfpIseq.u64(fd.cf); o.iseqBody.ok && isHeapPtr(iseq) {
@@ -226,7 +244,7 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	if modern {
 		reqs = reqs[:0]
 		for i := range fds {
-			if me := le64(fds[i].epData[:], 0); isHeapPtr(me) {
+			if me := le64(fds[i].epData[:], 0); !cached[i] && isHeapPtr(me) {
 				reqs = append(reqs, target.Read{Addr: me, Buf: fds[i].meHdr[:]})
 			}
 		}
@@ -235,6 +253,15 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		}
 	}
 	p.reqBuf = reqs[:0]
+	if len(p.slotCache) > maxSlotCache {
+		p.slotCache = map[uint64]slotEntry{}
+	}
+	for i := range fds {
+		if !cached[i] {
+			fd := &fds[i]
+			p.slotCache[cfp+uint64(i)*o.cfpSize] = slotEntry{key: slotKeyOf(o, fd.cf), epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
+		}
+	}
 	// Environments of this stack by address, for block frames whose
 	// method entry is in an outer frame's environment.
 	envs := make(map[uint64]*frameData, count)
@@ -262,6 +289,23 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		frames = append(frames, fr)
 	}
 	return frames, nil
+}
+
+// maxSlotCache bounds the per-slot frame cache (control frames of every
+// thread, by address).
+const maxSlotCache = 1 << 16
+
+// slotKey identifies the frame in a control-frame slot.
+type slotKey struct{ iseq, self, ep, block uint64 }
+
+func slotKeyOf(o *offsets, cf []byte) slotKey {
+	return slotKey{o.cfpIseq.u64(cf), o.cfpSelf.u64(cf), o.cfpEP.u64(cf), o.cfpBlock.u64(cf)}
+}
+
+// slotEntry is what was read for the frame last seen in a slot.
+type slotEntry struct {
+	key                    slotKey
+	epData, iseqHdr, meHdr [24]byte
 }
 
 // batch reads reqs in one system call where the target allows it; a
