@@ -30,6 +30,11 @@ type caches struct {
 	reqBuf      []target.Read
 	osNames     map[int]string
 	slotCache   map[uint64]slotEntry
+	fdsBuf      []frameData
+	cachedBuf   []bool
+	pendingBuf  []int
+	envs        map[uint64]*frameData
+	ownerTmp    frameData
 	symScanDone bool
 	classpathSerial,
 	attachedSerial uint64

@@ -211,8 +211,17 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		return nil, fmt.Errorf("read control frames: %w", err)
 	}
 	count := int(n / o.cfpSize)
-	fds := make([]frameData, count)
-	cached := make([]bool, count)
+	// Scratch reused across snapshots (a Process is not for concurrent use).
+	if cap(p.fdsBuf) < count {
+		p.fdsBuf = make([]frameData, count)
+		p.cachedBuf = make([]bool, count)
+	}
+	fds := p.fdsBuf[:count]
+	cached := p.cachedBuf[:count]
+	for i := range fds {
+		fds[i] = frameData{}
+		cached[i] = false
+	}
 	modern := p.ver >= v(2, 3, 0)
 	reqs := p.reqBuf[:0]
 	for i := range fds {
@@ -264,12 +273,16 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	}
 	// Environments of this stack by address, for block frames whose
 	// method entry is in an outer frame's environment.
-	envs := make(map[uint64]*frameData, count)
+	if p.envs == nil {
+		p.envs = map[uint64]*frameData{}
+	}
+	envs := p.envs
+	clear(envs)
 	for i := range fds {
 		envs[fds[i].ep] = &fds[i]
 	}
-	var frames []stack.Frame
-	var pending []int // C frames waiting for their Ruby caller's path/line
+	frames := make([]stack.Frame, 0, count)
+	pending := p.pendingBuf[:0] // C frames waiting for their Ruby caller's path/line
 	for i := range fds {
 		fr, ok, err := p.frame(&fds[i], envs)
 		if err != nil {
@@ -288,6 +301,7 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		}
 		frames = append(frames, fr)
 	}
+	p.pendingBuf = pending[:0]
 	return frames, nil
 }
 
@@ -383,7 +397,7 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 func (p *Process) methodOwner(fd *frameData, envs map[uint64]*frameData) (string, bool) {
 	epData := fd.epData[:]
 	meHdr := fd.meHdr[:]
-	var tmp frameData
+	tmp := &p.ownerTmp
 	for i := 0; i < 64; i++ {
 		flags := le64(epData, 16)
 		local := flags&envFlagLocal != 0
@@ -514,6 +528,8 @@ type iseqInfo struct {
 	qualifiable bool
 	prefix      string // "block in ", "block (2 levels) in ", ... for blocks
 	method      string // the method name to qualify
+	lastOwner   string // the owner of the last qualified name
+	lastName    string
 	// line table
 	tableAddr, tableSize, succTable, positions uint64
 	lines                                      map[uint64]int
@@ -523,7 +539,11 @@ func (i *iseqInfo) qualify(owner string) string {
 	if owner == "" {
 		return i.label
 	}
-	return i.prefix + owner + i.method
+	// An iseq nearly always runs for one owner: keep the last name built.
+	if owner != i.lastOwner || i.lastName == "" {
+		i.lastOwner, i.lastName = owner, i.prefix+owner+i.method
+	}
+	return i.lastName
 }
 
 // ISEQ_TYPE values (enum rb_iseq_type, 2.3+).
