@@ -116,11 +116,10 @@ func (p *Process) currentThread() (uint64, error) {
 		if !isHeapPtr(ec) {
 			return 0, invalidf("current execution context is 0x%x", ec)
 		}
-		f, err := p.lay.Field("rb_execution_context_struct", "thread_ptr")
-		if err != nil {
-			return 0, err
+		if !p.o.ecThreadPtr.ok {
+			return 0, errors.New("layout has no rb_execution_context_struct.thread_ptr")
 		}
-		th, err := p.r.u64(ec + f.Offset)
+		th, err := p.r.u64(ec + p.o.ecThreadPtr.off)
 		if err != nil {
 			return 0, fmt.Errorf("read EC's thread: %w", err)
 		}
@@ -184,8 +183,8 @@ func (p *Process) threadList() ([]threadRef, error) {
 		}
 		var ractors []uint64
 		cnt := uint64(0)
-		if f, err := p.lay.Field("rb_vm_struct", "ractor.cnt"); err == nil {
-			if c, err := p.r.u32(vm + f.Offset); err == nil {
+		if o.vmRactorCnt.ok {
+			if c, err := p.r.u32(vm + o.vmRactorCnt.off); err == nil {
 				cnt = uint64(c)
 			}
 		}

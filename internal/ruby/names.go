@@ -26,7 +26,6 @@ type caches struct {
 	cfuncCache  map[uint64]string
 	classCache  map[uint64]className
 	idCache     map[uint64]string
-	epBuf       []byte
 	reqBuf      []target.Read
 	osNames     map[int]string
 	slotCache   map[uint64]slotEntry
@@ -53,7 +52,6 @@ func (c *caches) init() {
 	c.cfuncCache = map[uint64]string{}
 	c.classCache = map[uint64]className{}
 	c.idCache = map[uint64]string{}
-	c.epBuf = make([]byte, 0, 24)
 	c.osNames = map[int]string{}
 	c.slotCache = map[uint64]slotEntry{}
 }

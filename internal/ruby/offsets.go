@@ -27,8 +27,8 @@ func (f fieldOff) u64(b []byte) uint64 {
 // offsets are the struct fields the walker reads, resolved once per
 // process from its layout so that the hot path does no map lookups.
 type offsets struct {
-	vmRactorSet, vmMainRactor, vmLivingThreads, vmMainThread, vmRunningThread fieldOff
-	vmSize                                                                    uint64
+	vmRactorSet, vmRactorCnt, vmMainRactor, vmLivingThreads, vmMainThread, vmRunningThread fieldOff
+	vmSize                                                                                 uint64
 
 	ractorThreadsSet, ractorThreadsMain, ractorRunningEC, ractorVMLRNode fieldOff
 	ractorSize                                                           uint64
@@ -39,8 +39,7 @@ type offsets struct {
 
 	ntTID fieldOff
 
-	ecVMStack, ecVMStackSize, ecCFP fieldOff
-	ecSize                          uint64
+	ecVMStack, ecVMStackSize, ecCFP, ecThreadPtr fieldOff
 
 	cfpPC, cfpIseq, cfpSelf, cfpEP, cfpFlag, cfpMe, cfpBlock fieldOff
 	cfpSize                                                  uint64
@@ -84,6 +83,7 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 
 	vm := "rb_vm_struct"
 	o.vmRactorSet = f(vm, "ractor.set")
+	o.vmRactorCnt = f(vm, "ractor.cnt")
 	o.vmMainRactor = f(vm, "ractor.main_ractor")
 	o.vmLivingThreads = f(vm, "living_threads")
 	o.vmMainThread = f(vm, "main_thread")
@@ -118,7 +118,7 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 	o.ecVMStack = f(ec, "vm_stack")
 	o.ecVMStackSize = f(ec, "vm_stack_size")
 	o.ecCFP = f(ec, "cfp")
-	o.ecSize = size(ec)
+	o.ecThreadPtr = f(ec, "thread_ptr")
 
 	cf := "rb_control_frame_struct"
 	o.cfpPC = f(cf, "pc")

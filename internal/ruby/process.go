@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -118,9 +117,6 @@ func parseVer(s string) int {
 // Open locates the Ruby VM in t.
 func Open(t target.Target, opts Options) (*Process, error) {
 	p := &Process{t: t, r: &reader{t: t}, opts: opts}
-	if os.Getenv("RBSCOPE_NEXT_INSN_LINES") == "1" {
-		p.opts.nextInsnLines = true
-	}
 	p.info.Addresses = map[string]uint64{}
 	p.info.AddressSources = map[string]string{}
 	p.caches.init()
