@@ -387,8 +387,10 @@ func recShares(t *testing.T, out string) (cpuA, cpuB, wallA, cpuPerWall float64)
 const recProportionScript = `
 def cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
 def wall = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-def work_a; x = 0; 10_000.times { x += 1 }; end
-def work_b; x = 0; 90_000.times { x += 1 }; end
+# Random lengths (1:9 on average): a loop of fixed period can lock in
+# step with the sampling rate and alias. The shares are measured below.
+def work_a; x = 0; rand(5_000..15_000).times { x += 1 }; end
+def work_b; x = 0; rand(45_000..135_000).times { x += 1 }; end
 ta = tb = wa = wb = 0.0
 run = lambda do
   deadline = Time.now + Float(ARGV[0])
