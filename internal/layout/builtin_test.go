@@ -6,26 +6,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 func sharedLayouts(t *testing.T) string {
 	t.Helper()
-	dir, _ := os.Getwd()
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found")
-		}
-		dir = parent
-	}
-	d := filepath.Join(dir, "..", "shared", "ruby-layouts", "x86_64")
-	if _, err := os.Stat(d); err != nil {
-		t.Skipf("shared layouts not found at %s", d)
-	}
-	return d
+	return filepath.Join(testutil.SharedDir(t), "ruby-layouts", "x86_64")
 }
 
 // TestTablesMatchShared checks that the embedded copy of the layout tables

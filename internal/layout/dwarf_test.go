@@ -147,23 +147,6 @@ func parsePahole(t testing.TB, out string) map[string]paholeStruct {
 	return res
 }
 
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
 
 // checkAgainstPahole checks that every member pahole reports for the
 // structs of obj has the same offset and size (bit position and width for

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // dumpManifest is ../shared/testdata/coredumps/manifest.json.
@@ -31,21 +32,7 @@ type dumpManifest struct {
 // root's ../shared/testdata/coredumps), skipping the test when absent.
 func coredumpDir(t testing.TB) string {
 	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test's directory")
-		}
-		dir = parent
-	}
-	d := filepath.Join(dir, "..", "shared", "testdata", "coredumps")
+	d := filepath.Join(testutil.RepoRoot(t), "..", "shared", "testdata", "coredumps")
 	if _, err := os.Stat(filepath.Join(d, "manifest.json")); err != nil {
 		t.Skipf("shared core dumps not available: %v", err)
 	}
