@@ -147,7 +147,6 @@ func parsePahole(t testing.TB, out string) map[string]paholeStruct {
 	return res
 }
 
-
 // checkAgainstPahole checks that every member pahole reports for the
 // structs of obj has the same offset and size (bit position and width for
 // bitfields) in l.
