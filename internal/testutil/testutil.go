@@ -4,14 +4,10 @@ package testutil
 
 import (
 	"bufio"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // RepoRoot returns the directory holding go.mod.
@@ -39,19 +35,15 @@ func SharedDir(t testing.TB) string {
 	t.Helper()
 	d := filepath.Join(RepoRoot(t), "..", "shared")
 	if _, err := os.Stat(d); err != nil {
-		t.Skipf("shared data not found at %s", d)
+		Missing(t, "shared data at %s (../shared beside the repository)", d)
 	}
 	return d
 }
 
-// Ruby returns the path of the ruby interpreter, skipping when none.
+// Ruby returns the path of Debian's ruby interpreter (see SystemRuby).
 func Ruby(t testing.TB) string {
 	t.Helper()
-	p, err := exec.LookPath("ruby")
-	if err != nil {
-		t.Skip("ruby is not installed (scripts/install-deps.sh installs it)")
-	}
-	return p
+	return SystemRuby(t).Exe
 }
 
 // Proc is a Ruby process started by a test.
@@ -63,53 +55,8 @@ type Proc struct {
 	out   *bufio.Reader
 }
 
-// StartRuby runs `ruby script args...` (script relative to
-// testdata/ruby unless absolute), waits until it prints a line "ready"
-// (up to 20 s), and kills it when the test ends.
+// StartRuby runs Debian's Ruby on script (see RubyUnderTest.Start).
 func StartRuby(t testing.TB, script string, args ...string) *Proc {
 	t.Helper()
-	if !filepath.IsAbs(script) {
-		script = filepath.Join(RepoRoot(t), "testdata", "ruby", script)
-	}
-	cmd := exec.Command(Ruby(t), append([]string{script}, args...)...)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start ruby: %v", err)
-	}
-	p := &Proc{Cmd: cmd, Pid: cmd.Process.Pid, out: bufio.NewReader(stdout)}
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-	})
-	done := make(chan error, 1)
-	go func() {
-		for {
-			line, err := p.out.ReadString('\n')
-			if err != nil {
-				done <- err
-				return
-			}
-			line = strings.TrimRight(line, "\n")
-			if line == "ready" {
-				done <- nil
-				return
-			}
-			p.Lines = append(p.Lines, line)
-		}
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("ruby %s exited before it was ready: %v", script, err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("ruby %s did not print ready within 20s", script)
-	}
-	go io.Copy(io.Discard, p.out)
-	return p
+	return SystemRuby(t).Start(t, script, args...)
 }

@@ -1,0 +1,276 @@
+package testutil
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// RubyUnderTest is one Ruby the live tests run against: Debian's own, and
+// the builds scripts/rubies.sh makes (shared with DWARF, static with its
+// DWARF in a separate debug file or none at all, each with and without
+// YJIT).
+type RubyUnderTest struct {
+	// Name identifies the configuration in subtest names:
+	// "system", "3.3.8", "3.3.8-yjit", "3.3.8-static", "3.3.8-static-nodebug".
+	Name string
+	// Exe is the ruby executable.
+	Exe string
+	// Args go before the script (e.g. "--yjit").
+	Args []string
+	// Version is RUBY_VERSION as the executable reports it.
+	Version string
+	// Build is the scripts/rubies.sh build name ("" for Debian's Ruby).
+	Build string
+	// YJIT is true when the process runs with --yjit.
+	YJIT bool
+	// Shared is true when the VM lives in libruby.so, false when it is
+	// inside the executable.
+	Shared bool
+	// DebugRoot is the debug-file root that holds this build's separate
+	// DWARF, to give rbscope as RBSCOPE_DEBUG_ROOT ("" for none).
+	DebugRoot string
+	// HasDWARF is true when rbscope can find DWARF for the VM (in the
+	// binary or through DebugRoot).
+	HasDWARF bool
+}
+
+// String returns the configuration's name.
+func (r RubyUnderTest) String() string { return r.Name }
+
+// IsSystem reports whether this is the distribution's Ruby, the only one
+// with the reference gems (ruby-stackprof, ruby-memory-profiler) installed.
+func (r RubyUnderTest) IsSystem() bool { return r.Build == "" }
+
+// Command returns an exec.Cmd running this Ruby with its Args, then args.
+func (r RubyUnderTest) Command(args ...string) *exec.Cmd {
+	return exec.Command(r.Exe, append(append([]string{}, r.Args...), args...)...)
+}
+
+// Argv returns the command line that runs this Ruby with args, for
+// launch-mode tests (`rbscope record -- ARGV...`).
+func (r RubyUnderTest) Argv(args ...string) []string {
+	return append(append([]string{r.Exe}, r.Args...), args...)
+}
+
+// ProfilerEnv returns the environment rbscope needs for this Ruby
+// (RBSCOPE_DEBUG_ROOT, and a private layout cache so that one
+// configuration's DWARF layout never serves another), for running the CLI.
+func (r RubyUnderTest) ProfilerEnv(t testing.TB) []string {
+	t.Helper()
+	return append(os.Environ(), "RBSCOPE_DEBUG_ROOT="+r.DebugRoot, "RBSCOPE_CACHE_DIR="+t.TempDir())
+}
+
+// SetProfilerEnv sets ProfilerEnv's variables in this test's own process,
+// for tests that call the library directly. Not for parallel tests.
+func (r RubyUnderTest) SetProfilerEnv(t *testing.T) {
+	t.Helper()
+	t.Setenv("RBSCOPE_DEBUG_ROOT", r.DebugRoot)
+	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
+}
+
+var rubies struct {
+	once sync.Once
+	list []RubyUnderTest
+	errs []string
+}
+
+// Rubies lists every Ruby under test. Debian's Ruby must be installed
+// (scripts/install-deps.sh); the builds come from scripts/rubies.sh, which
+// scripts/test.sh runs first. A Ruby that is missing stops the test (see
+// Missing): under CI every one must be there.
+func Rubies(t testing.TB) []RubyUnderTest {
+	t.Helper()
+	rubies.once.Do(loadRubies)
+	for _, e := range rubies.errs {
+		Missing(t, "%s", e)
+	}
+	return rubies.list
+}
+
+// SystemRuby returns Debian's Ruby (stopping the test when it is missing).
+func SystemRuby(t testing.TB) RubyUnderTest {
+	t.Helper()
+	rubies.once.Do(loadRubies)
+	for _, r := range rubies.list {
+		if r.IsSystem() {
+			return r
+		}
+	}
+	Missing(t, "Debian's ruby (scripts/install-deps.sh installs it)")
+	return RubyUnderTest{}
+}
+
+// EachRuby runs f as a subtest for every Ruby under test.
+func EachRuby(t *testing.T, f func(t *testing.T, rb RubyUnderTest)) {
+	t.Helper()
+	for _, rb := range Rubies(t) {
+		rb := rb
+		t.Run(rb.Name, func(t *testing.T) { f(t, rb) })
+	}
+}
+
+func loadRubies() {
+	if p, err := exec.LookPath("ruby"); err == nil {
+		if v, err := rubyVersion(p); err == nil {
+			rubies.list = append(rubies.list, RubyUnderTest{Name: "system", Exe: p, Version: v, Shared: true})
+		} else {
+			rubies.errs = append(rubies.errs, fmt.Sprintf("Debian's ruby at %s does not run: %v", p, err))
+		}
+	} else {
+		rubies.errs = append(rubies.errs, "Debian's ruby (scripts/install-deps.sh installs it)")
+	}
+	root, err := repoRoot()
+	if err != nil {
+		rubies.errs = append(rubies.errs, err.Error())
+		return
+	}
+	script := filepath.Join(root, "scripts", "rubies.sh")
+	for _, build := range []string{"3.3.8", "3.3.8-static"} {
+		prefix, err := builtPrefix(script, build)
+		if err != nil {
+			rubies.errs = append(rubies.errs, fmt.Sprintf("Ruby %s from scripts/rubies.sh (run `scripts/rubies.sh build %s`): %v", build, build, err))
+			continue
+		}
+		exe := filepath.Join(prefix, "bin", "ruby")
+		v, err := rubyVersion(exe)
+		if err != nil {
+			rubies.errs = append(rubies.errs, fmt.Sprintf("Ruby %s at %s does not run: %v", build, exe, err))
+			continue
+		}
+		base := RubyUnderTest{Exe: exe, Version: v, Build: build}
+		if build == "3.3.8-static" {
+			out, err := exec.Command(script, "debugroot", build).Output()
+			if err != nil {
+				rubies.errs = append(rubies.errs, fmt.Sprintf("debug root of %s: %v", build, err))
+				continue
+			}
+			withDebug := base
+			withDebug.Name, withDebug.DebugRoot, withDebug.HasDWARF = build, strings.TrimSpace(string(out)), true
+			noDebug := base
+			noDebug.Name = build + "-nodebug"
+			rubies.list = append(rubies.list, withDebug, noDebug)
+			continue
+		}
+		base.Shared, base.HasDWARF = true, true
+		plain := base
+		plain.Name = build
+		yjit := base
+		yjit.Name, yjit.Args, yjit.YJIT = build+"-yjit", []string{"--yjit"}, true
+		rubies.list = append(rubies.list, plain, yjit)
+	}
+}
+
+// builtPrefix returns the prefix of a finished scripts/rubies.sh build,
+// without building: tests never start an 8-minute build themselves.
+func builtPrefix(script, build string) (string, error) {
+	dir := os.Getenv("RBSCOPE_RUBIES_DIR")
+	if dir == "" {
+		cache, err := os.UserCacheDir()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(cache, "rbscope", "rubies")
+	}
+	prefix := filepath.Join(dir, build)
+	if _, err := os.Stat(filepath.Join(prefix, ".rbscope-built")); err != nil {
+		return "", fmt.Errorf("not built in %s", prefix)
+	}
+	return prefix, nil
+}
+
+func rubyVersion(exe string) (string, error) {
+	out, err := exec.Command(exe, "-e", "print RUBY_VERSION").Output()
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("go.mod not found above %s", dir)
+		}
+		dir = parent
+	}
+}
+
+// Start runs this Ruby on script (relative to testdata/ruby unless
+// absolute) with args, waits until it prints a line "ready" (up to 30 s),
+// and kills its process group when the test ends.
+func (r RubyUnderTest) Start(t testing.TB, script string, args ...string) *Proc {
+	t.Helper()
+	if !filepath.IsAbs(script) {
+		script = filepath.Join(RepoRoot(t), "testdata", "ruby", script)
+	}
+	return r.StartCmd(t, r.Command(append([]string{script}, args...)...))
+}
+
+// StartCmd starts cmd (built by Command), waits for its "ready" line (up
+// to 30 s) and kills its process group when the test ends. cmd's Stdout
+// must be unset; its Stderr goes to the test's stderr unless set.
+func (r RubyUnderTest) StartCmd(t testing.TB, cmd *exec.Cmd) *Proc {
+	t.Helper()
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", r.Name, err)
+	}
+	p := &Proc{Cmd: cmd, Pid: cmd.Process.Pid, out: bufio.NewReader(stdout)}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+	done := make(chan error, 1)
+	go func() {
+		for {
+			line, err := p.out.ReadString('\n')
+			if err != nil {
+				done <- err
+				return
+			}
+			line = strings.TrimRight(line, "\n")
+			if line == "ready" {
+				done <- nil
+				return
+			}
+			p.Lines = append(p.Lines, line)
+		}
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v exited before it was ready: %v", r.Name, cmd.Args, err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: %v did not print ready within 30s", r.Name, cmd.Args)
+	}
+	go io.Copy(io.Discard, p.out)
+	return p
+}

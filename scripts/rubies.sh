@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Builds the Rubies rbscope is tested against (besides Debian's own), from
+# Debian's source package, and caches them under ~/.cache/rbscope/rubies.
+#
+#   scripts/rubies.sh list            names of the Rubies this script builds
+#   scripts/rubies.sh build [NAME...] build (if not cached) the named, or all
+#   scripts/rubies.sh prefix NAME     build NAME if needed, print its prefix
+#   scripts/rubies.sh debugroot NAME  print NAME's debug-file root ("" if none)
+#
+# Rubies:
+#   3.3.8         --enable-shared --enable-yjit; libruby keeps the DWARF that
+#                 Ruby's default -ggdb3 gives it.
+#   3.3.8-static  --enable-yjit, VM inside the executable, which is stripped;
+#                 its DWARF is in a separate file found by build id under
+#                 "$(scripts/rubies.sh debugroot 3.3.8-static)" (give that as
+#                 RBSCOPE_DEBUG_ROOT), and reachable by .gnu_debuglink.
+#
+# Idempotent: a finished build leaves PREFIX/.rbscope-built and is never
+# redone; concurrent callers wait on a lock. Needs root (apt) the first time.
+# RBSCOPE_RUBIES_DIR overrides the cache directory.
+set -euo pipefail
+
+version=3.3.8
+names=(3.3.8 3.3.8-static)
+cache=${RBSCOPE_RUBIES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rbscope/rubies}
+src_cache=$cache/src
+tarball=$src_cache/ruby3.3_${version}.orig.tar.xz
+
+log() { echo "rubies.sh: $*" >&2; }
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+
+build_deps=(build-essential pkg-config libssl-dev libyaml-dev zlib1g-dev libffi-dev
+  libgmp-dev libreadline-dev libncurses-dev systemtap-sdt-dev binutils xz-utils
+  dpkg-dev rustc)
+
+install_build_deps() {
+  local missing=()
+  for p in "${build_deps[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  # rustc may come from rustup rather than Debian: any rustc on PATH will do.
+  if command -v rustc >/dev/null; then
+    local m2=()
+    for p in "${missing[@]}"; do [ "$p" = rustc ] || m2+=("$p"); done
+    missing=("${m2[@]}")
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing build dependencies: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# fetch_source downloads Debian's ruby3.3 source package (trixie) once.
+fetch_source() {
+  [ -s "$tarball" ] && return 0
+  mkdir -p "$src_cache"
+  # A deb-src entry for trixie on the mirror this machine already uses.
+  local list=/etc/apt/sources.list.d/rbscope-trixie-src.sources
+  if [ ! -e "$list" ]; then
+    local uri
+    uri=$(grep -hoE '^(URIs:|deb) +[^ ]*debian/?' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
+      awk '{print $2}' | grep -v security | head -n1 || true)
+    [ -n "$uri" ] || { log "no Debian mirror found in /etc/apt/sources.list*; add a deb-src entry for trixie by hand"; exit 1; }
+    printf 'Types: deb-src\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" |
+      $SUDO tee "$list" >/dev/null
+  fi
+  $SUDO apt-get update -qq
+  local tmp
+  tmp=$(mktemp -d "$src_cache/dl.XXXXXX")
+  (cd "$tmp" && apt-get source --download-only ruby3.3="$(apt-cache showsrc ruby3.3 | awk '/^Version:/ {print $2}' | grep "^$version" | head -n1)" >/dev/null) ||
+    (cd "$tmp" && apt-get source --download-only ruby3.3 >/dev/null)
+  local got
+  got=$(ls "$tmp"/ruby3.3_"$version"*.orig.tar.xz 2>/dev/null | head -n1 || true)
+  [ -n "$got" ] || { log "apt-get source ruby3.3 gave no ruby3.3_${version} tarball (found: $(ls "$tmp"))"; exit 1; }
+  mv "$got" "$tarball"
+  rm -rf "$tmp"
+}
+
+prefix_of() { echo "$cache/$1"; }
+debugroot_of() {
+  case "$1" in
+    *-static) echo "$cache/$1-debug" ;;
+    *) echo "" ;;
+  esac
+}
+
+build_one() {
+  local name=$1 prefix
+  prefix=$(prefix_of "$name")
+  [ -e "$prefix/.rbscope-built" ] && return 0
+  local conf=(--enable-yjit --disable-install-doc --disable-install-rdoc)
+  case "$name" in
+    3.3.8) conf+=(--enable-shared) ;;
+    3.3.8-static) conf+=(--disable-shared) ;;
+    *) log "unknown Ruby '$name' (known: ${names[*]})"; exit 2 ;;
+  esac
+  install_build_deps
+  fetch_source
+  local work
+  work=$(mktemp -d "${TMPDIR:-/tmp}/rbscope-ruby-$name.XXXXXX")
+  log "building Ruby $name in $work (about 8 minutes on 2 cores)"
+  tar -C "$work" -xJf "$tarball"
+  local dir
+  dir=$(find "$work" -mindepth 1 -maxdepth 1 -type d | head -n1)
+  rm -rf "$prefix"
+  (
+    cd "$dir"
+    ./configure --prefix="$prefix" "${conf[@]}" >"$work/configure.log" 2>&1 ||
+      { tail -n 30 "$work/configure.log" >&2; exit 1; }
+    make -j"$(nproc)" >"$work/make.log" 2>&1 || { tail -n 40 "$work/make.log" >&2; exit 1; }
+    # `make install` would fetch bundled gems from the network and retry.
+    make install-local install-ext >"$work/install.log" 2>&1 || { tail -n 40 "$work/install.log" >&2; exit 1; }
+  )
+  if [ "$name" = 3.3.8-static ]; then
+    # A stripped executable whose DWARF lives in a separate file under a
+    # build-id tree, as distributions ship debug info.
+    local exe=$prefix/bin/ruby droot bid
+    droot=$(debugroot_of "$name")
+    bid=$(readelf -n "$exe" | awk '/Build ID:/ {print $3; exit}')
+    [ -n "$bid" ] || { log "$exe has no build id"; exit 1; }
+    mkdir -p "$droot/.build-id/${bid:0:2}"
+    objcopy --only-keep-debug "$exe" "$droot/.build-id/${bid:0:2}/${bid:2}.debug"
+    strip --strip-all "$exe"
+    objcopy --add-gnu-debuglink="$droot/.build-id/${bid:0:2}/${bid:2}.debug" "$exe"
+  fi
+  "$prefix/bin/ruby" -e 'exit(RUBY_VERSION == ARGV[0] ? 0 : 1)' "$version" ||
+    { log "$prefix/bin/ruby does not run as Ruby $version"; exit 1; }
+  touch "$prefix/.rbscope-built"
+  rm -rf "$work"
+  log "Ruby $name installed in $prefix"
+}
+
+locked() {
+  mkdir -p "$cache"
+  exec 9>"$cache/.lock"
+  flock 9
+  "$@"
+}
+
+cmd=${1:-build}
+shift || true
+case "$cmd" in
+  list) printf '%s\n' "${names[@]}" ;;
+  build)
+    [ $# -gt 0 ] || set -- "${names[@]}"
+    for n in "$@"; do locked build_one "$n"; done
+    ;;
+  prefix)
+    [ $# -eq 1 ] || { log "usage: $0 prefix NAME"; exit 2; }
+    [ -e "$(prefix_of "$1")/.rbscope-built" ] || locked build_one "$1"
+    prefix_of "$1"
+    ;;
+  debugroot)
+    [ $# -eq 1 ] || { log "usage: $0 debugroot NAME"; exit 2; }
+    debugroot_of "$1"
+    ;;
+  *) log "usage: $0 list | build [NAME...] | prefix NAME | debugroot NAME"; exit 2 ;;
+esac
