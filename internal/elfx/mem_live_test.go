@@ -10,6 +10,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // TestReadMemoryImageLive reads libruby's and ruby's dynamic symbols from
@@ -17,11 +18,11 @@ import (
 // disk (elfx.Open), load bias applied.
 func TestReadMemoryImageLive(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("reading another process's memory needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "reading another process's memory needs CAP_SYS_PTRACE: run as root")
 	}
 	ruby, err := exec.LookPath("ruby")
 	if err != nil {
-		t.Skipf("ruby not installed: %v", err)
+		testutil.Missing(t, "ruby not installed: %v", err)
 	}
 	cmd := exec.Command(ruby, "-e", "puts 1; $stdout.flush; sleep")
 	out, _ := cmd.StdoutPipe()

@@ -59,10 +59,10 @@ func shortDir(t *testing.T) string {
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: sets /proc/sys/kernel/core_pattern")
+		testutil.Missing(t, "needs root: sets /proc/sys/kernel/core_pattern")
 	}
 	if _, err := os.Stat(CorePatternFile); err != nil {
-		t.Skipf("no %s: %v", CorePatternFile, err)
+		testutil.Missing(t, "no %s: %v", CorePatternFile, err)
 	}
 }
 

@@ -14,16 +14,17 @@ import (
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 func needRuby(t testing.TB) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("reading another process needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "reading another process needs CAP_SYS_PTRACE: run as root")
 	}
 	rb, err := exec.LookPath("ruby")
 	if err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	return rb
 }

@@ -274,3 +274,21 @@ func (r RubyUnderTest) StartCmd(t testing.TB, cmd *exec.Cmd) *Proc {
 	go io.Copy(io.Discard, p.out)
 	return p
 }
+
+// LibRuby returns the path of this Ruby's shared library, as RbConfig
+// names it (stopping the test when this Ruby has none or it is missing).
+func (r RubyUnderTest) LibRuby(t testing.TB) string {
+	t.Helper()
+	if !r.Shared {
+		t.Fatalf("%s has no libruby: the VM is inside the executable", r.Name)
+	}
+	out, err := exec.Command(r.Exe, "-e", `print File.join(RbConfig::CONFIG["libdir"], RbConfig::CONFIG["LIBRUBY_SO"])`).Output()
+	if err != nil {
+		t.Fatalf("%s: ask RbConfig for libruby: %v", r.Name, err)
+	}
+	p := string(out)
+	if _, err := os.Stat(p); err != nil {
+		Missing(t, "%s's libruby at %s: %v", r.Name, p, err)
+	}
+	return p
+}

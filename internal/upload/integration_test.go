@@ -23,6 +23,7 @@ import (
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // local counts what a test gave the uploader, as the server should count
@@ -132,11 +133,11 @@ end
 func startRuby(t *testing.T, script string) int {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("reading another process needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "reading another process needs CAP_SYS_PTRACE: run as root")
 	}
 	rb, err := exec.LookPath("ruby")
 	if err != nil {
-		t.Skip("ruby not installed (scripts/install-deps.sh installs it)")
+		testutil.Missing(t, "ruby not installed (scripts/install-deps.sh installs it)")
 	}
 	path := filepath.Join(t.TempDir(), "spin.rb")
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
