@@ -27,6 +27,8 @@ var WantedStructs = []string{
 	// Beyond them.
 	"rb_symbols_t", "st_table", "st_table_entry", "rb_id_table",
 	"succ_index_table", "succ_dict_block",
+	// GC state (gc.c; gc/default.c from 3.4).
+	"rb_objspace",
 }
 
 // ErrNoDWARF says that a file carries no DWARF debug information.

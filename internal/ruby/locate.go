@@ -213,6 +213,7 @@ func (p *Process) threadList() ([]threadRef, error) {
 			}
 			mainTh := o.ractorThreadsMain.u64(b)
 			runEC := o.ractorRunningEC.u64(b)
+			owner, ownerKnown := p.ownerFrom(b, false)
 			// Follow the list through the thread structs themselves (the
 			// list node is inside rb_thread_t), keeping each struct.
 			head := ra + o.ractorThreadsSet.off
@@ -227,7 +228,9 @@ func (p *Process) threadList() ([]threadRef, error) {
 					return nil, fmt.Errorf("read thread at 0x%x: %w", th, err)
 				}
 				ref := threadRef{addr: th, main: th == mainTh, ractor: ra, tb: tb}
-				if runEC != 0 && o.thEC.ok && o.thEC.u64(tb) == runEC {
+				if ownerKnown {
+					ref.gvl = owner != 0 && th == owner
+				} else if runEC != 0 && o.thEC.ok && o.thEC.u64(tb) == runEC {
 					ref.gvl = true
 				}
 				out = append(out, ref)
@@ -246,10 +249,13 @@ func (p *Process) threadList() ([]threadRef, error) {
 			return nil, fmt.Errorf("read VM: %w", err)
 		}
 		mainTh := o.vmMainThread.u64(b)
+		if owner, ok := p.ownerFrom(b, true); ok {
+			cur = owner
+		}
 		var out []threadRef
 		err = p.walkList(vm+o.vmLivingThreads.off, func(node uint64) error {
 			th := node - o.thVMLTNode.off
-			out = append(out, threadRef{addr: th, main: th == mainTh, gvl: th == cur})
+			out = append(out, threadRef{addr: th, main: th == mainTh, gvl: cur != 0 && th == cur})
 			return nil
 		})
 		if err != nil {

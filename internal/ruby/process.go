@@ -65,6 +65,10 @@ type Info struct {
 	Addresses      map[string]uint64 `json:"addresses"`
 	AddressSources map[string]string `json:"address_sources"`
 	LayoutSource   string            `json:"layout_source"`
+	// GVLSource says where GVL ownership is read from; GCSource where the
+	// GC flags are (dwarf, scan, or none with the reason).
+	GVLSource string `json:"gvl_source"`
+	GCSource  string `json:"gc_source"`
 }
 
 // Process is a Ruby process whose VM has been located.
@@ -77,6 +81,7 @@ type Process struct {
 	ver     int
 	lay     *layout.Layout
 	o       offsets
+	act     activityOffsets
 	info    Info
 
 	syms []symSource
@@ -132,6 +137,7 @@ func Open(t target.Target, opts Options) (*Process, error) {
 	if err := p.locate(); err != nil {
 		return nil, err
 	}
+	p.resolveActivity()
 	return p, nil
 }
 
