@@ -36,6 +36,10 @@ type activityOffsets struct {
 	owner       fieldOff // rb_thread_t* that owns the GVL
 	ownerInVM   bool     // owner is in rb_vm_struct (2.6-2.7), else in the ractor
 	ownerSource string
+	// waitq is the list of threads waiting for the GVL (3.0+: the
+	// ractor's threads.gvl.waitq or threads.sched.readyq), whose nodes
+	// live inside the waiting threads' rb_thread_t.
+	waitq fieldOff
 
 	objspace   uint64   // rb_objspace address, 0 when unknown
 	flagsOff   uint64   // offset of the flags word in rb_objspace
@@ -77,16 +81,27 @@ func (p *Process) resolveActivity() {
 	case p.ver >= v(3, 2, 0):
 		if a.owner = field(ra, "threads.sched.running"); a.owner.ok {
 			a.ownerSource = fmt.Sprintf("%s.threads.sched.running (%s)", ra, src(ra, "threads.sched.running"))
+			if a.waitq = field(ra, "threads.sched.readyq"); !a.waitq.ok {
+				// rb_thread_sched: 3.2 has running, a pthread mutex, then
+				// readyq; 3.3+ running, three bools, then readyq.
+				off := a.owner.off + 8 + 40
+				if p.ver >= v(3, 3, 0) {
+					off = a.owner.off + 8 + 8
+				}
+				a.waitq = fieldOff{off: off, size: 16, ok: true}
+			}
 		}
 	case p.ver >= v(3, 0, 0):
 		if a.owner = field(ra, "threads.gvl.owner"); a.owner.ok {
 			a.ownerSource = fmt.Sprintf("%s.threads.gvl.owner (%s)", ra, src(ra, "threads.gvl.owner"))
+			a.waitq = field(ra, "threads.gvl.waitq")
 		} else if ec, bc := field(ra, "threads.running_ec"), field(ra, "threads.blocking_cnt"); ec.ok && bc.ok {
 			// The tables lack the GVL: it sits between sleeper (after
 			// blocking_cnt) and running_ec. Both ends must agree.
 			fromStart := (bc.off + 4 + 4 + 7) &^ 7
 			if fromEnd := ec.off - sizeofGVL; fromStart == fromEnd {
 				a.owner = fieldOff{off: fromStart, size: 8, ok: true}
+				a.waitq = fieldOff{off: fromStart + 8 + 40, size: 16, ok: true}
 				a.ownerSource = fmt.Sprintf("%s.threads.gvl.owner at +%d, between threads.sleeper and threads.running_ec (%s)", ra, fromStart, l.Source)
 			}
 		}
@@ -101,6 +116,8 @@ func (p *Process) resolveActivity() {
 	}
 	if !a.owner.ok {
 		a.ownerSource = "none: the layout does not locate the GVL owner; the running execution context and the kernel's task state stand in"
+	} else if a.waitq.ok {
+		a.ownerSource += fmt.Sprintf("; waiting threads from the list at +%d", a.waitq.off)
 	}
 	p.info.GVLSource = a.ownerSource
 	if err := p.resolveGC(field); err != nil {
@@ -245,7 +262,7 @@ func (p *Process) ownerFrom(b []byte, vmStruct bool) (uint64, bool) {
 
 // setActivity sets th's activity from GVL ownership, Ruby's status and
 // the GC state, and adds the pseudo-frames.
-func (p *Process) setActivity(th *stack.Thread, ownerKnown bool, gc gcState) {
+func (p *Process) setActivity(th *stack.Thread, ownerKnown, waiting bool, gc gcState) {
 	switch {
 	case th.GVL && gc.known && gc.duringGC:
 		th.Activity = stack.ActivityGC
@@ -262,15 +279,18 @@ func (p *Process) setActivity(th *stack.Thread, ownerKnown bool, gc gcState) {
 		th.Frames = append(gcFrames, th.Frames...)
 	case th.GVL:
 		th.Activity = stack.ActivityRunning
+	case waiting || (ownerKnown && th.State == "running"):
+		// In the GVL's wait list (also after a blocking region or a
+		// sleep, whose status stays stopped until the GVL is back), or
+		// runnable without it.
+		th.Activity = stack.ActivityGVLWait
+		th.Frames = append([]stack.Frame{{Name: stack.FrameGVLWait, Kind: stack.KindGVL}}, th.Frames...)
 	case th.State == "stopped" || th.State == "stopped_forever" || th.State == "killed" || th.State == "to_kill":
 		th.Activity = stack.ActivityBlocked
 	case !ownerKnown:
 		// Runnable but the lock cannot be read: the kernel's view decides
 		// (see KernelActivity).
 		th.Activity = stack.ActivityUnknown
-	case th.State == "running":
-		th.Activity = stack.ActivityGVLWait
-		th.Frames = append([]stack.Frame{{Name: stack.FrameGVLWait, Kind: stack.KindGVL}}, th.Frames...)
 	default:
 		th.Activity = stack.ActivityUnknown
 	}
@@ -288,5 +308,33 @@ func KernelActivity(th *stack.Thread, kernelState byte) {
 		th.Activity = stack.ActivityRunning
 	} else {
 		th.Activity = stack.ActivityBlocked
+	}
+}
+
+// markWaiters follows the GVL's wait list of the ractor at ra (whose
+// struct is rb) through the thread structs already read, marking the
+// threads in it. Each node lies inside a waiting thread's rb_thread_t, so
+// the list costs no read; a node outside every listed thread (a list that
+// changed under a nonblocking read) ends the walk.
+func (p *Process) markWaiters(ra uint64, rb []byte, refs []threadRef) {
+	a := &p.act
+	if !a.waitq.ok || a.waitq.off+8 > uint64(len(rb)) {
+		return
+	}
+	head := ra + a.waitq.off
+	node := le64(rb, a.waitq.off)
+	for i := 0; node != head && i <= len(refs); i++ {
+		var ref *threadRef
+		for j := range refs {
+			if r := &refs[j]; node >= r.addr && node+8 <= r.addr+uint64(len(r.tb)) {
+				ref = r
+				break
+			}
+		}
+		if ref == nil {
+			return
+		}
+		ref.waiting = true
+		node = le64(ref.tb, node-ref.addr)
 	}
 }

@@ -14,12 +14,12 @@ import (
 // immediate_sweep:1, dont_gc:1).
 const dontGCBit = 3
 
-// TestGCFlagsFollowGCDisable proves the GC flags word rbscope reads,
+// TestActivitySources proves the GC flags word rbscope reads,
 // whichever way it was found (DWARF, or the shape scan that table-only
 // builds such as Debian's stripped Ruby rely on): its dont_gc bit follows
 // GC.disable / GC.enable in the script, and on builds with DWARF the scan
 // finds the very offsets DWARF gives.
-func TestGCFlagsFollowGCDisable(t *testing.T) {
+func TestActivitySources(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		rb.SetProfilerEnv(t)
@@ -48,8 +48,19 @@ func TestGCFlagsFollowGCDisable(t *testing.T) {
 				if p.act.objspace == 0 {
 					t.Fatalf("no GC flags: %s", src)
 				}
-				if !p.act.owner.ok {
-					t.Errorf("no GVL owner: %s", p.Info().GVLSource)
+				if !p.act.owner.ok || !p.act.waitq.ok {
+					t.Errorf("no GVL owner or wait list: %s", p.Info().GVLSource)
+				}
+				// Where DWARF names the wait list, it is where the tables'
+				// derivation puts it (rb_thread_sched: running, three
+				// bools, readyq from 3.3; the GVL's waitq after owner and
+				// a mutex before).
+				derived := p.act.owner.off + 8 + 40
+				if p.ver >= v(3, 3, 0) {
+					derived = p.act.owner.off + 8 + 8
+				}
+				if p.act.waitq.off != derived {
+					t.Errorf("GVL wait list at +%d, the derivation says +%d (%s)", p.act.waitq.off, derived, p.Info().GVLSource)
 				}
 				wantSrc := "scan:"
 				if rb.HasDWARF && !noDWARF {

@@ -139,11 +139,13 @@ func (p *Process) currentThread() (uint64, error) {
 
 // threadRef is one Ruby thread found in the VM.
 type threadRef struct {
-	addr   uint64
-	main   bool
-	gvl    bool
-	ractor uint64
-	tb     []byte // the rb_thread_t, when already read
+	addr uint64
+	main bool
+	gvl  bool
+	// waiting: in the GVL's wait list
+	waiting bool
+	ractor  uint64
+	tb      []byte // the rb_thread_t, when already read
 }
 
 const maxListLen = 100000
@@ -216,6 +218,7 @@ func (p *Process) threadList() ([]threadRef, error) {
 			owner, ownerKnown := p.ownerFrom(b, false)
 			// Follow the list through the thread structs themselves (the
 			// list node is inside rb_thread_t), keeping each struct.
+			first := len(out)
 			head := ra + o.ractorThreadsSet.off
 			node := le64(b, o.ractorThreadsSet.off)
 			for i := 0; node != head; i++ {
@@ -236,6 +239,7 @@ func (p *Process) threadList() ([]threadRef, error) {
 				out = append(out, ref)
 				node = le64(tb, o.thLTNode.off)
 			}
+			p.markWaiters(ra, b, out[first:])
 		}
 		return out, nil
 	case p.ver >= v(2, 2, 0):

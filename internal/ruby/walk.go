@@ -59,7 +59,7 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 			th.Error = fmt.Sprintf("read thread 0x%x: %v", ref.addr, err)
 			th.Frames = nil
 		}
-		p.setActivity(&th, ownerKnown, gc)
+		p.setActivity(&th, ownerKnown, ref.waiting, gc)
 		if th.Name == "" && th.TID != 0 {
 			// A thread without a Ruby name takes its native name; the
 			// /proc listing is read only when a new thread needs it.
