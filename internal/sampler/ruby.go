@@ -25,6 +25,8 @@ type RubyOptions struct {
 	// (blocking mode: consistent stacks, a short pause of the target per
 	// sample). Nil reads the running process (nonblocking mode).
 	Pauser Pauser
+	// NoGC leaves out the GC pseudo-frames (the samples keep activity gc).
+	NoGC bool
 }
 
 // RubySource samples every Ruby thread of one process.
@@ -33,13 +35,14 @@ type RubySource struct {
 	pid    int
 	pauser Pauser
 	states *taskStates
+	noGC   bool
 	out    []stack.Sample
 }
 
 // NewRubySource samples the Ruby process p.
 func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 	pid := p.Target().Pid()
-	return &RubySource{p: p, pid: pid, pauser: opts.Pauser, states: newTaskStates(pid)}
+	return &RubySource{p: p, pid: pid, pauser: opts.Pauser, noGC: opts.NoGC, states: newTaskStates(pid)}
 }
 
 // Process is the Ruby process sampled.
@@ -72,13 +75,21 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error})
 			continue
 		}
+		kstate := s.states.state(th.TID)
+		ruby.KernelActivity(th, kstate)
+		frames := th.Frames
+		if s.noGC {
+			frames = stack.WithoutGC(frames)
+		}
 		s.out = append(s.out, stack.Sample{
 			Time:       now,
 			Pid:        s.pid,
 			TID:        th.TID,
 			ThreadName: th.Name,
-			OnCPU:      s.states.state(th.TID) == 'R',
-			Frames:     th.Frames,
+			OnCPU:      kstate == 'R',
+			Activity:   th.Activity,
+			GVL:        th.GVL,
+			Frames:     frames,
 		})
 	}
 	if failed != nil {

@@ -1,0 +1,344 @@
+package sampler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// sampleFor samples process pid in blocking or nonblocking mode for d (or
+// until stop returns true, checked every 100 ms) and returns copies of the
+// samples.
+func sampleFor(t *testing.T, pid int, blocking bool, rate float64, d time.Duration, stop func() bool) ([]stack.Sample, Stats) {
+	t.Helper()
+	p, err := OpenRuby(context.Background(), pid, ruby.Options{}, 10*time.Second)
+	if err != nil {
+		t.Fatalf("open Ruby process %d: %v", pid, err)
+	}
+	t.Cleanup(func() { p.Target().Close() })
+	var opts RubyOptions
+	if blocking {
+		pz := target.NewPauser()
+		t.Cleanup(func() { pz.Close() })
+		opts.Pauser = pz
+	}
+	src := NewRubySource(p, opts)
+	defer src.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if stop != nil {
+		go func() {
+			for ctx.Err() == nil {
+				if stop() {
+					cancel()
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+	}
+	var out []stack.Sample
+	st, err := Run(ctx, src, Config{Rate: rate}, func(b []stack.Sample) {
+		out = append(out, b...)
+	})
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("sample: %v", err)
+	}
+	if st.Ticks < 50 {
+		t.Fatalf("only %d ticks (errors %s, last %v)", st.Ticks, st.ErrorSummary(), st.LastError)
+	}
+	return out, st
+}
+
+func modes(t *testing.T, f func(t *testing.T, blocking bool)) {
+	for _, blocking := range []bool{true, false} {
+		name := "nonblocking"
+		if blocking {
+			name = "blocking"
+		}
+		t.Run(name, func(t *testing.T) { f(t, blocking) })
+	}
+}
+
+// shares counts each thread's samples by activity.
+type shares map[string]map[string]int
+
+func (s shares) add(sm *stack.Sample) {
+	if s[sm.ThreadName] == nil {
+		s[sm.ThreadName] = map[string]int{}
+	}
+	s[sm.ThreadName][sm.Activity]++
+	s[sm.ThreadName]["total"]++
+}
+
+func (s shares) pct(thread, activity string) float64 {
+	m := s[thread]
+	if m == nil || m["total"] == 0 {
+		return math.NaN()
+	}
+	return 100 * float64(m[activity]) / float64(m["total"])
+}
+
+// TestActivityContention: two CPU spinners share the GVL (each waits for
+// it about half the time), a reader in IO#read on an empty pipe and a
+// sleeper are blocked, and only the GVL's owner (never a sleeper) has gvl.
+func TestActivityContention(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		modes(t, func(t *testing.T, blocking bool) {
+			proc := rb.Start(t, "contention.rb")
+			samples, st := sampleFor(t, proc.Pid, blocking, 100, 4*time.Second, nil)
+			sh := shares{}
+			owners := map[time.Time]int{}
+			for i := range samples {
+				s := &samples[i]
+				sh.add(s)
+				if s.GVL {
+					owners[s.Time]++
+					if s.ThreadName == "sleeper" || s.ThreadName == "reader" {
+						t.Errorf("%s has the GVL at %v: %s", s.ThreadName, s.Time, names(s.Frames))
+					}
+					if s.Activity != stack.ActivityRunning && s.Activity != stack.ActivityGC {
+						t.Errorf("%s has the GVL but activity %s", s.ThreadName, s.Activity)
+					}
+				}
+				if s.Activity == stack.ActivityGVLWait && (len(s.Frames) == 0 || s.Frames[0].Name != stack.FrameGVLWait) {
+					t.Errorf("gvl_wait sample of %s without %s on top: %s", s.ThreadName, stack.FrameGVLWait, names(s.Frames))
+				}
+			}
+			for at, n := range owners {
+				if n > 1 {
+					t.Errorf("%d threads own the GVL at %v", n, at)
+				}
+			}
+			t.Logf("%d ticks; shares %v", st.Ticks, sh)
+			for _, name := range []string{"spin-0", "spin-1"} {
+				if w := sh.pct(name, stack.ActivityGVLWait); !(w >= 40 && w <= 60) {
+					t.Errorf("%s waits for the GVL in %.1f%% of samples, want 40-60%%", name, w)
+				}
+			}
+			if b := sh.pct("reader", stack.ActivityBlocked); !(b >= 95) {
+				t.Errorf("reader blocked in %.1f%% of samples, want >= 95%%", b)
+			}
+			if b := sh.pct("sleeper", stack.ActivityBlocked); !(b >= 95) {
+				t.Errorf("sleeper blocked in %.1f%% of samples, want >= 95%%", b)
+			}
+		})
+	})
+}
+
+func names(frames []stack.Frame) string {
+	var b []string
+	for _, f := range frames {
+		b = append(b, f.Name)
+	}
+	return strings.Join(b, ";")
+}
+
+// waitFile returns a function reporting whether path exists.
+func waitFile(path string) func() bool {
+	return func() bool { _, err := os.Stat(path); return err == nil }
+}
+
+// buildGCClock builds testdata/ruby/gcclock for rb and returns the path
+// of the extension.
+func buildGCClock(t *testing.T, rb testutil.RubyUnderTest) string {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(testutil.RepoRoot(t), "testdata", "ruby", "gcclock")
+	for _, f := range []string{"gcclock.c", "extconf.rb"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := rb.Command("extconf.rb")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		testutil.Missing(t, "Ruby's headers and a C compiler to build the gcclock extension for %s (%v):\n%s", rb.Name, err, out)
+	}
+	make := exec.Command("make")
+	make.Dir = dir
+	if out, err := make.CombinedOutput(); err != nil {
+		testutil.Missing(t, "make and a C compiler to build the gcclock extension for %s (%v):\n%s", rb.Name, err, out)
+	}
+	return filepath.Join(dir, "gcclock.so")
+}
+
+// TestActivityGCShare: the share of a GC-heavy loop's samples that are in
+// GC matches what the script measures itself. rbscope's share is gc
+// samples over the main thread's on-GVL samples (running or gc) while the
+// loop runs. The script measures GC.stat(:time), which gc.c takes with
+// CLOCK_PROCESS_CPUTIME_ID (CPU time: on a machine so loaded that the
+// process gets much less than a CPU, CPU and wall-clock shares part), and,
+// through the gcclock extension, the wall-clock time between gc_enter and
+// gc_exit (the hooks gc.c fires next to setting and clearing during_gc).
+// The wall-clock share must be within 3 points always, the GC.stat(:time)
+// share whenever the process had a CPU to itself (CPU time >= 90% of wall
+// time over the loop).
+func TestActivityGCShare(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		ext := buildGCClock(t, rb)
+		modes(t, func(t *testing.T, blocking bool) {
+			for _, gc := range []string{"gc", "nogc"} {
+				t.Run(gc, func(t *testing.T) {
+					out := filepath.Join(t.TempDir(), "gc.json")
+					secs := "6"
+					if gc == "nogc" {
+						secs = "3" // no GC: memory grows while it runs
+					}
+					proc := rb.Start(t, "gcshare.rb", out, secs, gc, ext)
+					samples, _ := sampleFor(t, proc.Pid, blocking, 250, 30*time.Second, waitFile(out))
+					var res struct{ GCms, Wallms, CPUms, GCWallms float64 }
+					b, err := os.ReadFile(out)
+					if err != nil {
+						t.Fatalf("the script wrote no result: %v", err)
+					}
+					var raw map[string]float64
+					if err := json.Unmarshal(b, &raw); err != nil {
+						t.Fatal(err)
+					}
+					res.GCms, res.Wallms, res.CPUms, res.GCWallms = raw["gc_ms"], raw["wall_ms"], raw["cpu_ms"], raw["gc_wall_ms"]
+					var onGVL, inGC, phases int
+					for i := range samples {
+						s := &samples[i]
+						if s.TID != proc.Pid {
+							continue
+						}
+						switch s.Activity {
+						case stack.ActivityRunning:
+							onGVL++
+						case stack.ActivityGC:
+							onGVL++
+							inGC++
+							if len(s.Frames) < 2 {
+								t.Fatalf("gc sample with frames %s", names(s.Frames))
+							}
+							top := s.Frames[0].Name
+							if top == stack.FrameMarking || top == stack.FrameSweeping || top == stack.FrameCompacting {
+								phases++
+								top = s.Frames[1].Name
+							}
+							if top != stack.FrameGC {
+								t.Errorf("gc sample without %s: %s", stack.FrameGC, names(s.Frames))
+							}
+						}
+					}
+					if onGVL < 200 {
+						t.Fatalf("only %d samples of the loop", onGVL)
+					}
+					got := 100 * float64(inGC) / float64(onGVL)
+					wantWall := 100 * res.GCWallms / res.Wallms
+					wantCPU := 100 * res.GCms / res.CPUms
+					t.Logf("rbscope GC share %.1f%% (%d of %d samples, %d with a phase); gc_enter..gc_exit %.0f of %.0f ms wall: %.1f%%; GC.stat(:time) %.0f of %.0f ms CPU: %.1f%%",
+						got, inGC, onGVL, phases, res.GCWallms, res.Wallms, wantWall, res.GCms, res.CPUms, wantCPU)
+					if gc == "nogc" {
+						if inGC != 0 || res.GCms != 0 || res.GCWallms != 0 {
+							t.Errorf("GC disabled, yet %d gc samples (GC.stat(:time) delta %.0f ms, wall %.0f ms)", inGC, res.GCms, res.GCWallms)
+						}
+						return
+					}
+					if math.Abs(got-wantWall) > 3 {
+						t.Errorf("GC share %.1f%%, the script measured %.1f%% of wall time in GC: more than 3 points apart", got, wantWall)
+					}
+					if res.CPUms >= 0.9*res.Wallms && math.Abs(got-wantCPU) > 3 {
+						t.Errorf("GC share %.1f%%, GC.stat(:time) says %.1f%% of CPU time: more than 3 points apart", got, wantCPU)
+					}
+					if phases < inGC/2 {
+						t.Errorf("only %d of %d GC samples tell marking from sweeping", phases, inGC)
+					}
+				})
+			}
+		})
+	})
+}
+
+// poolResult is what pool.rb writes.
+type poolResult struct {
+	StartRealNs int64 `json:"start_real_ns"`
+	StopRealNs  int64 `json:"stop_real_ns"`
+	WindowNs    int64 `json:"window_ns"`
+	Workers     []struct {
+		Name         string `json:"name"`
+		SectionWall  int64  `json:"section_wall_ns"`
+		SectionCPU   int64  `json:"section_cpu_ns"`
+		SectionDelay int64  `json:"section_delay_ns"`
+		Wake         int64  `json:"wake_ns"`
+		Jobs         int    `json:"jobs"`
+	} `json:"workers"`
+}
+
+// TestActivityWorkerPool: in a pool of workers waiting on a
+// ConditionVariable and contending for the GVL, each worker's shares
+// agree with the times it measures itself: running is its CPU time in
+// its CPU sections (plus the time the kernel kept it runnable off a CPU
+// there, when it still owns the GVL), gvl_wait the rest of those
+// sections' wall time plus its wake-ups (signalled, waiting for the GVL
+// to return from ConditionVariable#wait), blocked the rest.
+func TestActivityWorkerPool(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		modes(t, func(t *testing.T, blocking bool) {
+			out := filepath.Join(t.TempDir(), "pool.json")
+			proc := rb.Start(t, "pool.rb", out, "6", "3")
+			samples, _ := sampleFor(t, proc.Pid, blocking, 200, 30*time.Second, waitFile(out))
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatalf("the script wrote no result: %v", err)
+			}
+			var res poolResult
+			if err := json.Unmarshal(b, &res); err != nil {
+				t.Fatal(err)
+			}
+			sh := shares{}
+			for i := range samples {
+				s := &samples[i]
+				if ns := s.Time.UnixNano(); ns >= res.StartRealNs && ns <= res.StopRealNs {
+					sh.add(s)
+				}
+			}
+			for _, w := range res.Workers {
+				win := float64(res.WindowNs)
+				wantRun := 100 * float64(w.SectionCPU+w.SectionDelay) / win
+				wantWait := 100 * float64(w.SectionWall-w.SectionCPU-w.SectionDelay+w.Wake) / win
+				wantBlocked := 100 * float64(res.WindowNs-w.SectionWall-w.Wake) / win
+				gotRun := sh.pct(w.Name, stack.ActivityRunning) + sh.pct(w.Name, stack.ActivityGC)
+				gotWait := sh.pct(w.Name, stack.ActivityGVLWait)
+				gotBlocked := sh.pct(w.Name, stack.ActivityBlocked)
+				t.Logf("%s (%d jobs, %d samples): running %.1f/%.1f  gvl_wait %.1f/%.1f  blocked %.1f/%.1f (rbscope/script; CPU %.1f%%, run delay %.1f%%, wake-ups %.1f%%)",
+					w.Name, w.Jobs, sh[w.Name]["total"], gotRun, wantRun, gotWait, wantWait, gotBlocked, wantBlocked,
+					100*float64(w.SectionCPU)/win, 100*float64(w.SectionDelay)/win, 100*float64(w.Wake)/win)
+				if sh[w.Name]["total"] < 300 {
+					t.Errorf("%s: only %d samples in the window", w.Name, sh[w.Name]["total"])
+				}
+				for _, c := range []struct {
+					what      string
+					got, want float64
+				}{{"running", gotRun, wantRun}, {"gvl_wait", gotWait, wantWait}, {"blocked", gotBlocked, wantBlocked}} {
+					if !(math.Abs(c.got-c.want) <= 5) {
+						t.Errorf("%s %s %.1f%%, the script measured %.1f%%", w.Name, c.what, c.got, c.want)
+					}
+				}
+			}
+		})
+	})
+}
