@@ -37,6 +37,9 @@ type recordOpts struct {
 	subprocesses bool
 	nonblocking  bool
 	onCPU        bool
+	mode         string
+	noGC         bool
+	threads      bool
 	silent       bool
 	startTimeout time.Duration
 	rubyVersion  string
@@ -94,7 +97,10 @@ The recording ends when the first process exits.`,
 	f.StringVar(&o.raw, "raw", "", "raw recording file (default in the user cache directory)")
 	f.BoolVarP(&o.subprocesses, "subprocesses", "s", false, "also record Ruby child processes, including ones started later")
 	f.BoolVar(&o.nonblocking, "nonblocking", false, "do not pause the process while reading its stacks")
-	f.BoolVar(&o.onCPU, "on-cpu", false, "keep only samples of threads running on a CPU (kernel state R: running or\nwaiting for a CPU; threads that a pause woke up can look runnable for a moment)")
+	f.StringVar(&o.mode, "mode", "wall", "which samples to keep: wall (every thread, always), cpu (threads running\nRuby or C code or GC, holding the GVL), gvl (the GVL's owner only)")
+	f.BoolVar(&o.onCPU, "on-cpu", false, "the same as --mode cpu")
+	f.BoolVar(&o.noGC, "no-gc", false, "leave out the (garbage collection) / (marking) / (sweeping) frames\n(GC time is then charged to the Ruby frame that triggered it)")
+	f.BoolVar(&o.threads, "threads", false, "collapsed format: root each stack at \"thread NAME (TID)\"")
 	f.BoolVar(&o.silent, "silent", false, "print no progress or summary")
 	f.DurationVar(&o.startTimeout, "start-timeout", 10*time.Second, "launch mode: how long Ruby may take to start")
 	f.StringVar(&o.rubyVersion, "ruby-version", "", "Ruby version to assume when it cannot be detected (e.g. 3.1.2)")
@@ -177,6 +183,10 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		return fmt.Errorf("--rate %g is outside 0..%d", o.rate, sampler.MaxRate)
 	case o.duration < 0:
 		return fmt.Errorf("negative --duration %v", o.duration)
+	}
+	mode, err := recordMode(o)
+	if err != nil {
+		return err
 	}
 	if _, err := output.New(o.format, output.Options{}); err != nil {
 		return err
@@ -343,7 +353,7 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 
 	// Source.
 	var pauser *target.Pauser
-	ro := sampler.RubyOptions{}
+	ro := sampler.RubyOptions{NoGC: o.noGC}
 	if !o.nonblocking {
 		// Bound to this goroutine's OS thread, which also runs the
 		// sampler: no thread hand-off per pause.
@@ -380,7 +390,9 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		RateHz: o.rate, Start: start, RbscopeVersion: version, Pids: []int{pid}, Command: argv,
 		Options: map[string]string{
 			"blocking":     strconv.FormatBool(!o.nonblocking),
-			"on_cpu":       strconv.FormatBool(o.onCPU),
+			"on_cpu":       strconv.FormatBool(mode == stack.ModeCPU),
+			"mode":         string(mode),
+			"no_gc":        strconv.FormatBool(o.noGC),
 			"subprocesses": strconv.FormatBool(o.subprocesses),
 		},
 	}
@@ -405,11 +417,14 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 	if launch {
 		what = fmt.Sprintf("%s (pid %d)", strings.Join(argv, " "), pid)
 	}
-	mode := "pausing it for each sample"
+	how := "pausing it for each sample"
 	if o.nonblocking {
-		mode = "nonblocking"
+		how = "nonblocking"
 	}
-	r.say("recording %s at %g Hz (%s); raw samples to %s; Ctrl-C to stop", what, o.rate, mode, rawPath)
+	if mode != stack.ModeWall {
+		how += ", mode " + string(mode)
+	}
+	r.say("recording %s at %g Hz (%s); raw samples to %s; Ctrl-C to stop", what, o.rate, how, rawPath)
 
 	// A launched command that exits ends the recording; a --pid target is
 	// noticed by the sampler itself.
@@ -434,7 +449,7 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 
 	var rawErr error
 	cfg := sampler.Config{
-		Rate: o.rate, Duration: o.duration, OnCPUOnly: o.onCPU,
+		Rate: o.rate, Duration: o.duration, Mode: mode,
 		Progress: r.showProgress, ProgressEvery: 250 * time.Millisecond,
 	}
 	st, err := sampler.Run(ctx, src, cfg, func(b []stack.Sample) {
@@ -539,7 +554,7 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 	}
 	defer rd.Close()
 	// A torn block (a full disk, say) keeps what was recorded before it.
-	n, err := output.RenderFile(o.format, output.Options{RateHz: o.rate, Start: st.Start}, rd.Samples(), outPath)
+	n, err := output.RenderFile(o.format, output.Options{RateHz: o.rate, Start: st.Start, Threads: o.threads}, rd.Samples(), outPath)
 	if derr := rd.Damage(); derr != nil {
 		r.say("warning: raw recording is damaged after %d samples: %v", n, derr)
 	}
@@ -616,4 +631,19 @@ func pidCommand(pid int) []string {
 		return nil
 	}
 	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// recordMode is --mode, with --on-cpu as another name for --mode cpu.
+func recordMode(o recordOpts) (stack.Mode, error) {
+	mode, err := stack.ParseMode(o.mode)
+	if err != nil {
+		return "", fmt.Errorf("--mode: %w", err)
+	}
+	if o.onCPU {
+		if mode != stack.ModeWall && mode != stack.ModeCPU {
+			return "", fmt.Errorf("--on-cpu is --mode cpu: it contradicts --mode %s", mode)
+		}
+		mode = stack.ModeCPU
+	}
+	return mode, nil
 }

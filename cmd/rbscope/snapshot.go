@@ -116,6 +116,7 @@ func runSnapshot(w io.Writer, o snapshotOpts) error {
 	if err != nil {
 		return fmt.Errorf("read stacks of process %d: %w", t.Pid(), err)
 	}
+	completeActivities(t, threads)
 	for i := range threads {
 		if threads[i].Frames == nil {
 			threads[i].Frames = []stack.Frame{}
@@ -135,12 +136,16 @@ func runSnapshot(w io.Writer, o snapshotOpts) error {
 		if th.GVL {
 			tags = append(tags, "has GVL")
 		}
-		tags = append(tags, th.State)
+		tags = append(tags, th.State, "activity "+th.Activity)
 		fmt.Fprintf(w, "\nThread %d %q (%s)\n", th.TID, th.Name, strings.Join(tags, ", "))
 		if len(th.Frames) == 0 {
 			fmt.Fprintln(w, "    (no Ruby frames)")
 		}
 		for _, f := range th.Frames {
+			if f.IsPseudo() {
+				fmt.Fprintf(w, "    %s\n", f.Name)
+				continue
+			}
 			loc := f.Path
 			if f.Line > 0 {
 				loc = fmt.Sprintf("%s:%d", f.Path, f.Line)
@@ -155,3 +160,28 @@ func runSnapshot(w io.Writer, o snapshotOpts) error {
 }
 
 var _ = os.Stdout
+
+// completeActivities asks the kernel about the threads whose activity
+// Ruby's state could not tell (see ruby.KernelActivity).
+func completeActivities(t target.Target, threads []stack.Thread) {
+	need := false
+	for i := range threads {
+		if threads[i].Activity == stack.ActivityUnknown {
+			need = true
+		}
+	}
+	if !need {
+		return
+	}
+	osThreads, err := t.Threads()
+	if err != nil {
+		return
+	}
+	states := make(map[int]byte, len(osThreads))
+	for _, ot := range osThreads {
+		states[ot.TID] = ot.State
+	}
+	for i := range threads {
+		ruby.KernelActivity(&threads[i], states[threads[i].TID])
+	}
+}

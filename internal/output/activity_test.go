@@ -1,0 +1,142 @@
+package output
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// activitySamples: two threads over one second at 100 Hz. "web" runs
+// Web#handle for 500 ms, then blocks in IO#read; "job" waits for the GVL
+// in Job#crunch for 500 ms, then runs GC under Job#alloc.
+func activitySamples() []stack.Sample {
+	main := stack.Frame{Name: "<main>", Path: "/app/main.rb", Line: 1, Kind: stack.KindRuby}
+	var out []stack.Sample
+	for i := 0; i < 100; i++ {
+		at := t0.Add(time.Duration(i) * 10 * time.Millisecond)
+		web := stack.Sample{Time: at, Pid: 10, TID: 11, ThreadName: "web", Activity: stack.ActivityRunning, GVL: true,
+			Frames: []stack.Frame{{Name: "Web#handle", Path: "/app/web.rb", Line: 5, Kind: stack.KindRuby}, main}}
+		job := stack.Sample{Time: at, Pid: 10, TID: 12, ThreadName: "job", Activity: stack.ActivityGVLWait,
+			Frames: []stack.Frame{{Name: stack.FrameGVLWait, Kind: stack.KindGVL}, {Name: "Job#crunch", Path: "/app/job.rb", Line: 9, Kind: stack.KindRuby}, main}}
+		if i >= 50 {
+			web.Activity, web.GVL = stack.ActivityBlocked, false
+			web.Frames = []stack.Frame{{Name: "IO#read", Path: "/app/web.rb", Line: 7, Kind: stack.KindCFunc}, main}
+			job.Activity, job.GVL = stack.ActivityGC, true
+			job.Frames = []stack.Frame{{Name: stack.FrameMarking, Kind: stack.KindGC}, {Name: stack.FrameGC, Kind: stack.KindGC},
+				{Name: "Job#alloc", Path: "/app/job.rb", Line: 12, Kind: stack.KindRuby}, main}
+		}
+		out = append(out, web, job)
+	}
+	return out
+}
+
+func renderSamples(t *testing.T, format string, o Options, samples []stack.Sample) []byte {
+	t.Helper()
+	w, err := New(format, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		w.Add(s)
+	}
+	var b bytes.Buffer
+	if _, err := w.WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+func TestCollapsedThreads(t *testing.T) {
+	got := string(renderSamples(t, "collapsed", Options{Threads: true}, activitySamples()))
+	want := `thread job (12);<main>;Job#alloc;(garbage collection);(marking) 50
+thread job (12);<main>;Job#crunch;(waiting for GVL) 50
+thread web (11);<main>;IO#read 50
+thread web (11);<main>;Web#handle 50
+`
+	if got != want {
+		t.Fatalf("collapsed --threads:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestSummaryActivities(t *testing.T) {
+	got := string(renderSamples(t, "summary", Options{RateHz: 100}, activitySamples()))
+	for _, want := range []string{
+		"thread activity (share of each thread's samples)",
+		"     100    50.0%     0.0%    50.0%     0.0%  web (pid 10 tid 11)",
+		"     100     0.0%    50.0%     0.0%    50.0%  job (pid 10 tid 12)",
+		"(garbage collection)", "(waiting for GVL)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestFlamegraphTimelineInChromium loads the flame graph in headless
+// Chromium: one timeline lane per thread with runs coloured by activity,
+// and a time range (as a drag selects it, here preset from the URL), the
+// thread selector and the activity filter each change the graph.
+func TestFlamegraphTimelineInChromium(t *testing.T) {
+	dir := artifactDir(t)
+	page := filepath.Join(dir, "flamegraph-timeline.html")
+	if err := os.WriteFile(page, renderSamples(t, "flamegraph", Options{RateHz: 100}, activitySamples()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	url := "file://" + page
+	frame := regexp.MustCompile(`<div class="f( anc)?( match)?" title="[^"]*" style="left: ([\d.]+)%; width: ([\d.]+)%;[^"]*">([^<]*)</div>`)
+	frames := func(dom string) map[string]string {
+		out := map[string]string{}
+		for _, m := range frame.FindAllStringSubmatch(dom, -1) {
+			out[htmlUnescape(m[5])] = m[4]
+		}
+		return out
+	}
+	dom := string(chromium(t, url, "--dump-dom"))
+	lanes := regexp.MustCompile(`<div class="lane" data-tid="(\d+)">`).FindAllStringSubmatch(dom, -1)
+	if len(lanes) != 2 || lanes[0][1] != "11" || lanes[1][1] != "12" {
+		t.Fatalf("timeline lanes %v, want threads 11 and 12\n%.3000s", lanes, dom)
+	}
+	runs := regexp.MustCompile(`<div class="run act-(\w+)" title="([^"]*)" style="left: ([\d.]+)%; width: ([\d.]+)%;`).FindAllStringSubmatch(dom, -1)
+	var got []string
+	for _, r := range runs {
+		got = append(got, r[1]+"@"+r[3]+"+"+r[4])
+	}
+	if want := []string{"running@0+50", "blocked@50+50", "gvl_wait@0+50", "gc@50+50"}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("runs %v, want %v", got, want)
+	}
+	if f := frames(dom); f["Web#handle"] != "25" || f["IO#read"] != "25" || f["(marking)"] != "25" || f["(waiting for GVL)"] != "25" {
+		t.Errorf("whole recording: frames %v", f)
+	}
+	if !strings.Contains(dom, "200 samples: running 25.0%, gvl_wait 25.0%, blocked 25.0%, gc 25.0%") {
+		t.Errorf("no activity shares for the whole recording")
+	}
+
+	// The first half: Web#handle and the GVL wait only.
+	dom = string(chromium(t, url+"#r=0-500", "--dump-dom"))
+	if f := frames(dom); f["Web#handle"] != "50" || f["(waiting for GVL)"] != "50" || f["IO#read"] != "" || f["(marking)"] != "" {
+		t.Errorf("range 0-500 ms: frames %v", f)
+	}
+	if !strings.Contains(dom, "Selected 0.000 s to 0.500 s") || !strings.Contains(dom, `id="sel" style="display: block;`) {
+		t.Errorf("range 0-500 ms not shown as selected")
+	}
+	// One thread, one activity.
+	dom = string(chromium(t, url+"#th=12&act=gc", "--dump-dom"))
+	if f := frames(dom); f["(marking)"] != "100" || f["Job#alloc"] != "100" || f["Web#handle"] != "" || f["Job#crunch"] != "" {
+		t.Errorf("thread 12, activity gc: frames %v", f)
+	}
+	if !strings.Contains(dom, "100 samples: gvl_wait 50.0%, gc 50.0%") {
+		t.Errorf("thread 12's shares missing")
+	}
+	shot := filepath.Join(dir, "flamegraph-timeline.png")
+	chromium(t, url+"#r=0-500", "--screenshot="+shot)
+	if fi, err := os.Stat(shot); err != nil || fi.Size() < 1000 {
+		t.Fatalf("screenshot %s: %v", shot, err)
+	}
+	t.Logf("timeline page %s, screenshot %s", page, shot)
+}
