@@ -22,6 +22,8 @@ packages=(
   chromium fonts-liberation # headless browser and a font: flame graph HTML renders (output tests)
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture
   tmux                 # rbscope top is tested in a detached tmux session
+  rubocop              # a real multi-file Ruby program: scripts/bench-gc-share.sh
+  nodejs npm           # the speedscope app (npm package) that the speedscope output is loaded into
 )
 
 missing=()
@@ -46,3 +48,11 @@ if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
   export PATH=$PATH:/usr/local/go/bin
 fi
 command -v go >/dev/null || { echo "Go 1.26+ is needed (https://go.dev/dl)" >&2; exit 1; }
+
+# The real speedscope app, which the output tests load rbscope's speedscope
+# files into (in headless Chromium). Kept in the user cache, pinned.
+speedscope_dir=${RBSCOPE_SPEEDSCOPE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rbscope/speedscope}
+if [ ! -f "$speedscope_dir/node_modules/speedscope/dist/release/index.html" ]; then
+  mkdir -p "$speedscope_dir"
+  npm install --prefix "$speedscope_dir" --no-audit --no-fund --silent speedscope@1.20.0 >/dev/null
+fi

@@ -2,6 +2,8 @@ package output
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // activitySamples: two threads over one second at 100 Hz. "web" runs
@@ -139,4 +142,86 @@ func TestFlamegraphTimelineInChromium(t *testing.T) {
 		t.Fatalf("screenshot %s: %v", shot, err)
 	}
 	t.Logf("timeline page %s, screenshot %s", page, shot)
+}
+
+// speedscopeApp returns the index.html of the speedscope app from npm
+// (scripts/install-deps.sh installs it in the user cache).
+func speedscopeApp(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("RBSCOPE_SPEEDSCOPE_DIR")
+	if dir == "" {
+		c, err := os.UserCacheDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = filepath.Join(c, "rbscope", "speedscope")
+	}
+	index := filepath.Join(dir, "node_modules", "speedscope", "dist", "release", "index.html")
+	if _, err := os.Stat(index); err != nil {
+		testutil.Missing(t, "the speedscope app from npm in %s (scripts/install-deps.sh installs it): %v", dir, err)
+	}
+	return index
+}
+
+// TestSpeedscopeInApp loads rbscope's speedscope output into the real
+// speedscope app in headless Chromium, as its command-line tool does, and
+// reads from the page the thread list (one profile per thread) and, in the
+// sandwich view of the active profile (the thread with most samples), the
+// frame names, pseudo-frames included. Each profile is in time order: the
+// job thread's first stack waits for the GVL, its last runs GC.
+func TestSpeedscopeInApp(t *testing.T) {
+	index := speedscopeApp(t)
+	samples := activitySamples()
+	// Drop a few of web's samples so that job is the active profile.
+	var kept []stack.Sample
+	for i, s := range samples {
+		if s.TID == 11 && i%20 == 0 {
+			continue
+		}
+		kept = append(kept, s)
+	}
+	data := renderSamples(t, "speedscope", Options{RateHz: 100}, kept)
+	var f struct {
+		ActiveProfileIndex int `json:"activeProfileIndex"`
+		Shared             struct {
+			Frames []ssFrame `json:"frames"`
+		} `json:"shared"`
+		Profiles []ssProfile `json:"profiles"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	job := f.Profiles[f.ActiveProfileIndex]
+	leaf := func(st []int) string { return f.Shared.Frames[st[len(st)-1]].Name }
+	if job.Name != "12 job" || leaf(job.Samples[0]) != stack.FrameGVLWait || leaf(job.Samples[len(job.Samples)-1]) != stack.FrameMarking {
+		t.Fatalf("active profile %q from %s to %s", job.Name, leaf(job.Samples[0]), leaf(job.Samples[len(job.Samples)-1]))
+	}
+
+	dir := artifactDir(t)
+	b64 := base64.StdEncoding.EncodeToString(data)
+	loader := filepath.Join(dir, "speedscope-load.js")
+	if err := os.WriteFile(loader, []byte(`speedscope.loadFileFromBase64("rbscope.speedscope.json", "`+b64+`")`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	url := "file://" + index + "#view=sandwich&localProfilePath=" + loader
+	dom := string(chromium(t, url, "--virtual-time-budget=10000", "--dump-dom"))
+	threads := regexp.MustCompile(`<div title="(\d+ \w+)" class="[^"]*"><span[^>]*>\d+:</span> <span>`).FindAllStringSubmatch(dom, -1)
+	var names []string
+	for _, m := range threads {
+		names = append(names, m[1])
+	}
+	if strings.Join(names, ",") != "11 web,12 job" {
+		t.Errorf("speedscope's thread list %v, want 11 web, 12 job\n%.4000s", names, dom)
+	}
+	for _, want := range []string{stack.FrameGVLWait, stack.FrameGC, stack.FrameMarking, "Job#crunch", "Job#alloc", "&lt;main&gt;"} {
+		if !strings.Contains(dom, ">"+want+"<") {
+			t.Errorf("speedscope's sandwich view of job lacks %q", want)
+		}
+	}
+	if strings.Contains(dom, ">Web#handle<") {
+		t.Errorf("web's frames in job's sandwich view")
+	}
+	shot := filepath.Join(dir, "speedscope.png")
+	chromium(t, "file://"+index+"#localProfilePath="+loader, "--virtual-time-budget=10000", "--screenshot="+shot)
+	t.Logf("speedscope screenshot %s", shot)
 }

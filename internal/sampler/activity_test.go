@@ -91,21 +91,47 @@ func (s shares) pct(thread, activity string) float64 {
 	return 100 * float64(m[activity]) / float64(m["total"])
 }
 
-// TestActivityContention: two CPU spinners share the GVL (each waits for
-// it about half the time), a reader in IO#read on an empty pipe and a
-// sleeper are blocked, and only the GVL's owner (never a sleeper) has gvl.
+// TestActivityContention: two CPU spinners share the GVL: each one's
+// gvl_wait share matches what it measures itself (wall time less CPU time
+// less run delay: a spinner only runs or waits for the GVL), within 5
+// points plus its run-delay share (time the kernel kept it off a CPU,
+// which Ruby may count as held or as waited for depending on when the GVL
+// changed hands), and lies within 40-60% whenever the spinners' own
+// measurement does (Ruby's GVL is not strictly fair). A reader in IO#read
+// on an empty pipe and a sleeper are at least 95% blocked, and only the
+// GVL's owner, never a sleeper, has gvl.
 func TestActivityContention(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		rb.SetProfilerEnv(t)
 		modes(t, func(t *testing.T, blocking bool) {
-			proc := rb.Start(t, "contention.rb")
-			samples, st := sampleFor(t, proc.Pid, blocking, 100, 4*time.Second, nil)
+			out := filepath.Join(t.TempDir(), "contention.json")
+			proc := rb.Start(t, "contention.rb", out, "5")
+			samples, st := sampleFor(t, proc.Pid, blocking, 100, 30*time.Second, waitFile(out))
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatalf("the script wrote no result: %v", err)
+			}
+			var res struct {
+				StartRealNs int64 `json:"start_real_ns"`
+				StopRealNs  int64 `json:"stop_real_ns"`
+				Spinners    []struct {
+					Name  string `json:"name"`
+					Wall  int64  `json:"wall_ns"`
+					CPU   int64  `json:"cpu_ns"`
+					Delay int64  `json:"delay_ns"`
+				} `json:"spinners"`
+			}
+			if err := json.Unmarshal(b, &res); err != nil {
+				t.Fatal(err)
+			}
 			sh := shares{}
 			owners := map[time.Time]int{}
 			for i := range samples {
 				s := &samples[i]
-				sh.add(s)
+				if ns := s.Time.UnixNano(); ns >= res.StartRealNs && ns <= res.StopRealNs {
+					sh.add(s)
+				}
 				if s.GVL {
 					owners[s.Time]++
 					if s.ThreadName == "sleeper" || s.ThreadName == "reader" {
@@ -124,10 +150,21 @@ func TestActivityContention(t *testing.T) {
 					t.Errorf("%d threads own the GVL at %v", n, at)
 				}
 			}
-			t.Logf("%d ticks; shares %v", st.Ticks, sh)
-			for _, name := range []string{"spin-0", "spin-1"} {
-				if w := sh.pct(name, stack.ActivityGVLWait); !(w >= 40 && w <= 60) {
-					t.Errorf("%s waits for the GVL in %.1f%% of samples, want 40-60%%", name, w)
+			t.Logf("%d ticks; shares in the window %v", st.Ticks, sh)
+			for _, sp := range res.Spinners {
+				want := 100 * float64(sp.Wall-sp.CPU-sp.Delay) / float64(sp.Wall)
+				delay := 100 * float64(sp.Delay) / float64(sp.Wall)
+				got := sh.pct(sp.Name, stack.ActivityGVLWait)
+				t.Logf("%s: gvl_wait %.1f%% (%d samples), its own measurement %.1f%% (CPU %.1f%%, run delay %.1f%%)",
+					sp.Name, got, sh[sp.Name]["total"], want, 100*float64(sp.CPU)/float64(sp.Wall), delay)
+				if sh[sp.Name]["total"] < 200 {
+					t.Errorf("%s: only %d samples in the window", sp.Name, sh[sp.Name]["total"])
+				}
+				if !(math.Abs(got-want) <= 5+delay) {
+					t.Errorf("%s waits for the GVL in %.1f%% of samples, it measured %.1f%% (bound %.1f points)", sp.Name, got, want, 5+delay)
+				}
+				if want >= 40 && want <= 60 && !(got >= 40 && got <= 60) {
+					t.Errorf("%s waits for the GVL in %.1f%% of samples, want 40-60%% (it measured %.1f%%)", sp.Name, got, want)
 				}
 			}
 			if b := sh.pct("reader", stack.ActivityBlocked); !(b >= 95) {
@@ -251,8 +288,10 @@ func TestActivityGCShare(t *testing.T) {
 					t.Logf("rbscope GC share %.1f%% (%d of %d samples, %d with a phase); gc_enter..gc_exit %.0f of %.0f ms wall: %.1f%%; GC.stat(:time) %.0f of %.0f ms CPU: %.1f%%",
 						got, inGC, onGVL, phases, res.GCWallms, res.Wallms, wantWall, res.GCms, res.CPUms, wantCPU)
 					if gc == "nogc" {
-						if inGC != 0 || res.GCms != 0 || res.GCWallms != 0 {
-							t.Errorf("GC disabled, yet %d gc samples (GC.stat(:time) delta %.0f ms, wall %.0f ms)", inGC, res.GCms, res.GCWallms)
+						// Ruby may still pass through gc_enter for a moment (a
+						// millisecond in a few seconds on 3.3) without collecting.
+						if inGC != 0 || res.GCms != 0 || res.GCWallms > 0.01*res.Wallms {
+							t.Errorf("GC disabled, yet %d gc samples (GC.stat(:time) delta %.0f ms, gc_enter..gc_exit %.0f ms)", inGC, res.GCms, res.GCWallms)
 						}
 						return
 					}
@@ -292,7 +331,12 @@ type poolResult struct {
 // its CPU sections (plus the time the kernel kept it runnable off a CPU
 // there, when it still owns the GVL), gvl_wait the rest of those
 // sections' wall time plus its wake-ups (signalled, waiting for the GVL
-// to return from ConditionVariable#wait), blocked the rest.
+// to return from ConditionVariable#wait), blocked the rest. The bound is 5
+// points plus the share of time the kernel kept the worker runnable but
+// off a CPU in its sections (run delay): whether Ruby counts such time as
+// the GVL owner's or a waiter's depends on the moment the GVL changed
+// hands, which the script cannot see. On a machine with CPUs to spare that
+// share is near 0 and the bound 5 points.
 func TestActivityWorkerPool(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
@@ -330,12 +374,13 @@ func TestActivityWorkerPool(t *testing.T) {
 				if sh[w.Name]["total"] < 300 {
 					t.Errorf("%s: only %d samples in the window", w.Name, sh[w.Name]["total"])
 				}
+				bound := 5 + 100*float64(w.SectionDelay)/win
 				for _, c := range []struct {
 					what      string
 					got, want float64
 				}{{"running", gotRun, wantRun}, {"gvl_wait", gotWait, wantWait}, {"blocked", gotBlocked, wantBlocked}} {
-					if !(math.Abs(c.got-c.want) <= 5) {
-						t.Errorf("%s %s %.1f%%, the script measured %.1f%%", w.Name, c.what, c.got, c.want)
+					if !(math.Abs(c.got-c.want) <= bound) {
+						t.Errorf("%s %s %.1f%%, the script measured %.1f%% (bound %.1f points)", w.Name, c.what, c.got, c.want, bound)
 					}
 				}
 			}

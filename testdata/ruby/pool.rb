@@ -12,7 +12,8 @@
 # - the wake-up time: from the moment the producer signalled it to the
 #   moment ConditionVariable#wait returned, which a woken thread spends
 #   waiting for the GVL (it cannot run Ruby code, not even to look at a
-#   clock, before it has the GVL back).
+#   clock, before it has the GVL back; it includes the kernel's latency in
+#   waking the thread up, which Ruby still sees as a sleeping thread).
 # The window's bounds are written in CLOCK_REALTIME nanoseconds so that
 # samples can be matched.
 require "json"
