@@ -36,6 +36,7 @@ require "json"
 out = ARGV.shift
 puts "ready"
 $stdout.flush
+$stdout.reopen(File::NULL) # RuboCop's report must not fill the pipe
 sleep 1 # rbscope attaches
 g0 = GC.stat(:time)
 t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC, :millisecond)
