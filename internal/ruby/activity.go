@@ -5,6 +5,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/layout"
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
 )
 
 // Where a thread's activity comes from.
@@ -238,17 +239,33 @@ func (p *Process) scanObjspace(vm uint64) (uint64, uint64, error) {
 	return 0, 0, fmt.Errorf("%d words of rb_vm_struct look like the rb_objspace pointer (at %v)", len(found), found)
 }
 
-// readGC reads the GC flags (one read of the flags word).
-func (p *Process) readGC() gcState {
+// gcRead is the read of the GC flags word, for a batch (ok is false when
+// the flags are unknown); decodeGC decodes it once done.
+func (p *Process) gcRead() (target.Read, bool) {
 	a := &p.act
 	if a.objspace == 0 {
-		return gcState{}
+		return target.Read{}, false
 	}
+	return target.Read{Addr: a.objspace + a.flagsOff, Buf: a.gcFlagsBuf[:a.duringGC.size]}, true
+}
+
+func (p *Process) decodeGC() gcState {
+	a := &p.act
 	buf := a.gcFlagsBuf[:a.duringGC.size]
-	if err := p.t.ReadAt(buf, a.objspace+a.flagsOff); err != nil {
+	return gcState{known: true, duringGC: a.duringGC.u64(buf) != 0, mode: a.mode.u64(buf)}
+}
+
+// readGC reads the GC flags (one 4-byte read per snapshot; gcRead lets a
+// batched reader fold it into its own request list).
+func (p *Process) readGC() gcState {
+	rq, ok := p.gcRead()
+	if !ok {
 		return gcState{}
 	}
-	return gcState{known: true, duringGC: a.duringGC.u64(buf) != 0, mode: a.mode.u64(buf)}
+	if err := p.t.ReadAt(rq.Buf, rq.Addr); err != nil {
+		return gcState{}
+	}
+	return p.decodeGC()
 }
 
 // ownerFrom decodes the GVL owner from the ractor (or VM) struct bytes.
