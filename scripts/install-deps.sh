@@ -49,10 +49,12 @@ if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
 fi
 command -v go >/dev/null || { echo "Go 1.26+ is needed (https://go.dev/dl)" >&2; exit 1; }
 
-# The real speedscope app, which the output tests load rbscope's speedscope
-# files into (in headless Chromium). Kept in the user cache, pinned.
-speedscope_dir=${RBSCOPE_SPEEDSCOPE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rbscope/speedscope}
-if [ ! -f "$speedscope_dir/node_modules/speedscope/dist/release/index.html" ]; then
-  mkdir -p "$speedscope_dir"
-  npm install --prefix "$speedscope_dir" --no-audit --no-fund --silent speedscope@1.20.0 >/dev/null
+# npm packages the output tests use, pinned, kept in the user cache: the
+# real speedscope app (rbscope's speedscope files are loaded into it) and
+# puppeteer-core (drives the system Chromium to drag across the flame
+# graph's timeline; it downloads no browser).
+npm_dir=${RBSCOPE_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rbscope/npm}
+if [ ! -f "$npm_dir/node_modules/speedscope/package.json" ] || [ ! -f "$npm_dir/node_modules/puppeteer-core/package.json" ]; then
+  mkdir -p "$npm_dir"
+  npm install --prefix "$npm_dir" --no-audit --no-fund --silent speedscope@1.20.0 puppeteer-core@22.15.0 >/dev/null
 fi

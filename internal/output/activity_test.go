@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -144,23 +145,74 @@ func TestFlamegraphTimelineInChromium(t *testing.T) {
 	t.Logf("timeline page %s, screenshot %s", page, shot)
 }
 
-// speedscopeApp returns the index.html of the speedscope app from npm
-// (scripts/install-deps.sh installs it in the user cache).
-func speedscopeApp(t *testing.T) string {
+// npmModules returns the node_modules directory where
+// scripts/install-deps.sh installs the npm packages the tests use (the
+// speedscope app, puppeteer-core), stopping the test when pkg is not there.
+func npmModules(t *testing.T, pkg string) string {
 	t.Helper()
-	dir := os.Getenv("RBSCOPE_SPEEDSCOPE_DIR")
+	dir := os.Getenv("RBSCOPE_NPM_DIR")
 	if dir == "" {
 		c, err := os.UserCacheDir()
 		if err != nil {
 			t.Fatal(err)
 		}
-		dir = filepath.Join(c, "rbscope", "speedscope")
+		dir = filepath.Join(c, "rbscope", "npm")
 	}
-	index := filepath.Join(dir, "node_modules", "speedscope", "dist", "release", "index.html")
-	if _, err := os.Stat(index); err != nil {
-		testutil.Missing(t, "the speedscope app from npm in %s (scripts/install-deps.sh installs it): %v", dir, err)
+	mods := filepath.Join(dir, "node_modules")
+	if _, err := os.Stat(filepath.Join(mods, pkg, "package.json")); err != nil {
+		testutil.Missing(t, "the npm package %s in %s (scripts/install-deps.sh installs it): %v", pkg, dir, err)
 	}
-	return index
+	return mods
+}
+
+// speedscopeApp returns the index.html of the speedscope app from npm.
+func speedscopeApp(t *testing.T) string {
+	t.Helper()
+	return filepath.Join(npmModules(t, "speedscope"), "speedscope", "dist", "release", "index.html")
+}
+
+// TestFlamegraphTimelineDrag drags the mouse across the timeline in
+// headless Chromium (driven by puppeteer-core): the selected range (50 to
+// 300 ms of the 1 s recording) is shown, and the flame graph then holds
+// only the first half's frames, web's Web#handle and job's GVL wait.
+func TestFlamegraphTimelineDrag(t *testing.T) {
+	mods := npmModules(t, "puppeteer-core")
+	node, err := exec.LookPath("node")
+	if err != nil {
+		testutil.Missing(t, "node (Debian package nodejs)")
+	}
+	dir := artifactDir(t)
+	page := filepath.Join(dir, "flamegraph-drag.html")
+	if err := os.WriteFile(page, renderSamples(t, "flamegraph", Options{RateHz: 100}, activitySamples()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shot := filepath.Join(dir, "flamegraph-drag.png")
+	cmd := exec.Command(node, filepath.Join("testdata", "drag.js"), page, shot)
+	cmd.Env = append(os.Environ(), "NODE_PATH="+mods, "PROFILE_DIR="+t.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("drag.js: %v\n%s", err, stderr)
+	}
+	var res struct {
+		Frames []string
+		Range  string
+		Sel    string
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("drag.js printed %q: %v", out, err)
+	}
+	want := []string{"all=100%", "<main>=100%", "Web#handle=50%", "Job#crunch=50%", stack.FrameGVLWait + "=50%"}
+	if strings.Join(res.Frames, " ") != strings.Join(want, " ") {
+		t.Errorf("after the drag, frames %v, want %v", res.Frames, want)
+	}
+	if !regexp.MustCompile(`^Selected 0\.0[45]\d s to 0\.(29|30)\d s`).MatchString(res.Range) || res.Sel != "block" {
+		t.Errorf("range shown %q (selection %s)", res.Range, res.Sel)
+	}
+	t.Logf("dragged: %s; screenshot %s", res.Range, shot)
 }
 
 // TestSpeedscopeInApp loads rbscope's speedscope output into the real
