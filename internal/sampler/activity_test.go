@@ -288,15 +288,28 @@ func TestActivityGCShare(t *testing.T) {
 					t.Logf("rbscope GC share %.1f%% (%d of %d samples, %d with a phase); gc_enter..gc_exit %.0f of %.0f ms wall: %.1f%%; GC.stat(:time) %.0f of %.0f ms CPU: %.1f%%",
 						got, inGC, onGVL, phases, res.GCWallms, res.Wallms, wantWall, res.GCms, res.CPUms, wantCPU)
 					if gc == "nogc" {
-						// Ruby may still pass through gc_enter for a moment (a
-						// millisecond in a few seconds on 3.3) without collecting.
-						if inGC != 0 || res.GCms != 0 || res.GCWallms > 0.01*res.Wallms {
-							t.Errorf("GC disabled, yet %d gc samples (GC.stat(:time) delta %.0f ms, gc_enter..gc_exit %.0f ms)", inGC, res.GCms, res.GCWallms)
+						// No collection at all: no GC.stat(:time), no sample
+						// marking or sweeping. Ruby 3.3 may still pass
+						// through gc_enter for a moment without collecting
+						// (the hook measures a few ms in seconds): a stray
+						// sample of that is allowed, no more.
+						if phases != 0 || res.GCms != 0 || got > wantWall+1.5 {
+							t.Errorf("GC disabled, yet %d gc samples, %d marking or sweeping (GC.stat(:time) delta %.0f ms, gc_enter..gc_exit %.0f ms)", inGC, phases, res.GCms, res.GCWallms)
 						}
 						return
 					}
-					if math.Abs(got-wantWall) > 3 {
-						t.Errorf("GC share %.1f%%, the script measured %.1f%% of wall time in GC: more than 3 points apart", got, wantWall)
+					// Blocking mode stops the target for every sample, and the
+					// script's wall clock counts each pause in whatever state
+					// it caught; pauses of a loaded machine vary from sample
+					// to sample, so there the bound widens to three standard
+					// errors of the sampled share when that is more than 3.
+					bound := 3.0
+					if blocking {
+						p := got / 100
+						bound = math.Max(bound, 300*math.Sqrt(p*(1-p)/float64(onGVL)))
+					}
+					if math.Abs(got-wantWall) > bound {
+						t.Errorf("GC share %.1f%%, the script measured %.1f%% of wall time in GC: more than %.1f points apart", got, wantWall, bound)
 					}
 					if res.CPUms >= 0.9*res.Wallms && math.Abs(got-wantCPU) > 3 {
 						t.Errorf("GC share %.1f%%, GC.stat(:time) says %.1f%% of CPU time: more than 3 points apart", got, wantCPU)
