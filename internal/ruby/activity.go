@@ -278,8 +278,11 @@ func (p *Process) ownerFrom(b []byte, vmStruct bool) (uint64, bool) {
 }
 
 // setActivity sets th's activity from GVL ownership, Ruby's status and
-// the GC state, and adds the pseudo-frames.
+// the GC state, and adds the pseudo-frames on top of its Ruby stack (a
+// thread without Ruby frames, one just starting, gets none: it stays a
+// sample that the outputs skip).
 func (p *Process) setActivity(th *stack.Thread, ownerKnown, waiting bool, gc gcState) {
+	pseudo := len(th.Frames) > 0
 	switch {
 	case th.GVL && gc.known && gc.duringGC:
 		th.Activity = stack.ActivityGC
@@ -293,7 +296,9 @@ func (p *Process) setActivity(th *stack.Thread, ownerKnown, waiting bool, gc gcS
 			gcFrames = append(gcFrames, stack.Frame{Name: stack.FrameCompacting, Kind: stack.KindGC})
 		}
 		gcFrames = append(gcFrames, stack.Frame{Name: stack.FrameGC, Kind: stack.KindGC})
-		th.Frames = append(gcFrames, th.Frames...)
+		if pseudo {
+			th.Frames = append(gcFrames, th.Frames...)
+		}
 	case th.GVL:
 		th.Activity = stack.ActivityRunning
 	case waiting || (ownerKnown && th.State == "running"):
@@ -301,7 +306,9 @@ func (p *Process) setActivity(th *stack.Thread, ownerKnown, waiting bool, gc gcS
 		// sleep, whose status stays stopped until the GVL is back), or
 		// runnable without it.
 		th.Activity = stack.ActivityGVLWait
-		th.Frames = append([]stack.Frame{{Name: stack.FrameGVLWait, Kind: stack.KindGVL}}, th.Frames...)
+		if pseudo {
+			th.Frames = append([]stack.Frame{{Name: stack.FrameGVLWait, Kind: stack.KindGVL}}, th.Frames...)
+		}
 	case th.State == "stopped" || th.State == "stopped_forever" || th.State == "killed" || th.State == "to_kill":
 		th.Activity = stack.ActivityBlocked
 	case !ownerKnown:
