@@ -62,6 +62,12 @@ func (ps pauses) within(from, to int64) time.Duration {
 // until stop returns true, checked every 100 ms) and returns copies of the
 // samples and, in blocking mode, the pauses.
 func sampleFor(t *testing.T, pid int, blocking bool, rate float64, d time.Duration, stop func() bool) ([]stack.Sample, Stats, pauses) {
+	return sampleForGo(t, pid, blocking, rate, d, stop, nil)
+}
+
+// sampleForGo is sampleFor that calls begin once the process is open and
+// sampling is about to start.
+func sampleForGo(t *testing.T, pid int, blocking bool, rate float64, d time.Duration, stop func() bool, begin func()) ([]stack.Sample, Stats, pauses) {
 	t.Helper()
 	p, err := OpenRuby(context.Background(), pid, ruby.Options{}, 10*time.Second)
 	if err != nil {
@@ -92,6 +98,9 @@ func sampleFor(t *testing.T, pid int, blocking bool, rate float64, d time.Durati
 		}()
 	}
 	var out []stack.Sample
+	if begin != nil {
+		begin()
+	}
 	st, err := Run(ctx, src, Config{Rate: rate}, func(b []stack.Sample) {
 		out = append(out, b...)
 	})
@@ -209,7 +218,7 @@ func TestActivityContention(t *testing.T) {
 				got := sh.pct(sp.Name, stack.ActivityGVLWait)
 				t.Logf("%s: gvl_wait %.1f%% (%d samples), its own measurement %.1f%% (CPU %.1f%%, run delay %.1f%%, stopped by rbscope %.1f%%)",
 					sp.Name, got, sh[sp.Name]["total"], want, 100*float64(sp.CPU)/float64(sp.Wall), delay, 100*float64(paused)/float64(sp.Wall))
-				if sh[sp.Name]["total"] < 200 {
+				if sh[sp.Name]["total"] < 100 {
 					t.Errorf("%s: only %d samples in the window", sp.Name, sh[sp.Name]["total"])
 				}
 				if bound := 5 + delay + pausedPct; !(math.Abs(got-want) <= bound) {
@@ -313,12 +322,19 @@ func TestActivityGCShare(t *testing.T) {
 func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, ext string) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "gc.json")
+	goFile := out + ".go"
 	secs := "6"
 	if gc == "nogc" {
 		secs = "3" // no GC: memory grows while it runs
 	}
-	proc := rb.Start(t, "gcshare.rb", out, secs, gc, ext)
-	samples, _, ps := sampleFor(t, proc.Pid, blocking, 250, 30*time.Second, waitFile(out))
+	proc := rb.Start(t, "gcshare.rb", out, secs, gc, ext, goFile)
+	// The loop starts when sampling does (a loaded machine can take
+	// seconds to open the process).
+	samples, _, ps := sampleForGo(t, proc.Pid, blocking, 250, 60*time.Second, waitFile(out), func() {
+		if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
 	var res struct{ GCms, Wallms, CPUms, GCWallms float64 }
 	b, err := os.ReadFile(out)
 	if err != nil {

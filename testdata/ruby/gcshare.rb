@@ -1,7 +1,8 @@
 # A GC-heavy loop that measures its own GC share: ARGV = result file,
 # seconds, "nogc" to run with GC disabled, and optionally the path of the
 # gcclock extension (testdata/ruby/gcclock, built by the test). It prints
-# "ready", runs the loop, writes to the result file the deltas over the
+# "ready", waits for the file ARGV[4] to exist when given (the test creates
+# it once it samples), runs the loop, writes to the result file the deltas over the
 # loop of GC.stat(:time) ("gc_ms", the process's CPU time in GC), the
 # process's CPU time ("cpu_ms"), the monotonic clock ("wall_ms") and, with
 # gcclock, the wall-clock time between gc_enter and gc_exit
@@ -25,6 +26,7 @@ end
 keep = []
 puts "ready"
 $stdout.flush
+sleep 0.01 until File.exist?(ARGV[4]) if ARGV[4]
 t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC, :millisecond)
 g0 = GC.stat(:time)
 GCClock.reset if defined?(GCClock)
