@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/proctree"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/ruby"
@@ -231,7 +232,7 @@ func runRecord(stderr io.Writer, o recordOpts, argv []string) error {
 		// reaped (reap) once no pause can happen any more.
 		go func() {
 			for {
-				st, err := proctree.ReadStat(pid)
+				st, err := procfs.ReadStat(pid)
 				if err != nil || st.State == 'Z' || st.State == 'X' {
 					close(childDone)
 					return
@@ -600,7 +601,7 @@ func (r *recorder) finish(child *exec.Cmd, done chan struct{}, reap func(), sig 
 
 // selfCPU is rbscope's own CPU time (user+system) so far.
 func selfCPU() (time.Duration, bool) {
-	st, err := proctree.ReadStat(os.Getpid())
+	st, err := procfs.ReadStat(os.Getpid())
 	if err != nil {
 		return 0, false
 	}

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/stack"
-	"github.com/rbscope/rbscope/internal/target"
 )
 
 var recBin struct {
@@ -308,7 +308,7 @@ func recStates(pid int) string {
 	var b []byte
 	for _, e := range ents {
 		tid, _ := strconv.Atoi(e.Name())
-		b = append(b, target.TaskState(pid, tid))
+		b = append(b, procfs.TaskState(pid, tid))
 	}
 	return string(b)
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/elfx"
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -247,32 +248,13 @@ func (h *handling) readLive() *liveInfo {
 	}
 	l := &liveInfo{maps: maps}
 	l.exe, _ = os.Readlink(filepath.Join(dir, "exe"))
-	if b, err := readLimited(filepath.Join(dir, "cmdline"), 64<<10); err == nil {
-		l.cmdline = splitCmdline(b)
-	}
+	l.cmdline, _ = procfs.ReadCmdline(filepath.Join(dir, "cmdline"))
 	if root, err := os.Open(filepath.Join(dir, "root")); err == nil {
 		l.root = root
 	} else {
 		h.notes = append(h.notes, "open the process's root: "+err.Error())
 	}
 	return l
-}
-
-func readLimited(path string, n int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, n))
-}
-
-func splitCmdline(b []byte) []string {
-	b = bytes.TrimRight(b, "\x00")
-	if len(b) == 0 {
-		return nil
-	}
-	return strings.Split(string(b), "\x00")
 }
 
 var rubyLibRe = regexp.MustCompile(`(^|/)libruby[-.]`)

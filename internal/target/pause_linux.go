@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -213,13 +214,13 @@ func (p *Pauser) pause(pid int) ([]pausedThread, error) {
 					continue // the thread exited
 				}
 				if errors.Is(err, unix.EPERM) {
-					if s := TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
+					if s := procfs.TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
 						continue // exiting: the kernel refuses to attach
 					}
 					if tracer := tracerPid(pid, tid); tracer != 0 {
 						return fail(fmt.Errorf("pause process %d: thread %d is already traced by process %d (a debugger?); use --nonblocking", pid, tid, tracer))
 					}
-					return fail(ErrPermission{Pid: pid, Op: "pause (ptrace) thread " + strconv.Itoa(tid) + " of", Err: err})
+					return fail(NewErrPermission(pid, "pause (ptrace) thread "+strconv.Itoa(tid)+" of", err))
 				}
 				return fail(fmt.Errorf("seize thread %d of process %d: %w", tid, pid, err))
 			}
@@ -235,7 +236,7 @@ func (p *Pauser) pause(pid int) ([]pausedThread, error) {
 	}
 	stopped := p.waitStops(pid, seized)
 	if len(stopped) == 0 {
-		if s := TaskState(pid, pid); s == 'Z' || s == 'X' || s == 0 || !processAlive(pid) {
+		if s := procfs.TaskState(pid, pid); s == 'Z' || s == 'X' || s == 0 || !processAlive(pid) {
 			return nil, ErrProcessExited{Pid: pid}
 		}
 	}
@@ -302,7 +303,7 @@ func waitStop(pid, tid int, timeout time.Duration) (sig int, ok, gone bool) {
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(timeout)
-			if s := TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
+			if s := procfs.TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
 				return 0, false, true
 			}
 		}
