@@ -25,14 +25,14 @@ const nativeFile = "<native>"
 // totals; a recursive edge keeps cost 0.
 type callgrind struct {
 	counter
-	funcs map[funcKey]*cgFunc
+	funcs map[stack.Func]*cgFunc
 	order []*cgFunc
 	frame map[stack.Frame]*cgFunc
 	gen   int
 }
 
 type cgFunc struct {
-	key   funcKey
+	key   stack.Func
 	seen  int         // the last sample it was seen in
 	self  map[int]int // line -> samples
 	calls map[cgEdge]*cgCall
@@ -50,14 +50,14 @@ type cgCall struct {
 }
 
 func newCallgrind(o Options) Writer {
-	return &callgrind{counter: counter{o: o}, funcs: make(map[funcKey]*cgFunc), frame: make(map[stack.Frame]*cgFunc)}
+	return &callgrind{counter: counter{o: o}, funcs: make(map[stack.Func]*cgFunc), frame: make(map[stack.Frame]*cgFunc)}
 }
 
 func (c *callgrind) fn(f *stack.Frame) *cgFunc {
 	if fn, ok := c.frame[*f]; ok {
 		return fn
 	}
-	k := keyOf(f)
+	k := f.Func()
 	fn, ok := c.funcs[k]
 	if !ok {
 		fn = &cgFunc{key: k, self: make(map[int]int), calls: make(map[cgEdge]*cgCall)}
@@ -109,15 +109,15 @@ func (c *callgrind) WriteTo(w io.Writer) (int64, error) {
 	fns := append([]*cgFunc(nil), c.order...)
 	sort.Slice(fns, func(i, j int) bool {
 		a, b := fns[i].key, fns[j].key
-		if a.file != b.file {
-			return a.file < b.file
+		if a.Path != b.Path {
+			return a.Path < b.Path
 		}
-		return a.name < b.name
+		return a.Name < b.Name
 	})
 	fileIDs := map[string]int{}
-	fnIDs := map[funcKey]int{}
-	file := func(k funcKey) string {
-		name := k.file
+	fnIDs := map[stack.Func]int{}
+	file := func(k stack.Func) string {
+		name := k.Path
 		if name == "" {
 			name = nativeFile
 		}
@@ -128,13 +128,13 @@ func (c *callgrind) WriteTo(w io.Writer) (int64, error) {
 		fileIDs[name] = id
 		return "(" + strconv.Itoa(id) + ") " + oneLine(name)
 	}
-	fnName := func(k funcKey) string {
+	fnName := func(k stack.Func) string {
 		if id, ok := fnIDs[k]; ok {
 			return "(" + strconv.Itoa(id) + ")"
 		}
 		id := len(fnIDs) + 1
 		fnIDs[k] = id
-		return "(" + strconv.Itoa(id) + ") " + oneLine(k.name)
+		return "(" + strconv.Itoa(id) + ") " + oneLine(k.Name)
 	}
 	for _, f := range fns {
 		cw.printf("fl=%s\nfn=%s\n", file(f.key), fnName(f.key))
@@ -155,10 +155,10 @@ func (c *callgrind) WriteTo(w io.Writer) (int64, error) {
 			if a.line != b.line {
 				return a.line < b.line
 			}
-			if a.callee.key.file != b.callee.key.file {
-				return a.callee.key.file < b.callee.key.file
+			if a.callee.key.Path != b.callee.key.Path {
+				return a.callee.key.Path < b.callee.key.Path
 			}
-			return a.callee.key.name < b.callee.key.name
+			return a.callee.key.Name < b.callee.key.Name
 		})
 		for _, e := range edges {
 			call := f.calls[e]

@@ -19,7 +19,7 @@ import (
 // the same stack and thread are merged.
 type pprofOut struct {
 	counter
-	funcs   map[funcKey]*profile.Function
+	funcs   map[stack.Func]*profile.Function
 	locs    map[stack.Frame]*profile.Location
 	byLine  map[locKey]*profile.Location
 	samples map[string]*profile.Sample
@@ -29,14 +29,14 @@ type pprofOut struct {
 }
 
 type locKey struct {
-	fn   funcKey
+	fn   stack.Func
 	line int64
 }
 
 func newPprof(o Options) Writer {
 	p := &pprofOut{
 		counter: counter{o: o},
-		funcs:   make(map[funcKey]*profile.Function),
+		funcs:   make(map[stack.Func]*profile.Function),
 		locs:    make(map[stack.Frame]*profile.Location),
 		byLine:  make(map[locKey]*profile.Location),
 		samples: make(map[string]*profile.Sample),
@@ -56,15 +56,15 @@ func (p *pprofOut) loc(f *stack.Frame) *profile.Location {
 	if l, ok := p.locs[*f]; ok {
 		return l
 	}
-	k := keyOf(f)
+	k := f.Func()
 	fn, ok := p.funcs[k]
 	if !ok {
-		fn = &profile.Function{ID: uint64(len(p.prof.Function) + 1), Name: k.name, Filename: k.file} // no SystemName: pprof would "demangle" <main> away
+		fn = &profile.Function{ID: uint64(len(p.prof.Function) + 1), Name: k.Name, Filename: k.Path} // no SystemName: pprof would "demangle" <main> away
 		p.funcs[k] = fn
 		p.prof.Function = append(p.prof.Function, fn)
 	}
 	line := int64(f.Line)
-	if k.file == "" {
+	if k.Path == "" {
 		line = 0 // a C frame's line is its caller's
 	}
 	// Frames differing only in a C frame's caller path share a location.

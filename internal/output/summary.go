@@ -53,10 +53,10 @@ func (s *summary) row(f *stack.Frame) *row {
 	case s.byLine:
 		l = f.Name
 	default:
-		k := keyOf(f)
-		l = k.name
-		if k.file != "" {
-			l += " (" + k.file + ")"
+		k := f.Func()
+		l = k.Name
+		if k.Path != "" {
+			l += " (" + k.Path + ")"
 		}
 	}
 	r, ok := s.rows[l]
