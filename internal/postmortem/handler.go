@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -257,15 +256,12 @@ func (h *handling) readLive() *liveInfo {
 	return l
 }
 
-var rubyLibRe = regexp.MustCompile(`(^|/)libruby[-.]`)
-
-// isRuby says whether the live process is a Ruby process: it maps libruby,
-// or its executable exports Ruby's symbols (a static ruby).
+// isRuby says whether the live process is a Ruby process (ruby.IsRubyProcess):
+// it maps libruby, or its executable exports Ruby's symbols (a static
+// ruby). An executable that cannot be read is not taken for Ruby.
 func (l *liveInfo) isRuby() bool {
-	for _, m := range l.maps {
-		if rubyLibRe.MatchString(m.Path) {
-			return true
-		}
+	if ruby.IsRubyProcess(l.maps, "", nil) {
+		return true
 	}
 	if l.root == nil || l.exe == "" {
 		return false
@@ -279,12 +275,7 @@ func (l *liveInfo) isRuby() bool {
 	if err != nil {
 		return false
 	}
-	for _, s := range []string{"ruby_current_vm_ptr", "ruby_api_version", "ruby_version"} {
-		if _, ok := b.Symbols.Lookup(s); ok {
-			return true
-		}
-	}
-	return false
+	return ruby.IsRubyProcess(l.maps, l.exe, b.Symbols)
 }
 
 func (h *handling) run(ctx context.Context) (res Result, err error) {

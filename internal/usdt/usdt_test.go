@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rbscope/rbscope/internal/target"
 )
 
 const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
@@ -412,7 +414,7 @@ func FuzzParseArgs(f *testing.F) {
 				t.Fatalf("%q: size %d", s, a.Size)
 			}
 			if a.Kind == ArgReg || a.Kind == ArgMem {
-				if _, ok := ptRegsOffset[a.Reg]; !ok || a.RegOffset != ptRegsOffset[a.Reg] {
+				if off, ok := target.RegisterOffset(a.Reg); !ok || a.RegOffset != off {
 					t.Fatalf("%q: register %q offset %d", s, a.Reg, a.RegOffset)
 				}
 			}
