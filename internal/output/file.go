@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
+	"regexp"
 
 	"golang.org/x/sys/unix"
 )
@@ -66,21 +66,27 @@ func plan(path string) (real string, inPlace bool, err error) {
 	return real, true, nil
 }
 
+// openFileRe matches the names of a process's open files: /proc/PID/fd/N,
+// /proc/PID/task/TID/fd/N, /dev/fd/N, /dev/stdin, /dev/stdout, /dev/stderr.
+var openFileRe = regexp.MustCompile(`^(/proc/[^/]+(/task/[^/]+)?/fd/|/dev/fd/|/dev/std(in|out|err)$)`)
+
 // underProcOrDev reports whether path names an open file of a process
-// (/proc/PID/fd/N, /dev/fd/N, /dev/stderr): renaming over what such a
-// link resolves to would replace the file a shell opened, so it is
-// written in place.
+// (directly or through a link into /proc): renaming over what such a link
+// resolves to would replace the file a shell opened, so it is written in
+// place.
 func underProcOrDev(path string) bool {
 	p := filepath.Clean(path)
-	if strings.HasPrefix(p, "/proc/") || strings.HasPrefix(p, "/dev/fd/") || p == "/dev/stderr" {
+	if openFileRe.MatchString(p) {
 		return true
 	}
 	l, err := os.Readlink(p)
-	return err == nil && strings.HasPrefix(l, "/proc/")
+	return err == nil && openFileRe.MatchString(l)
 }
 
-// CheckWritable fails when path cannot be written, creating nothing and
-// opening nothing (opening a FIFO would wait for a reader).
+// CheckWritable fails when path cannot be written, leaving nothing behind.
+// An existing file is opened for writing without truncating it, and
+// without waiting (a FIFO without a reader yet is fine); where a regular
+// file will be written, a temporary file is created and removed beside it.
 func CheckWritable(path string) error {
 	real, inPlace, err := plan(path)
 	if err != nil {
@@ -89,22 +95,33 @@ func CheckWritable(path string) error {
 	if StdoutPath(real) {
 		return nil
 	}
-	if inPlace {
-		if err := unix.Access(real, unix.W_OK); err != nil {
-			return fmt.Errorf("%s: %w", real, err)
-		}
-		return nil
-	}
 	if _, err := os.Stat(real); err == nil {
-		if err := unix.Access(real, unix.W_OK); err != nil {
-			return fmt.Errorf("%s: %w", real, err)
+		// access(2) would not do: root passes it for files the kernel
+		// still refuses to write.
+		f, err := os.OpenFile(real, os.O_WRONLY|unix.O_NONBLOCK, 0)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // a FIFO nobody reads yet
+		}
+		if err != nil {
+			return err
+		}
+		f.Close()
+		if inPlace {
+			return nil
 		}
 	}
+	// A regular file is written through a temporary file beside it.
 	dir := filepath.Dir(real)
-	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
-		return fmt.Errorf("cannot create files in %s: %w", dir, err)
+	f, err := os.CreateTemp(dir, ".rbscope-check-*")
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return fmt.Errorf("cannot create files in %s: %w", dir, pe.Err)
+		}
+		return err
 	}
-	return nil
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // WriteFile writes what write produces to path without ever destroying

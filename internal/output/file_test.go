@@ -143,3 +143,11 @@ func TestWriteFileRegular(t *testing.T) {
 		t.Error("CheckWritable in a missing directory = nil")
 	}
 }
+
+// TestCheckWritableProc: a file the kernel will not open for writing is
+// refused even for root (for whom access(2) says yes).
+func TestCheckWritableProc(t *testing.T) {
+	if err := CheckWritable("/proc/version"); err == nil {
+		t.Error("CheckWritable(/proc/version) = nil")
+	}
+}

@@ -1,11 +1,12 @@
 package output
 
 import (
+	"cmp"
 	_ "embed"
 	"fmt"
 	"html/template"
 	"io"
-	"sort"
+	"slices"
 
 	"github.com/rbscope/rbscope/internal/stack"
 )
@@ -27,8 +28,7 @@ var flamegraphTmpl = template.Must(template.New("flamegraph").Parse(flamegraphHT
 // cover. The URL fragment can preset both: page.html#s=fib&z=%3Cmain%3E.
 type flamegraph struct {
 	counter
-	root  *fgNode
-	frame map[stack.Frame]stack.Func
+	root *fgNode
 }
 
 type fgNode struct {
@@ -39,7 +39,7 @@ type fgNode struct {
 }
 
 func newFlamegraph(o Options) Writer {
-	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}, frame: make(map[stack.Frame]stack.Func)}
+	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}}
 }
 
 func (fg *flamegraph) Add(s stack.Sample) {
@@ -91,11 +91,8 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 		for _, c := range n.kids {
 			kids = append(kids, c)
 		}
-		sort.Slice(kids, func(i, j int) bool {
-			if kids[i].key.Name != kids[j].key.Name {
-				return kids[i].key.Name < kids[j].key.Name
-			}
-			return kids[i].key.Path < kids[j].key.Path
+		slices.SortFunc(kids, func(a, b *fgNode) int {
+			return cmp.Or(cmp.Compare(a.key.Name, b.key.Name), cmp.Compare(a.key.Path, b.key.Path))
 		})
 		for _, c := range kids {
 			a = append(a, enc(c))
