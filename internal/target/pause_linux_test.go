@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,11 +24,11 @@ func startSpinner(t *testing.T) *exec.Cmd { return startSpinnerB(t) }
 func startSpinnerB(t testing.TB) *exec.Cmd {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("pausing needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "pausing needs CAP_SYS_PTRACE: run as root")
 	}
 	ruby, err := exec.LookPath("ruby")
 	if err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	cmd := exec.Command(ruby, "-e", `
 		ths = 3.times.map { Thread.new { x = 0; loop { x += 1 } } }
@@ -129,11 +130,11 @@ func TestPauseExitedProcess(t *testing.T) {
 // stopped is delivered after resuming (not swallowed by ptrace).
 func TestPauseSignalPreserved(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("pausing needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "pausing needs CAP_SYS_PTRACE: run as root")
 	}
 	ruby, err := exec.LookPath("ruby")
 	if err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	cmd := exec.Command(ruby, "-e", `
 		trap("USR1") { $stdout.puts "got usr1"; $stdout.flush; exit 0 }
