@@ -214,7 +214,7 @@ func TestRecordTargetExits(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		p := recStartRuby(t, rb, `
 def spin; x = 0; loop { x += 1 }; end
-Thread.new { sleep 1.5; exit!(3) }
+Thread.new { sleep 3; exit!(3) } # time for rbscope to attach on a loaded machine
 puts "ready"; $stdout.flush
 spin`)
 		go func() { _ = p.Cmd.Wait() }() // reap it so that it disappears
@@ -638,7 +638,9 @@ exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Tim
 				}
 			}
 		}
-		if n["Object#before_exec"] < 30 || n["Object#after_exec"] < 40 {
+		// 1 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
+		// what is checked is that both programs are sampled.
+		if n["Object#before_exec"] < 10 || n["Object#after_exec"] < 15 {
 			t.Errorf("samples by method %v; stderr:\n%s", n, res.stderr)
 		}
 		if !strings.Contains(res.stderr, "exec'd") {

@@ -56,24 +56,44 @@ func yamaScope() (int, bool) {
 	return n, err == nil
 }
 
-// foreignNamespaces says which of pid's user and PID namespaces differ
-// from rbscope's, or "" when they are the same (or cannot be read).
+// foreignNamespaces says how pid's user and PID namespaces differ from
+// rbscope's, or "" when they are the same (or cannot be told).
 func foreignNamespaces(pid int) string {
 	var diff []string
+	unreadable := false
 	for _, ns := range []string{"user", "pid"} {
 		mine, err1 := os.Readlink("/proc/self/ns/" + ns)
 		theirs, err2 := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/" + ns)
 		switch {
 		case err1 != nil:
 		case err2 != nil && os.IsPermission(err2):
-			diff = append(diff, fmt.Sprintf("its %s namespace cannot even be read", ns))
+			unreadable = true
 		case err2 == nil && mine != theirs:
-			diff = append(diff, fmt.Sprintf("it lives in another %s namespace (%s, rbscope's is %s)", ns, theirs, mine))
+			diff = append(diff, fmt.Sprintf("another %s namespace (%s, rbscope's is %s)", ns, theirs, mine))
 		}
 	}
-	if len(diff) == 0 {
+	where := ""
+	switch {
+	case unreadable && !initialUserNS():
+		where = "outside the user namespace rbscope runs in (its namespaces cannot even be read from here)"
+	case unreadable:
+		where = "in namespaces rbscope cannot read"
+	case len(diff) > 0:
+		where = "in " + strings.Join(diff, " and ")
+	default:
 		return ""
 	}
-	return "process " + strconv.Itoa(pid) + ": " + strings.Join(diff, " and ") +
-		": root inside a container has no power over processes outside it; run rbscope in the process's namespace or on the host"
+	return "process " + strconv.Itoa(pid) + " lives " + where +
+		": root inside a container or user namespace has no power over processes outside it; run rbscope in the process's namespace or on the host"
+}
+
+// initialUserNS reports whether rbscope runs in the initial user
+// namespace (its uid_map maps the whole range from 0).
+func initialUserNS() bool {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return true
+	}
+	f := strings.Fields(string(b))
+	return len(f) == 3 && f[0] == "0" && f[1] == "0" && f[2] == "4294967295"
 }
