@@ -81,9 +81,10 @@ func TestTopInTmux(t *testing.T) {
 		}
 
 		// Ctrl-C quits too (a key in raw mode).
-		tmux("kill-session", "-t", "top")
+		// (The new session first: a server without sessions exits.)
 		tmux("new-session", "-d", "-s", "top2", "-x", "120", "-y", "30",
 			fmt.Sprintf("%s%s top --pid %d --interval 300ms; echo rbscope-exit=$?; sleep 30", paneEnv(t, rb), bin, p.Pid))
+		tmux("kill-session", "-t", "top")
 		waitFor2 := func(what string, ok func(string) bool) string {
 			t.Helper()
 			deadline := time.Now().Add(10 * time.Second)

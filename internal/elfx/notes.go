@@ -35,7 +35,7 @@ func WalkNotes(data []byte, order binary.ByteOrder, f func(Note) error) error {
 		typ := order.Uint32(b[8:])
 		descStart := 12 + align4(namesz)
 		if descStart > uint64(len(b)) || descStart+descsz > uint64(len(b)) {
-			return fmt.Errorf("note of type 0x%x at offset %d runs past the end of its data", typ, off)
+			return fmt.Errorf("note of type 0x%x at offset %d runs past the end of its segment or section", typ, off)
 		}
 		name := string(bytes.TrimRight(b[12:12+namesz], "\x00"))
 		if err := f(Note{Name: name, Type: typ, Desc: b[descStart : descStart+descsz]}); err != nil {
