@@ -326,9 +326,10 @@ func TestRecordSignalsResume(t *testing.T) {
 			_ = cmd.Process.Signal(sig)
 			err := cmd.Wait()
 			deadline := time.Now().Add(time.Second)
-			for strings.ContainsAny(recStates(pid), "tT") {
+			// Every thread running and untraced (/proc/PID/task/*/status).
+			for heldBy(taskStatus(t, pid), cmd.Process.Pid) {
 				if time.Now().After(deadline) {
-					t.Fatalf("after %v to rbscope the target is still stopped: %s", sig, recStates(pid))
+					t.Fatalf("after %v to rbscope the target is still stopped or traced: %+v", sig, taskStatus(t, pid))
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
