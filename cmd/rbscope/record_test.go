@@ -266,7 +266,15 @@ launched_spin`)
 		if _, err := fmt.Sscanf(line, "child running %d", &childPid); err != nil {
 			t.Fatalf("child did not start: %q", line)
 		}
-		time.Sleep(1500 * time.Millisecond)
+		// Sampling has begun once the raw recording exists (opening Ruby
+		// with a cold layout cache takes a while on a loaded machine).
+		for i := 0; i < 500; i++ {
+			if _, err := os.Stat(raw); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(500 * time.Millisecond)
 		_ = cmd.Process.Signal(syscall.SIGINT)
 		rest, _ := io.ReadAll(br)
 		err := cmd.Wait()
@@ -621,7 +629,7 @@ func TestRecordFollowsExec(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		recBinary(t)
 		script := recScript(t, `
-def before_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 1; end
+def before_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 2.5; end # time to attach first
 before_exec
 exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 1.5; end; after_exec")`)
 		dir := t.TempDir()
@@ -639,7 +647,7 @@ exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Tim
 				}
 			}
 		}
-		// 1 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
+		// 2.5 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
 		// what is checked is that both programs are sampled.
 		if n["Object#before_exec"] < 10 || n["Object#after_exec"] < 15 {
 			t.Errorf("samples by method %v; stderr:\n%s", n, res.stderr)
