@@ -34,7 +34,7 @@ With DEBUGINFOD_URLS set, they are then downloaded from debuginfod.
 Examples:
   rbscope layout /opt/ruby/lib/libruby.so.3.4
   rbscope layout --struct rb_control_frame_struct ./ruby`,
-	Args: cobra.ExactArgs(1),
+	Args: usageArgs(cobra.ExactArgs(1)),
 	RunE: runLayout,
 }
 

@@ -7,7 +7,6 @@ package elfx
 import (
 	"debug/elf"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -165,26 +164,4 @@ func noteBuildID(r io.Reader) string {
 		return ""
 	}
 	return BuildIDFromNotes(data)
-}
-
-// BuildIDFromNotes returns the hex GNU build id found in a block of ELF
-// notes, or "".
-func BuildIDFromNotes(data []byte) string {
-	for len(data) >= 12 {
-		// Sizes are 32-bit in the file; do the arithmetic in 64 bits so a
-		// crafted size cannot wrap around.
-		namesz := uint64(binary.LittleEndian.Uint32(data[0:]))
-		descsz := uint64(binary.LittleEndian.Uint32(data[4:]))
-		typ := binary.LittleEndian.Uint32(data[8:])
-		nameEnd := 12 + (namesz+3)&^3
-		descEnd := nameEnd + (descsz+3)&^3
-		if nameEnd > uint64(len(data)) || descEnd > uint64(len(data)) || nameEnd+descsz > uint64(len(data)) {
-			return ""
-		}
-		if typ == 3 && namesz == 4 && string(data[12:16]) == "GNU\x00" {
-			return hex.EncodeToString(data[nameEnd : nameEnd+descsz])
-		}
-		data = data[descEnd:]
-	}
-	return ""
 }

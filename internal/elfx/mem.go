@@ -3,7 +3,6 @@ package elfx
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 )
 
@@ -126,7 +125,7 @@ func ReadMemoryImage(r MemReader, base uint64) (*MemImage, error) {
 		if err := r.ReadAt(b, m.Bias+n.vaddr); err != nil {
 			continue // notes are optional: the build id stays unknown
 		}
-		if id := memBuildID(b); id != "" {
+		if id := BuildIDFromNotes(b); id != "" {
 			m.BuildID = id
 			break
 		}
@@ -289,29 +288,6 @@ func gnuHashCount(r MemReader, addr uint64) (uint64, error) {
 			idx++
 		}
 	}
-}
-
-// memBuildID returns the hex NT_GNU_BUILD_ID in a block of notes, or "".
-func memBuildID(b []byte) string {
-	le := binary.LittleEndian
-	for len(b) >= 12 {
-		namesz := uint64(le.Uint32(b))
-		descsz := uint64(le.Uint32(b[4:]))
-		typ := le.Uint32(b[8:])
-		nameEnd := 12 + (namesz+3)&^3
-		descEnd := nameEnd + (descsz+3)&^3
-		if nameEnd+descsz > uint64(len(b)) {
-			return ""
-		}
-		if typ == 3 && namesz == 4 && string(b[12:16]) == "GNU\x00" {
-			return hex.EncodeToString(b[nameEnd : nameEnd+descsz])
-		}
-		if descEnd >= uint64(len(b)) {
-			return ""
-		}
-		b = b[descEnd:]
-	}
-	return ""
 }
 
 func cstr(b []byte) string {

@@ -150,8 +150,6 @@ func (p *Process) Target() target.Target { return p.t }
 // Info says what Open found and how.
 func (p *Process) Info() Info { return p.info }
 
-var rubyLibRe = regexp.MustCompile(`(^|/)libruby[-.]`)
-
 // findBinaries finds libruby and the ruby executable among the mappings
 // and reads their symbols, from the files when they can be opened and
 // from the images in memory otherwise.
@@ -163,7 +161,7 @@ func (p *Process) findBinaries() error {
 	var paths []string
 	seen := map[string]bool{}
 	for _, m := range maps {
-		if m.Path != "" && rubyLibRe.MatchString(m.Path) && !seen[m.Path] {
+		if m.Path != "" && IsLibRuby(m.Path) && !seen[m.Path] {
 			seen[m.Path] = true
 			paths = append(paths, m.Path)
 		}
@@ -205,7 +203,7 @@ func (p *Process) findBinaries() error {
 		if syms == nil {
 			bin.SymSource = "none"
 		}
-		if path == exe && len(paths) == 1 && !looksLikeRuby(path, syms) {
+		if path == exe && len(paths) == 1 && !LooksLikeRuby(path, syms) {
 			return fmt.Errorf("%w: %s maps no libruby and has no Ruby symbols", ErrNotRuby, exe)
 		}
 		p.info.Binaries = append(p.info.Binaries, bin)
@@ -214,20 +212,6 @@ func (p *Process) findBinaries() error {
 		}
 	}
 	return nil
-}
-
-// looksLikeRuby tells a statically linked ruby executable from any other
-// program: by its Ruby symbols, or by its name when it has none.
-func looksLikeRuby(path string, syms elfx.Symbols) bool {
-	if syms != nil {
-		for _, n := range []string{"ruby_version", "ruby_current_vm_ptr", "ruby_current_thread", "ruby_init", "rb_vm_exec"} {
-			if _, ok := syms.Lookup(n); ok {
-				return true
-			}
-		}
-		return false
-	}
-	return strings.HasPrefix(filepath.Base(path), "ruby")
 }
 
 func firstMapping(maps []target.Mapping, path string) (start, off uint64, ok bool) {

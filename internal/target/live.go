@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,15 +45,28 @@ func OpenLive(pid int) (Target, error) {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
-			return nil, ErrPermission{Pid: pid, Op: "inspect", Err: err}
+			return nil, NewErrPermission(pid, "inspect", err)
 		}
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, ErrProcessExited{Pid: pid}
+			return nil, notUserProcess(pid)
 		}
 		return nil, fmt.Errorf("read executable of process %d: %w", pid, err)
 	}
 	l.exe = strings.TrimSuffix(exe, " (deleted)")
 	return l, nil
+}
+
+// notUserProcess explains why a process that exists has no executable:
+// it is a kernel thread, it has exited (a zombie), or it has no memory map.
+func notUserProcess(pid int) error {
+	st, err := procfs.ReadStat(pid)
+	switch {
+	case err != nil || st.Gone():
+		return ErrProcessExited{Pid: pid}
+	case st.KernelThread():
+		return ErrNotUserProcess{Pid: pid, Why: fmt.Sprintf("(%s) is a kernel thread: it has no user memory", st.Comm)}
+	}
+	return ErrNotUserProcess{Pid: pid, Why: fmt.Sprintf("(%s) has no executable or memory map", st.Comm)}
 }
 
 func (l *live) Pid() int           { return l.pid }
@@ -82,7 +96,7 @@ func (l *live) readErr(err error, addr uint64, n int) error {
 	case errors.Is(err, unix.ESRCH):
 		return ErrProcessExited{Pid: l.pid}
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return ErrPermission{Pid: l.pid, Op: "read memory of", Err: err}
+		return NewErrPermission(l.pid, "read memory of", err)
 	case errors.Is(err, unix.EFAULT):
 		if !l.alive() {
 			return ErrProcessExited{Pid: l.pid}
@@ -210,25 +224,10 @@ func (l *live) Threads() ([]Thread, error) {
 		if b, err := os.ReadFile(filepath.Join(dir, e.Name(), "comm")); err == nil {
 			th.Name = strings.TrimRight(string(b), "\n")
 		}
-		th.State = TaskState(l.pid, tid)
+		th.State = procfs.TaskState(l.pid, tid)
 		out = append(out, th)
 	}
 	return out, nil
-}
-
-// TaskState returns the kernel state letter of thread tid of pid from
-// /proc/PID/task/TID/stat ('R' running, 'S' sleeping, ...), 0 if unknown.
-func TaskState(pid, tid int) byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
-	if err != nil {
-		return 0
-	}
-	// The command name is in parentheses and may contain spaces.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 || i+2 >= len(b) {
-		return 0
-	}
-	return b[i+2]
 }
 
 type osFile struct{ *os.File }
@@ -247,7 +246,7 @@ func (l *live) OpenFile(path string) (File, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
-			return nil, ErrPermission{Pid: l.pid, Op: "open files of", Err: err}
+			return nil, NewErrPermission(l.pid, "open files of", err)
 		}
 		f, err = os.Open(path)
 		if err != nil {

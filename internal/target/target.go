@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/rbscope/rbscope/internal/procfs"
 )
 
 // Mapping is one memory mapping of the target.
@@ -78,16 +80,39 @@ func (e ErrProcessExited) Error() string {
 }
 
 // ErrPermission is returned when the kernel refuses access to the process.
+// Why names what refused, when rbscope could tell (see NewErrPermission).
 type ErrPermission struct {
 	Pid int
 	Op  string
 	Err error
+	Why string
+}
+
+// NewErrPermission is the error for operation op on process pid refused
+// with err, saying what refused: a missing capability, Yama's
+// ptrace_scope, a seccomp filter or a foreign namespace.
+func NewErrPermission(pid int, op string, err error) ErrPermission {
+	return ErrPermission{Pid: pid, Op: op, Err: err, Why: procfs.Refusal(pid)}
 }
 
 func (e ErrPermission) Error() string {
+	if e.Why != "" {
+		return fmt.Sprintf("%s process %d: %v: %s", e.Op, e.Pid, e.Err, e.Why)
+	}
 	return fmt.Sprintf("%s process %d: %v: rbscope needs CAP_SYS_PTRACE "+
 		"(run as root, or add --cap-add=SYS_PTRACE in a container; check /proc/sys/kernel/yama/ptrace_scope)",
 		e.Op, e.Pid, e.Err)
+}
+
+// ErrNotUserProcess is returned for a process that exists but cannot run
+// Ruby: a kernel thread, or a process without a memory map.
+type ErrNotUserProcess struct {
+	Pid int
+	Why string
+}
+
+func (e ErrNotUserProcess) Error() string {
+	return fmt.Sprintf("process %d %s, so it cannot be a Ruby process", e.Pid, e.Why)
 }
 
 func (e ErrPermission) Unwrap() error { return e.Err }
