@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"debug/elf"
 	"encoding/binary"
 	"encoding/hex"
@@ -297,4 +298,37 @@ func FindAltFile(path string, roots []string) (string, []string) {
 		tried = append(tried, p+why)
 	}
 	return "", tried
+}
+
+// FileRubyVersion returns the ruby_version string ("3.3.8") that libruby
+// and a static ruby export, read from the ELF file r: from .dynsym, and
+// from .symtab only when .dynsym lacks it (a large table in a build with
+// debug info). It returns "" when the file has no such symbol.
+func FileRubyVersion(r io.ReaderAt) string {
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return ""
+	}
+	for _, load := range []func() ([]elf.Symbol, error){f.DynamicSymbols, f.Symbols} {
+		syms, err := load()
+		if err != nil {
+			continue
+		}
+		for _, sym := range syms {
+			if sym.Name != "ruby_version" || sym.Section == elf.SHN_UNDEF {
+				continue
+			}
+			for _, s := range f.Sections {
+				if s.Type != elf.SHT_PROGBITS || sym.Value < s.Addr || sym.Value >= s.Addr+s.Size {
+					continue
+				}
+				var buf [32]byte
+				n, _ := s.ReadAt(buf[:], int64(sym.Value-s.Addr))
+				if i := bytes.IndexByte(buf[:n], 0); i > 0 {
+					return string(buf[:i])
+				}
+			}
+		}
+	}
+	return ""
 }

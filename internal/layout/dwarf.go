@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
 )
 
@@ -27,6 +28,27 @@ var WantedStructs = []string{
 	// Beyond them.
 	"rb_symbols_t", "st_table", "st_table_entry", "rb_id_table",
 	"succ_index_table", "succ_dict_block",
+}
+
+// NeededStructs lists the structs a DWARF extraction for Ruby version v
+// must find before it can stop reading: those of the built-in table
+// nearest to v (what the walker reads, and what that Ruby series is known
+// to define), plus rb_classext_struct, whose class path the walker reads
+// from Ruby 2.0 on although some tables omit it. Structs a version does
+// not define are left out, so that extraction stops at the unit that
+// completes the set instead of reading every unit of the file looking for
+// them. For a version without a table it returns WantedStructs.
+func NeededStructs(v string) []string {
+	tab, err := Builtin(v)
+	if err != nil {
+		return WantedStructs
+	}
+	names := tab.StructNames()
+	if p := parseVersion(v); len(p) >= 2 && p[0] >= 2 && !tab.Has("rb_classext_struct", "") {
+		names = append(names, "rb_classext_struct")
+	}
+	sort.Strings(names)
+	return names
 }
 
 // ErrNoDWARF says that a file carries no DWARF debug information.
