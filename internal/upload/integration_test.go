@@ -10,7 +10,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -135,15 +134,11 @@ func startRuby(t *testing.T, script string) int {
 	if os.Geteuid() != 0 {
 		testutil.Missing(t, "reading another process needs CAP_SYS_PTRACE: run as root")
 	}
-	rb, err := exec.LookPath("ruby")
-	if err != nil {
-		testutil.Missing(t, "ruby not installed (scripts/install-deps.sh installs it)")
-	}
 	path := filepath.Join(t.TempDir(), "spin.rb")
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(rb, path)
+	cmd := testutil.SystemRuby(t).Command(path)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
