@@ -261,4 +261,3 @@ func copyTo(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 }
-
