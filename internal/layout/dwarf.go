@@ -99,12 +99,16 @@ func FromDWARF(r io.ReaderAt, want []string) (*Layout, error) {
 	return l, err
 }
 
+// noCompact forces the whole-.debug_str path (tests and benchmarks).
+var noCompact bool
+
 // extractStats says how much of the DWARF a run looked at.
 type extractStats struct {
 	units     int   // compilation units read
 	decoded   int   // units handed to debug/dwarf
 	whole     bool  // .debug_info was read whole (units refer to each other)
 	infoBytes int64 // bytes of .debug_info decompressed
+	compact   bool  // .debug_str was never held whole
 }
 
 func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st extractStats, err error) {
@@ -127,10 +131,6 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 	if err != nil {
 		return nil, st, err
 	}
-	str, err := loadSection(secs, ".debug_str", lim)
-	if err != nil {
-		return nil, st, err
-	}
 	extra := map[string][]byte{}
 	for _, name := range []string{".debug_str_offsets", ".debug_line_str", ".debug_addr"} {
 		b, err := loadSection(secs, name, lim)
@@ -141,6 +141,23 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 			return nil, st, err
 		}
 		extra[name] = b
+	}
+	wantSet := map[string]bool{}
+	for _, w := range want {
+		wantSet[w] = true
+	}
+	if !noCompact && f.Type != elf.ET_REL && secs[".debug_str"] != nil && extra[".debug_str_offsets"] == nil {
+		// Keep .debug_str out of memory (see dwarf_strings.go); fall
+		// back to loading it whole when that cannot be done.
+		if l, cst, err := extractCompact(secs, abbrev, extra, wantSet, lim); err == nil {
+			l.Arch = archName(f.Machine)
+			cst.compact = true
+			return l, cst, nil
+		}
+	}
+	str, err := loadSection(secs, ".debug_str", lim)
+	if err != nil {
+		return nil, st, err
 	}
 	infoRels, err := sectionRelocs(f, secs, ".debug_info", lim)
 	if err != nil {
@@ -154,10 +171,6 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 		return nil, st, err
 	}
 
-	wantSet := map[string]bool{}
-	for _, w := range want {
-		wantSet[w] = true
-	}
 	l = &Layout{Arch: archName(f.Machine), Structs: map[string]Struct{}}
 	pre := &scanner{abbrev: abbrev, str: str, lineStr: extra[".debug_line_str"], strOffsets: extra[".debug_str_offsets"]}
 	var firstErr error
