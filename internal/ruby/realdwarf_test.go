@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"debug/elf"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -150,6 +151,31 @@ func TestRealDWARFMatchesTable(t *testing.T) {
 			t.Errorf("layout source %q, want builtin:%s", src, rb.Version)
 		}
 		checkWorker(t, "default layout", got, want)
+		if !rb.Shared {
+			// The static executable is stripped of .symtab and its
+			// .dynsym exports no VM pointer: the VM is found by
+			// scanning memory, the offsets come from the table (or
+			// the debug file).
+			ef, err := elf.Open(rb.Exe)
+			if err != nil {
+				t.Fatal(err)
+			}
+			syms, _ := ef.DynamicSymbols()
+			ef.Close()
+			for _, s := range syms {
+				if s.Name == "ruby_current_vm_ptr" {
+					t.Logf("%s exports ruby_current_vm_ptr in .dynsym: the memory scan is not exercised here", rb.Exe)
+				}
+			}
+			for _, b := range p.Info().Binaries {
+				if b.Path == rb.Exe && b.HasSymtab {
+					t.Errorf("%s has a .symtab: the static build is meant to be stripped", rb.Exe)
+				}
+			}
+			if src := p.Info().AddressSources["ruby_current_vm_ptr"]; src != "memory scan" {
+				t.Errorf("ruby_current_vm_ptr from %q, want the memory scan", src)
+			}
+		}
 		forced, pt := snapshotWith(t, proc.Pid, Options{NoDWARF: true})
 		if pt == nil || !strings.HasPrefix(pt.LayoutSource(), "builtin:") {
 			t.Fatalf("NoDWARF: %v", pt)
