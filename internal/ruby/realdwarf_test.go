@@ -139,9 +139,26 @@ func TestRealDWARFMatchesTable(t *testing.T) {
 
 		proc := rb.Start(t, "stacks.rb", "nested")
 		want := reports(t, proc)
+		before := layout.DWARFExtractions()
 		got, p := snapshotWith(t, proc.Pid, Options{})
 		if p == nil {
 			t.Fatal("open failed")
+		}
+		if rb.HasDWARF {
+			// The private cache SetProfilerEnv gave this test was
+			// empty: DWARF was read once, and a second Open reads
+			// none, served by build id from the cache.
+			if n := layout.DWARFExtractions() - before; n != 1 {
+				t.Errorf("first open read DWARF %d times, want 1", n)
+			}
+			before = layout.DWARFExtractions()
+			_, again := snapshotWith(t, proc.Pid, Options{})
+			if again == nil || again.LayoutSource() != p.LayoutSource() {
+				t.Fatalf("second open: %v", again)
+			}
+			if n := layout.DWARFExtractions() - before; n != 0 {
+				t.Errorf("second open read DWARF %d times: the cache did not serve it", n)
+			}
 		}
 		src := p.LayoutSource()
 		if rb.HasDWARF != strings.HasPrefix(src, "dwarf:") {
