@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/stack"
 )
@@ -21,6 +21,7 @@ type reportOpts struct {
 	threads, noGC                bool
 	mode                         string
 	top                          int
+	up                           uploadOpts
 }
 
 func init() {
@@ -45,10 +46,20 @@ Formats:
 		Example: `  rbscope report --input ~/.cache/rbscope/recordings/rbscope-20261121-083000-4242.raw.gz
   rbscope report -i rec.raw.gz --format pprof -o cpu.pb.gz && go tool pprof -top cpu.pb.gz
   rbscope report -i rec.raw.gz --format summary --top 20 -o -
-  rbscope report -i rec.raw.gz --format collapsed --lines -o - | flamegraph.pl > fg.svg`,
-		Args: cobra.NoArgs,
+  rbscope report -i rec.raw.gz --format collapsed --lines -o - | flamegraph.pl > fg.svg
+  rbscope report -i rec.raw.gz --upload http://pyroscope:4040 --app-name shop --tag env=prod`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runReport(cmd.ErrOrStderr(), o)
+			if o.up.url == "" {
+				return runReport(cmd.ErrOrStderr(), o)
+			}
+			if err := checkUploadReport(cmd); err != nil {
+				return err
+			}
+			if o.input == "" {
+				return usage("report --upload needs --input RAW (a raw recording written by rbscope record)")
+			}
+			return o.up.uploadRecording(cmd.ErrOrStderr(), o.input)
 		},
 	}
 	f := cmd.Flags()
@@ -61,6 +72,7 @@ Formats:
 	f.BoolVar(&o.threads, "threads", false, "collapsed: root each stack at \"thread NAME (TID)\"")
 	f.StringVar(&o.mode, "mode", "wall", "keep only the samples of this mode: wall (all), cpu (running or in GC), gvl (the GVL's owner)")
 	f.BoolVar(&o.noGC, "no-gc", false, "leave out the GC pseudo-frames")
+	o.up.register(f)
 	rootCmd.AddCommand(cmd)
 }
 
@@ -102,17 +114,17 @@ func reportPath(input, format string) string {
 
 func runReport(stderr io.Writer, o reportOpts) error {
 	if o.input == "" {
-		return exitError{2, errors.New("report needs --input RAW (a raw recording written by rbscope record)")}
+		return usage("report needs --input RAW (a raw recording written by rbscope record)")
 	}
 	if _, err := output.New(o.format, output.Options{}); err != nil {
-		return exitError{2, err}
+		return record.UsageError{Err: err}
+	}
+	if o.top < 0 {
+		return usage("--top %d: must be 0 (all) or more", o.top)
 	}
 	mode, err := stack.ParseMode(o.mode)
 	if err != nil {
-		return exitError{2, fmt.Errorf("--mode: %w", err)}
-	}
-	if o.top < 0 {
-		return exitError{2, fmt.Errorf("--top %d: must be 0 (all) or more", o.top)}
+		return usage("--mode: %v", err)
 	}
 	rd, err := recording.Open(o.input)
 	if err != nil {
@@ -131,7 +143,7 @@ func runReport(stderr io.Writer, o reportOpts) error {
 		out = reportPath(o.input, o.format)
 	}
 	// A recording cut short is rendered up to where it was cut.
-	n, err := output.RenderFile(o.format, opts, filterSamples(rd.Samples(), mode, o.noGC), out)
+	n, f, err := output.RenderFile(o.format, opts, filterSamples(rd.Samples(), mode, o.noGC), out)
 	if err != nil {
 		return fmt.Errorf("render %s: %w", o.format, err)
 	}
@@ -142,12 +154,12 @@ func runReport(stderr io.Writer, o reportOpts) error {
 		fmt.Fprintf(stderr, "rbscope: warning: %s ends without its trailer (the recorder was stopped before closing it); rendered its %d samples\n", o.input, n)
 	}
 	if n == 0 {
-		if out != "-" {
-			os.Remove(out)
+		if f.Replaced {
+			os.Remove(f.Path)
 		}
-		return exitError{1, fmt.Errorf("%s holds no samples; nothing to render", o.input)}
+		return fmt.Errorf("%s holds no samples; nothing to render", o.input)
 	}
-	if out != "-" {
+	if !output.StdoutPath(out) {
 		fmt.Fprintf(stderr, "wrote %s (%d samples) to %s\n", o.format, n, out)
 	}
 	return nil

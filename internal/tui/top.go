@@ -37,12 +37,8 @@ func (k SortKey) String() string {
 	return sortNames[k]
 }
 
-type fnKey struct {
-	name, path string
-}
-
 type rowKey struct {
-	fn  fnKey
+	fn  stack.Func
 	tid int // 0 in the all-threads view
 }
 
@@ -64,7 +60,7 @@ type Top struct {
 	threads     map[int]string
 	samples     int // since the start
 	win         int // in the current interval
-	seen        map[fnKey]int
+	seen        map[stack.Func]int
 	gen         int
 	errors      int
 	late        int
@@ -77,14 +73,7 @@ type Top struct {
 // NewTop returns an empty aggregator for samples taken at rate Hz.
 func NewTop(rate float64) *Top {
 	return &Top{rate: rate, all: map[rowKey]*counts{}, byThread: map[rowKey]*counts{},
-		threads: map[int]string{}, seen: map[fnKey]int{}, start: time.Now(), acts: map[string]int{}}
-}
-
-func keyOf(f *stack.Frame) fnKey {
-	if f.Kind == stack.KindRuby || f.Kind == "" {
-		return fnKey{f.Name, f.Path}
-	}
-	return fnKey{f.Name, ""}
+		threads: map[int]string{}, seen: map[stack.Func]int{}, start: time.Now(), acts: map[string]int{}}
 }
 
 func bump(m map[rowKey]*counts, k rowKey, own bool, total bool, activity string) {
@@ -117,10 +106,10 @@ func (t *Top) Add(samples []stack.Sample) {
 	for i := range samples {
 		s := &samples[i]
 		t.samples++
-		t.win++
 		if s.Activity != "" {
 			t.acts[s.Activity]++
 		}
+		t.win++
 		t.lastSamples = s.Time
 		if s.ThreadName != "" || t.threads[s.TID] == "" {
 			t.threads[s.TID] = s.ThreadName
@@ -129,7 +118,7 @@ func (t *Top) Add(samples []stack.Sample) {
 		// recurses: mark it with this sample's generation.
 		t.gen++
 		for j := range s.Frames {
-			k := keyOf(&s.Frames[j])
+			k := s.Frames[j].Func()
 			if t.seen[k] == t.gen {
 				continue
 			}
@@ -155,12 +144,12 @@ type Row struct {
 	TID      int    // 0 in the all-threads view
 	Thread   string
 	OwnPct   float64 // percent of the interval's samples
-	TotalPct float64
 	// GVLWaitPct and GCPct are the shares of the interval's samples with
 	// the function on the stack while its thread waited for the GVL or
 	// ran GC.
 	GVLWaitPct float64
 	GCPct      float64
+	TotalPct   float64
 	OwnTime    time.Duration // since the start
 	TotalTime  time.Duration
 }
@@ -196,7 +185,7 @@ func (t *Top) Snapshot(sortBy SortKey) View {
 	rows := func(m map[rowKey]*counts) []Row {
 		out := make([]Row, 0, len(m))
 		for k, c := range m {
-			r := Row{Function: k.fn.name, Path: k.fn.path, TID: k.tid, Thread: t.threads[k.tid],
+			r := Row{Function: k.fn.Name, Path: k.fn.Path, TID: k.tid, Thread: t.threads[k.tid],
 				OwnTime: time.Duration(c.own) * period, TotalTime: time.Duration(c.total) * period}
 			if t.win > 0 {
 				r.OwnPct = 100 * float64(c.ownWin) / float64(t.win)
