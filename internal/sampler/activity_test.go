@@ -396,10 +396,12 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 	// sampled share when that is more than 3, plus the share
 	// of the loop the process was stopped (tens of
 	// microseconds a sample on an idle machine).
-	bound := 3.0
+	// In both modes the bound is 3 points, or three standard errors of
+	// the sampled share when that is more (a loaded machine leaves fewer
+	// samples than the rate asks for).
+	p := got / 100
+	bound := math.Max(3, 300*math.Sqrt(p*(1-p)/float64(onGVL)))
 	if blocking {
-		p := got / 100
-		bound = math.Max(bound, 300*math.Sqrt(p*(1-p)/float64(onGVL)))
 		if len(samples) > 0 {
 			first, last := samples[0].Time.UnixNano(), samples[len(samples)-1].Time.UnixNano()
 			bound += 100 * float64(ps.within(first, last)) / float64(last-first+1)
