@@ -59,6 +59,7 @@ type allocSiteKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	allocMapClasses         = "classes"
+	allocMapGate            = "gate"
 	allocMapGcStart         = "gc_start"
 	allocMapPendingNew      = "pending_new"
 	allocMapProbeSpecs      = "probe_specs"
@@ -121,6 +122,7 @@ type allocProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocMapSpecs struct {
 	Classes    *ebpf.MapSpec `ebpf:"classes"`
+	Gate       *ebpf.MapSpec `ebpf:"gate"`
 	GcStart    *ebpf.MapSpec `ebpf:"gc_start"`
 	PendingNew *ebpf.MapSpec `ebpf:"pending_new"`
 	ProbeSpecs *ebpf.MapSpec `ebpf:"probe_specs"`
@@ -157,6 +159,7 @@ func (o *allocObjects) Close() error {
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocMaps struct {
 	Classes    *ebpf.Map `ebpf:"classes"`
+	Gate       *ebpf.Map `ebpf:"gate"`
 	GcStart    *ebpf.Map `ebpf:"gc_start"`
 	PendingNew *ebpf.Map `ebpf:"pending_new"`
 	ProbeSpecs *ebpf.Map `ebpf:"probe_specs"`
@@ -167,6 +170,7 @@ type allocMaps struct {
 func (m *allocMaps) Close() error {
 	return _AllocClose(
 		m.Classes,
+		m.Gate,
 		m.GcStart,
 		m.PendingNew,
 		m.ProbeSpecs,

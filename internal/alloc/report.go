@@ -12,11 +12,17 @@ import (
 
 // jsonReport is the machine contract of `rbscope alloc --format json`.
 type jsonReport struct {
-	Pid       int          `json:"pid"`
-	DurationS float64      `json:"duration_s"`
-	Estimated bool         `json:"estimated"`
-	ByClass   []ClassCount `json:"by_class"`
-	BySite    []SiteCount  `json:"by_site"`
+	Pid       int     `json:"pid"`
+	DurationS float64 `json:"duration_s"`
+	Estimated bool    `json:"estimated"`
+	// Scaling, RubyAllocated, Attached and CounterSource: see Report.
+	Scaling       string       `json:"scaling"`
+	Scale         float64      `json:"scale"`
+	RubyAllocated uint64       `json:"ruby_allocated,omitempty"`
+	Attached      float64      `json:"attached_fraction"`
+	CounterSource string       `json:"counter_source,omitempty"`
+	ByClass       []ClassCount `json:"by_class"`
+	BySite        []SiteCount  `json:"by_site"`
 }
 
 // WriteJSON writes r as
@@ -29,8 +35,10 @@ func (r *Report) WriteJSON(w io.Writer, top int) error {
 		Pid:       r.Pid,
 		DurationS: float64(r.Duration.Round(time.Millisecond)) / float64(time.Second),
 		Estimated: r.Estimated,
-		ByClass:   limit(r.ByClass, top),
-		BySite:    limit(r.BySite, top),
+		Scaling:   r.Scaling, Scale: r.Scale, RubyAllocated: r.RubyAllocated,
+		Attached: r.Attached, CounterSource: r.CounterSource,
+		ByClass: limit(r.ByClass, top),
+		BySite:  limit(r.BySite, top),
 	}
 	if j.ByClass == nil {
 		j.ByClass = []ClassCount{}
@@ -67,6 +75,12 @@ func (r *Report) WriteText(w io.Writer, by string, top int) error {
 		est = fmt.Sprintf(" (estimated: counts scaled by %.3g)", r.Scale)
 	}
 	fmt.Fprintf(&b, "# rbscope alloc: pid %d, %.1fs, %d allocations%s\n", r.Pid, r.Duration.Seconds(), total, est)
+	switch r.Scaling {
+	case "counter":
+		fmt.Fprintf(&b, "# counted %.1f%% of the time, scaled by Ruby's own allocation counter (%d objects allocated in all)\n", 100*r.Attached, r.RubyAllocated)
+	case "time":
+		fmt.Fprintf(&b, "# counted %.1f%% of the time, scaled by time: biased low if the program is allocation-bound (%s)\n", 100*r.Attached, r.CounterSource)
+	}
 	if r.Mode == "symbols" {
 		b.WriteString("# this Ruby has no USDT probes: classes only, no file:line\n")
 	}

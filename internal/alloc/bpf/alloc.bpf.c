@@ -120,6 +120,19 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
+/* gate[0] != 0: count allocation events. User space opens the gate after
+ * attaching and reading Ruby's own allocation counter, and closes it before
+ * reading the counter again and detaching, so that the events counted and
+ * the counter's growth cover exactly the same window (attaching and
+ * detaching take milliseconds, during which the probes fire but are not
+ * counted). Exact mode leaves it open. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} gate SEC(".maps");
+
 /* Start times of the GC phase in progress: [0] mark, [1] sweep. Ruby's
  * GC runs one phase at a time per process, but may migrate CPUs. */
 struct {
@@ -248,6 +261,11 @@ static __always_inline int handle(struct pt_regs *ctx)
 		gc_phase(kind);
 		return 0;
 	}
+
+	__u32 zero = 0;
+	__u32 *open = bpf_map_lookup_elem(&gate, &zero);
+	if (!open || !*open)
+		return 0;
 
 	__u64 a0 = 0, a1 = 0, a2 = 0;
 	if (read_arg(ctx, &spec->args[0], &a0) || read_arg(ctx, &spec->args[1], &a1) ||
