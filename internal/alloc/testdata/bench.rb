@@ -32,6 +32,18 @@ when "paced"
     i += 100
     sleep 0.001
   end
+when "bursty"
+  # Bursts of 20,000 allocations at full speed, 50 ms apart: a load whose
+  # rate swings between zero and the maximum.
+  while i < n
+    k = 0
+    while k < 20_000
+      Object.new
+      k += 1
+    end
+    i += 20_000
+    sleep 0.05
+  end
 else
   abort "unknown kind #{kind}"
 end
