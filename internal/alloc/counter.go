@@ -133,6 +133,7 @@ const (
 	// counter of a process that does not allocate cannot be told apart.
 	calMinWindows = 2
 	calMinEvents  = 2000
+	calMaxRatio   = 50
 )
 
 // newCalibration lists the blocks that rb_vm_t (vmSize bytes at vm)
@@ -210,19 +211,23 @@ func (c *calibration) open() {
 // events and prunes the candidates. Once one stands out it returns the
 // counter, its value when the first window opened, and its growth in all
 // windows so far (nil before).
-func (c *calibration) close(events uint64) (counter *rubyCounter, start, grown uint64) {
-	now := c.read()
+//
+// now is c.read() at the end of the window; events were counted in it
+// (they go to the totals), sure of them were counted before now was read
+// began (the check: reading every block takes a while, and the counter's
+// word may have been read late in it).
+func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyCounter, start, grown, cur uint64) {
 	prev := c.last
 	c.last = now
 	if prev == nil {
-		return nil, 0, 0
+		return nil, 0, 0, 0
 	}
 	grew := func(r, w int) (uint64, bool) {
 		if prev[r] == nil || now[r] == nil || now[r][w] < prev[r][w] {
 			return 0, false
 		}
 		d := now[r][w] - prev[r][w]
-		return d, d+calSlack >= events
+		return d, d+calSlack >= sure
 	}
 	if c.cands == nil {
 		// Every word that has not decreased since the first window.
@@ -247,11 +252,22 @@ func (c *calibration) close(events uint64) (counter *rubyCounter, start, grown u
 		c.cands = kept
 	}
 	c.events += events
+	// A word that grows far faster than the allocations (a clock, a
+	// byte count, a pointer) is not the counter: Ruby's internal objects
+	// (the ones no probe reports) are rarely more than a few per object
+	// a program allocates.
+	kept := c.cands[:0]
+	for _, k := range c.cands {
+		if k.grown <= calMaxRatio*c.events+calSlack*uint64(c.windows+1) {
+			kept = append(kept, k)
+		}
+	}
+	c.cands = kept
 	if events > 0 {
 		c.windows++
 	}
 	if c.windows < calMinWindows || c.events < calMinEvents || len(c.cands) == 0 {
-		return nil, 0, 0
+		return nil, 0, 0, 0
 	}
 	best := c.cands[0]
 	for _, k := range c.cands[1:] {
@@ -265,7 +281,7 @@ func (c *calibration) close(events uint64) (counter *rubyCounter, start, grown u
 		source: fmt.Sprintf("calibrated: the word at +0x%x of block 0x%x grew by at least the allocations counted in each of %d windows (%d events, %+.2f%%)",
 			best.word*8, c.regions[best.region], c.windows, c.events, 100*(float64(best.grown)-float64(c.events))/float64(c.events)),
 	}
-	return counter, c.first[best.region][best.word], best.grown
+	return counter, c.first[best.region][best.word], best.grown, now[best.region][best.word]
 }
 
 // failed reports whether no candidate is left.

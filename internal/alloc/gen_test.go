@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // generateArgs returns bpf2go's arguments from gen.go's go:generate line,
@@ -68,11 +70,11 @@ func TestGeneratedUpToDate(t *testing.T) {
 		t.Skip("compiles the eBPF program")
 	}
 	if _, err := exec.LookPath("clang"); err != nil {
-		t.Skip("clang not installed: cannot regenerate the eBPF object")
+		testutil.Missing(t, "clang (scripts/install-deps.sh): regenerates the eBPF object")
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("go not on PATH")
+		testutil.Missing(t, "go on PATH")
 	}
 	dir := t.TempDir()
 	args := append([]string{"tool", "bpf2go", "-output-dir", dir}, generateArgs(t)...)

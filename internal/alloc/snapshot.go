@@ -21,6 +21,7 @@ const (
 	statGCMarkCount
 	statGCSweepNS
 	statGCSweepCount
+	statObjects
 )
 
 // AnonymousClass names the objects of anonymous classes (Class.new),

@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/ruby"
@@ -73,7 +74,7 @@ func (tr *Tracker) setGate(open bool) error {
 // counter, then opens the gate (an event between the two is counted, but
 // not by Ruby's count: a few at most per window).
 func (tr *Tracker) openWindow() {
-	tr.winEvents, _ = tr.statSum(statEvents)
+	tr.winEvents, _ = tr.statSum(statObjects)
 	switch {
 	case tr.counter != nil:
 		v, err := tr.counter.read()
@@ -101,7 +102,7 @@ func (tr *Tracker) closeWindow() {
 		tr.dutyErr = err
 	}
 	tr.onTotal += time.Since(tr.onSince)
-	ev, _ := tr.statSum(statEvents)
+	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
 	switch {
 	case tr.counter != nil:
@@ -111,6 +112,9 @@ func (tr *Tracker) closeWindow() {
 			break
 		}
 		tr.counterEnd = v
+		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "window: events %d counter +%d\n", events, int64(v-tr.winCounter))
+		}
 		if v < tr.winCounter || v-tr.winCounter+calSlack < events {
 			// The check that chose the counter, repeated on every window.
 			tr.dropCounter(fmt.Sprintf("it grew by %d in a window that counted %d allocations", int64(v-tr.winCounter), events))
@@ -118,7 +122,7 @@ func (tr *Tracker) closeWindow() {
 		}
 		tr.counterOn += v - tr.winCounter
 	case tr.cal != nil:
-		tr.calClose(events)
+		tr.calClose(tr.cal.read(), events, events)
 	}
 }
 
@@ -137,30 +141,38 @@ func (tr *Tracker) checkpoint() {
 	if tr.cal == nil || !tr.attached {
 		return
 	}
-	ev, err := tr.statSum(statEvents)
+	ev0, err := tr.statSum(statObjects)
 	if err != nil {
 		return
 	}
-	events := ev - tr.winEvents
+	now := tr.cal.read()
+	ev, err := tr.statSum(statObjects)
+	if err != nil {
+		return
+	}
+	sure, events := ev0-tr.winEvents, ev-tr.winEvents
 	tr.winEvents = ev
-	tr.calClose(events)
-	if tr.counter != nil {
-		// Found mid-window: the rest of the window counts from here.
-		tr.winCounter = tr.counterEnd
+	if cur, found := tr.calClose(now, sure, events); found {
+		// Found mid-window: the rest of the window counts from the
+		// value just read (and the events after it).
+		tr.winCounter = cur
 	}
 }
 
-// calClose feeds one (part of a) window to the calibration.
-func (tr *Tracker) calClose(events uint64) {
-	c, start, grown := tr.cal.close(events)
+// calClose feeds one (part of a) window to the calibration; found says
+// whether it chose the counter, whose value in now is cur.
+func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, found bool) {
+	c, start, grown, cur := tr.cal.close(now, sure, events)
 	if c != nil {
 		tr.counter, tr.cal = c, nil
-		tr.counterStart, tr.counterOn = start, grown
-		tr.counterEnd, _ = c.read()
-	} else if tr.cal.failed() {
+		tr.counterStart, tr.counterOn, tr.counterEnd = start, grown, cur
+		return cur, true
+	}
+	if tr.cal.failed() {
 		tr.cal = nil
 		tr.counterNote += "; calibration: no word of the object space grew with the allocations counted"
 	}
+	return 0, false
 }
 
 func (tr *Tracker) dropCounter(why string) {

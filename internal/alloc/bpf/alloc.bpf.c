@@ -48,6 +48,8 @@ enum stat {
 	STAT_GC_MARK_COUNT = 6,
 	STAT_GC_SWEEP_NS = 7,
 	STAT_GC_SWEEP_COUNT = 8,
+	STAT_OBJECTS = 9,      /* events that are heap objects: not symbol__create,
+				  which also fires for static symbols (IDs) */
 	STAT_MAX = 16,
 };
 
@@ -290,6 +292,8 @@ static __always_inline int handle(struct pt_regs *ctx)
 	}
 
 	stat_add(STAT_EVENTS, 1);
+	if (kind != KIND_SYMBOL)
+		stat_add(STAT_OBJECTS, 1);
 	if (sample_period > 1 && bpf_get_prandom_u32() % sample_period != 0)
 		return 0;
 	stat_add(STAT_SAMPLED, 1);
