@@ -187,21 +187,34 @@ func exactCounts(t *testing.T, rb testutil.RubyUnderTest, perSite bool) {
 		class string
 		line  int
 		want  uint64
+		alt   uint64 // another count Ruby's probes give on some builds
 	}{
-		{"Widget", 9, n},
-		{"Gadget", 10, 2 * n},
-		{"Outer::Inner", 11, n / 2},
-		{"Array", 12, n},
-		{"String", 13, n},
-		{"Hash", 14, n / 4},
+		{"Widget", 9, n, 0},
+		{"Gadget", 10, 2 * n, 0},
+		{"Outer::Inner", 11, n / 2, 0},
+		{"Array", 12, n, 0},
+		{"String", 13, n, 0},
+		// {a: 1}: YJIT-compiled code makes the hash without the
+		// interpreter's newhash instruction, which holds the probe: only
+		// the calls before YJIT compiles the block are reported.
+		{"Hash", 14, n / 4, 0},
 		// "s#{i}": the result and i.to_s, except for 0..9 whose to_s
-		// Ruby does not allocate (memory_profiler agrees).
-		{"String", 15, 2*n - 10},
+		// Ruby does not allocate (memory_profiler agrees on Debian's
+		// Ruby); Ruby 3.3's Integer#to_s makes its string without
+		// firing string__create, so only the result is reported there.
+		{"String", 15, 2*n - 10, n},
 		// Array.new(3): one object__create("Array"); the allocator's own
 		// array__create site is not attached, so no double count.
-		{"Array", 16, n / 10},
+		{"Array", 16, n / 10, 0},
 	} {
-		if got := siteCount(r, c.class, work, c.line); got != c.want {
+		got := siteCount(r, c.class, work, c.line)
+		if c.class == "Hash" && rb.YJIT {
+			if got == 0 || got > c.want {
+				t.Errorf("%s:%d:%s: %d allocations under YJIT, want 1 to %d", work, c.line, c.class, got, c.want)
+			}
+			continue
+		}
+		if got != c.want && (c.alt == 0 || got != c.alt) {
 			t.Errorf("%s:%d:%s: %d allocations, want %d", work, c.line, c.class, got, c.want)
 		}
 	}
@@ -478,12 +491,12 @@ func TestProbeBusy(t *testing.T) {
 	}
 }
 
-// sharedLibruby returns the path of rb's libruby.
+// sharedLibruby returns the path of the libruby rb maps.
 func sharedLibruby(t *testing.T, rb testutil.RubyUnderTest) string {
 	t.Helper()
-	out, err := rb.Command("-e", "print File.join(RbConfig::CONFIG['libdir'], RbConfig::CONFIG['LIBRUBY_SO'])").Output()
-	if err != nil {
-		t.Fatalf("ask %s for its libruby: %v", rb.Name, err)
+	out, err := rb.Command("-e", `print File.readlines("/proc/self/maps").map { |l| l.split[5] }.compact.find { |p| p.include?("libruby") }`).Output()
+	if err != nil || len(out) == 0 {
+		t.Fatalf("find the libruby %s maps: %v %q", rb.Name, err, out)
 	}
 	return string(out)
 }

@@ -26,10 +26,12 @@ type jsonReport struct {
 }
 
 // WriteJSON writes r as
-// {"pid", "duration_s", "estimated", "by_class": [{"class", "count",
-// "bytes"}], "by_site": [{"class", "path", "line", "count"}]},
-// both lists sorted by count, descending. top > 0 keeps the first top
-// entries of each list.
+// {"pid", "duration_s", "estimated", "scaling", "scale",
+// "ruby_allocated" (when known), "attached_fraction", "counter_source"
+// (when not exact), "by_class": [{"class", "count", "bytes"}],
+// "by_site": [{"class", "path", "line", "count"}]}, both lists sorted by
+// count, descending. top > 0 keeps the first top entries of each list.
+// "scaling" is "exact", "counter" or "time" (see Report.Scaling).
 func (r *Report) WriteJSON(w io.Writer, top int) error {
 	j := jsonReport{
 		Pid:       r.Pid,

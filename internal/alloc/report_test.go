@@ -22,6 +22,8 @@ func sampleReport() *Report {
 		Duration: 2500 * time.Millisecond,
 		Mode:     "usdt",
 		Scale:    1,
+		Scaling:  "exact",
+		Attached: 1,
 		ByClass: []ClassCount{
 			{Class: "String", Count: 300, Bytes: 4096},
 			{Class: "Widget", Count: 200},
@@ -50,6 +52,7 @@ func TestWriteJSON(t *testing.T) {
 	}
 	want := map[string]any{
 		"pid": 4242.0, "duration_s": 2.5, "estimated": false,
+		"scaling": "exact", "scale": 1.0, "attached_fraction": 1.0,
 		"by_class": []any{
 			map[string]any{"class": "String", "count": 300.0, "bytes": 4096.0},
 			map[string]any{"class": "Array", "count": 200.0, "bytes": 1600.0},
@@ -69,7 +72,7 @@ func TestWriteJSON(t *testing.T) {
 	}
 	// Key order as documented.
 	s := b.String()
-	order := []string{`"pid"`, `"duration_s"`, `"estimated"`, `"by_class"`, `"by_site"`}
+	order := []string{`"pid"`, `"duration_s"`, `"estimated"`, `"scaling"`, `"by_class"`, `"by_site"`}
 	last := -1
 	for _, k := range order {
 		i := strings.Index(s, k)

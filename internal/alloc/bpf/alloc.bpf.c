@@ -48,6 +48,8 @@ enum stat {
 	STAT_GC_MARK_COUNT = 6,
 	STAT_GC_SWEEP_NS = 7,
 	STAT_GC_SWEEP_COUNT = 8,
+	STAT_STACKS = 10,      /* stacks captured */
+	STAT_STACKS_LOST = 11, /* stacks the ring buffer had no room for */
 	STAT_OBJECTS = 9,      /* events that are heap objects: not symbol__create,
 				  which also fires for static symbols (IDs) */
 	STAT_MAX = 16,
@@ -91,6 +93,51 @@ struct counter {
 /* Set by the loader before loading. */
 const volatile __u32 target_tgid = 0;
 const volatile __u32 sample_period = 1;
+
+/* Allocation stacks: one in stack_period counted events (0: none) copies
+ * the Ruby stack of the allocating thread for user space, which names its
+ * frames with rbscope's walker reading the copy instead of the live
+ * (already changed) memory. The running thread's execution context is
+ * vm->ractor.main_ractor->threads.running_ec: the allocating thread holds
+ * the GVL. Offsets come from the same layout the walker uses. */
+const volatile __u32 stack_period = 0;
+const volatile __u64 stk_vm = 0;
+const volatile __u32 stk_main_ractor = 0;
+const volatile __u32 stk_running_ec = 0;
+const volatile __u32 stk_ec_vm_stack = 0;
+const volatile __u32 stk_ec_vm_stack_size = 8;
+const volatile __u32 stk_ec_cfp = 16;
+const volatile __u32 stk_cfp_sp = 8;
+
+#define EC_MAX 512
+#define CF_MAX 8192
+#define VS_MAX 16384
+
+struct stack_event {
+	__u64 ec;   /* address of the execution context (EC_MAX bytes copied) */
+	__u64 cfp;  /* address of the innermost control frame (cf_len bytes copied) */
+	__u64 vs;   /* address of the copied top of the VM value stack (vs_len bytes) */
+	__u64 cls;  /* as in site_key */
+	__u64 file;
+	__u64 bytes;
+	__u32 line;
+	__u32 kind;
+	__u32 tid;
+	__u32 cf_len;
+	__u32 vs_len;
+	__u32 pad;
+	__u8 ec_data[EC_MAX];
+	__u8 cf[CF_MAX];
+	__u8 vsd[VS_MAX];
+};
+
+/* Keeps the type in BTF for bpf2go. */
+const struct stack_event *unused_stack_event __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+} stacks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -249,6 +296,67 @@ static __always_inline int bump(void *map, const void *key, __u64 bytes)
 	return -1; /* the map is full */
 }
 
+static __always_inline __u64 read_u64(__u64 addr)
+{
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+/* capture copies the allocating thread's Ruby stack into the ring buffer. */
+static __always_inline void capture(const struct site_key *sk, __u64 bytes)
+{
+	__u64 ractor = read_u64(stk_vm + stk_main_ractor);
+	__u64 ec = read_u64(ractor + stk_running_ec);
+	if (!ec)
+		return;
+	struct stack_event *e = bpf_ringbuf_reserve(&stacks, sizeof(*e), 0);
+	if (!e) {
+		stat_add(STAT_STACKS_LOST, 1);
+		return;
+	}
+	e->ec = ec;
+	e->cls = sk->cls;
+	e->file = sk->file;
+	e->line = sk->line;
+	e->kind = sk->kind;
+	e->bytes = bytes;
+	e->tid = (__u32)bpf_get_current_pid_tgid();
+	bpf_probe_read_user(e->ec_data, EC_MAX, (void *)ec);
+	__u64 vm_stack = read_u64(ec + stk_ec_vm_stack);
+	__u64 size = read_u64(ec + stk_ec_vm_stack_size);
+	__u64 cfp = read_u64(ec + stk_ec_cfp);
+	__u64 end = vm_stack + size * 8;
+	e->cfp = cfp;
+	e->cf_len = 0;
+	e->vs_len = 0;
+	if (cfp > vm_stack && cfp < end) {
+		__u64 n = end - cfp;
+		if (n > CF_MAX)
+			n = CF_MAX;
+		n &= 2 * CF_MAX - 1;
+		if (n > CF_MAX)
+			n = CF_MAX;
+		if (!bpf_probe_read_user(e->cf, n, (void *)cfp))
+			e->cf_len = n;
+		/* The top of the value stack, where the inner frames'
+		 * environments are. */
+		__u64 sp = read_u64(cfp + stk_cfp_sp);
+		if (sp > vm_stack && sp <= cfp) {
+			__u64 from = sp > vm_stack + VS_MAX ? sp - VS_MAX : vm_stack;
+			__u64 m = sp - from;
+			m &= 2 * VS_MAX - 1;
+			if (m > VS_MAX)
+				m = VS_MAX;
+			e->vs = from;
+			if (!bpf_probe_read_user(e->vsd, m, (void *)from))
+				e->vs_len = m;
+		}
+	}
+	stat_add(STAT_STACKS, 1);
+	bpf_ringbuf_submit(e, 0);
+}
+
 static __always_inline int handle(struct pt_regs *ctx)
 {
 	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != target_tgid)
@@ -342,6 +450,8 @@ static __always_inline int handle(struct pt_regs *ctx)
 		if (bump(&classes, &ck, bytes))
 			stat_add(STAT_CLASSES_FULL, 1);
 	}
+	if (stack_period && bpf_get_prandom_u32() % stack_period == 0)
+		capture(&sk, bytes);
 	return 0;
 }
 
