@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/stack"
 )
 
 // RunConfig is one `rbscope alloc` session.
@@ -96,8 +99,10 @@ func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err 
 	}
 }
 
-// Formats lists the report formats WriteFormat knows.
-var Formats = []string{"text", "json", "pprof"}
+// Formats lists the report formats WriteFormat knows: text, json, pprof
+// (alloc_objects and alloc_space by stack, or by site without stacks) and
+// the stack views flamegraph, speedscope and collapsed.
+var Formats = []string{"text", "json", "pprof", "flamegraph", "speedscope", "collapsed"}
 
 // WriteFormat writes r in format: text (grouped by "line" or "class"),
 // json or pprof; top > 0 keeps the top entries.
@@ -109,6 +114,21 @@ func (r *Report) WriteFormat(w io.Writer, format, by string, top int) error {
 		return r.WritePprof(w)
 	case "text", "":
 		return r.WriteText(w, by, top)
+	case "flamegraph", "speedscope", "collapsed":
+		if len(r.Stacks) == 0 {
+			return fmt.Errorf("no allocation stacks to draw a %s from (%s)", format, r.StackError)
+		}
+		samples := r.StackSamplesList()
+		i := 0
+		_, err := output.Render(format, output.Options{Title: fmt.Sprintf("rbscope alloc: pid %d, %d sampled allocation stacks", r.Pid, len(samples))},
+			func() (stack.Sample, error) {
+				if i == len(samples) {
+					return stack.Sample{}, io.EOF
+				}
+				i++
+				return samples[i-1], nil
+			}, w)
+		return err
 	}
 	return fmt.Errorf("unknown format %q", format)
 }

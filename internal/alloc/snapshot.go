@@ -93,6 +93,13 @@ type Report struct {
 	GCMark, GCSweep   time.Duration `json:"-"`
 	GCMarks, GCSweeps uint64        `json:"-"`
 	UnreadableNames   uint64        `json:"-"`
+	// Stacks are the Ruby stacks of sampled allocations, counts scaled
+	// to the class totals; StackSamples how many were copied,
+	// StackErrors how many could not be walked, StackError why (or why
+	// there are none).
+	Stacks                    []StackCount `json:"-"`
+	StackSamples, StackErrors uint64       `json:"-"`
+	StackError                string       `json:"-"`
 }
 
 // Snapshot reads the kernel's counters and returns the cumulative report.
@@ -193,6 +200,8 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 		r.BySite = append(r.BySite, *s)
 	}
 	sortReport(r)
+	r.Stacks = tr.scaledStacks(r.ByClass)
+	r.StackSamples, r.StackErrors, r.StackError = tr.stacks.total, tr.stacks.walkErrors, tr.stacks.lastErr
 	return r, nil
 }
 

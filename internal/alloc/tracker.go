@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/rbscope/rbscope/internal/ruby"
@@ -60,6 +61,11 @@ type Options struct {
 	// ForceSymbols uses the allocation-function fallback even when the
 	// binary has USDT probes.
 	ForceSymbols bool
+	// StackPeriod copies the Ruby stack of one in StackPeriod counted
+	// allocations (0: DefaultStackPeriod, or DefaultExactStackPeriod when
+	// Exact). NoStacks copies none.
+	StackPeriod uint32
+	NoStacks    bool
 	// ClassName resolves a klass VALUE to its name (the fallback mode
 	// counts klass pointers). Nil: names are shown as addresses.
 	ClassName func(klass uint64) (string, error)
@@ -103,6 +109,10 @@ type Tracker struct {
 	counterOn    uint64
 	winCounter   uint64
 	winEvents    uint64
+
+	stacks    stackAgg
+	stackRd   *ringbuf.Reader
+	stackDone chan struct{}
 }
 
 // Attach loads the program and attaches it to the Ruby process pid.
@@ -155,6 +165,21 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	}
 	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts}
 	tr.findCounter()
+	stackPeriod := uint32(0)
+	if tr.rb != nil && !opts.NoStacks {
+		stackPeriod = opts.StackPeriod
+		if stackPeriod == 0 {
+			stackPeriod = DefaultStackPeriod
+			if opts.Exact {
+				stackPeriod = DefaultExactStackPeriod
+			}
+		}
+		if err := tr.stackVars(spec, stackPeriod); err != nil {
+			tr.stacks.lastErr = fmt.Sprintf("no allocation stacks: %v", err)
+			stackPeriod = 0
+			spec.Variables[allocVarStackPeriod].Set(uint32(0))
+		}
+	}
 	cn := opts.ClassName
 	if cn == nil && plan.Mode == "symbols" {
 		cn = tr.rubyClassNames()
@@ -191,6 +216,15 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	if err := tr.loadAndAttach(spec); err != nil {
 		tr.maps.Close()
 		return nil, err
+	}
+	if stackPeriod > 0 {
+		rd, err := ringbuf.NewReader(tr.maps.Stacks)
+		if err != nil {
+			tr.stacks.lastErr = fmt.Sprintf("no allocation stacks: open ring buffer: %v", err)
+		} else {
+			tr.stackRd, tr.stackDone = rd, make(chan struct{})
+			go tr.readStacks(rd, tr.stackDone)
+		}
 	}
 	if !opts.Exact {
 		tr.stop = make(chan struct{})
@@ -251,6 +285,7 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapStats:      tr.maps.Stats,
 		allocMapGcStart:    tr.maps.GcStart,
 		allocMapGate:       tr.maps.Gate,
+		allocMapStacks:     tr.maps.Stacks,
 	}
 }
 
@@ -427,6 +462,12 @@ func (tr *Tracker) Close() error {
 		return nil
 	}
 	tr.closed = true
+	if tr.stackRd != nil {
+		tr.mu.Unlock()
+		tr.stackRd.Close()
+		<-tr.stackDone
+		tr.mu.Lock()
+	}
 	if tr.prog != nil {
 		tr.prog.Close()
 	}
