@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/alloc"
+	"github.com/rbscope/rbscope/internal/pyroscopetest"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -282,4 +284,98 @@ func TestAllocBadFlags(t *testing.T) {
 	oneLineError(t, stderr, code, "--duty-cycle 2 is not in (0, 1]")
 	_, stderr, code = run(t, "alloc", "--pid", "1", "--exact", "--duty-cycle", "0.5")
 	oneLineError(t, stderr, code, "--exact and --duty-cycle exclude each other")
+}
+
+// TestAllocUpload traces the stacks fixture with --upload to a real
+// Pyroscope server: the server's allocation totals (alloc_objects) equal
+// the local report's, and its stacks hold C#inner < B#middle < A#outer.
+func TestAllocUpload(t *testing.T) {
+	allocNeedRoot(t)
+	srv := pyroscopetest.Start(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startAllocRuby(t, rb, nil, "stacks.rb", "20000")
+		p.expect(t, "ready")
+		pid := p.cmd.Process.Pid
+		app := "ci-alloc-" + strings.ReplaceAll(rb.Name, ".", "_")
+		local := filepath.Join(t.TempDir(), "alloc.json")
+		start := time.Now()
+		cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--exact", "--silent", "--format", "json",
+			"-o", local, "--upload", srv.URL(), "--app-name", app)
+		cmd.Env = rb.ProfilerEnv(t)
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		waitSemaphore(t, pid, 1, 30*time.Second)
+		io.WriteString(p.stdin, "go\n")
+		p.expect(t, "done")
+		cmd.Process.Signal(syscall.SIGINT)
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rbscope alloc --upload: %v\n%s", err, errb.String())
+		}
+		b, err := os.ReadFile(local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			ByClass []struct {
+				Class string `json:"class"`
+				Count int64  `json:"count"`
+			} `json:"by_class"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatal(err)
+		}
+		var total, widgets int64
+		for _, c := range doc.ByClass {
+			total += c.Count
+			if c.Class == "Widget" {
+				widgets = c.Count
+			}
+		}
+		if widgets != 20000 {
+			t.Fatalf("local report: %d Widgets, want 20000", widgets)
+		}
+		ctx := context.Background()
+		from, until := start.Add(-time.Minute), time.Now().Add(time.Minute)
+		var typeID string
+		var got pyroscopetest.Counts
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			types, err := srv.ProfileTypes(ctx, from, until)
+			for _, id := range types {
+				if strings.Contains(id, "alloc_objects") {
+					typeID = id
+				}
+			}
+			if typeID != "" {
+				got, err = srv.QueryType(ctx, typeID, pyroscopetest.AppSelector(app), from, until)
+				if err == nil && got.Total >= total {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("server: types %v, %q total %d (err %v), want %d", types, typeID, got.Total, err, total)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		t.Logf("server %s: %d allocations (%d Widgets), local report %d", typeID, got.Total, got.Self["Widget"], total)
+		if got.Total != total {
+			t.Errorf("server holds %d allocations, the local report %d", got.Total, total)
+		}
+		if got.Self["Widget"] != widgets {
+			t.Errorf("server: %d Widgets, local %d", got.Self["Widget"], widgets)
+		}
+		chained := int64(0)
+		for st, v := range got.Stacks {
+			if strings.Contains(st, "A#outer;B#middle;C#inner") {
+				chained += v
+			}
+		}
+		if chained < widgets*95/100 {
+			t.Errorf("server: %d of %d Widgets under A#outer;B#middle;C#inner", chained, widgets)
+		}
+	})
 }

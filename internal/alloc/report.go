@@ -214,6 +214,21 @@ func (r *Report) stackProfile(p *profile.Profile) (*profile.Profile, error) {
 		p.Location = append(p.Location, l)
 		return l
 	}
+	withStacks := map[string]bool{}
+	for _, st := range r.Stacks {
+		withStacks[st.Class] = true
+	}
+	// Classes no sampled stack caught keep their count, under the class
+	// alone, so that the profile's total is the report's.
+	for _, c := range r.ByClass {
+		if !withStacks[c.Class] && c.Count > 0 {
+			p.Sample = append(p.Sample, &profile.Sample{
+				Location: []*profile.Location{loc(c.Class, "", 0)},
+				Value:    []int64{int64(c.Count), int64(c.Bytes)},
+				Label:    map[string][]string{"class": {c.Class}},
+			})
+		}
+	}
 	for _, st := range r.Stacks {
 		ls := []*profile.Location{loc(st.Class, "", 0)}
 		for _, f := range st.Frames {

@@ -164,25 +164,45 @@ func (tr *Tracker) addStack(k allocSiteKey, bytes uint64, frames []stack.Frame, 
 }
 
 // scaledStacks returns the sampled stacks with counts estimated from the
-// class totals: each sample of a class weighs that class's count over its
-// samples. Sorted by count, descending. Called with mu held.
+// class totals: a class's count is split over its stacks in proportion to
+// their samples, rounded so that they add up to it exactly. Sorted by
+// count, descending. Called with mu held.
 func (tr *Tracker) scaledStacks(byClass []ClassCount) []StackCount {
-	samples := map[string]uint64{}
+	byCls := map[string][]*StackCount{}
 	for _, s := range tr.stacks.byKey {
-		samples[s.Class] += s.Samples
+		byCls[s.Class] = append(byCls[s.Class], s)
 	}
-	total := map[string]uint64{}
+	var out []StackCount
 	for _, c := range byClass {
-		total[c.Class] = c.Count
-	}
-	out := make([]StackCount, 0, len(tr.stacks.byKey))
-	for _, s := range tr.stacks.byKey {
-		c := *s
-		if n := samples[s.Class]; n > 0 {
-			c.Count = uint64(float64(total[s.Class]) * float64(s.Samples) / float64(n))
-			c.Bytes = uint64(float64(s.Bytes) * float64(total[s.Class]) / float64(n))
+		list := byCls[c.Class]
+		if len(list) == 0 {
+			continue
 		}
-		out = append(out, c)
+		var n, bytes uint64
+		for _, s := range list {
+			n += s.Samples
+			bytes += s.Bytes
+		}
+		first := len(out)
+		var given, givenBytes uint64
+		for _, s := range list {
+			sc := *s
+			sc.Count = c.Count * s.Samples / n
+			if bytes > 0 {
+				sc.Bytes = c.Bytes * s.Bytes / bytes
+			}
+			given += sc.Count
+			givenBytes += sc.Bytes
+			out = append(out, sc)
+		}
+		// The remainders of the divisions go to the first stacks.
+		for i := first; given < c.Count; i++ {
+			out[first+(i-first)%len(list)].Count++
+			given++
+		}
+		if bytes > 0 {
+			out[first].Bytes += c.Bytes - givenBytes
+		}
 	}
 	sortStacks(out)
 	return out
