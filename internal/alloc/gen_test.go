@@ -67,7 +67,7 @@ func generateArgs(t *testing.T) []string {
 // its maps (clang may lay out the ELF differently without changing them).
 func TestGeneratedUpToDate(t *testing.T) {
 	if testing.Short() {
-		t.Skip("compiles the eBPF program")
+		testutil.Missing(t, "compiles the eBPF program")
 	}
 	if _, err := exec.LookPath("clang"); err != nil {
 		testutil.Missing(t, "clang (scripts/install-deps.sh): regenerates the eBPF object")
