@@ -470,7 +470,7 @@ func TestProbeBusy(t *testing.T) {
 	}
 	var foreign allocObjects
 	if err := spec.LoadAndAssign(&foreign, nil); err != nil {
-		t.Skipf("cannot load the foreign program: %v", err)
+		t.Fatalf("load the foreign program: %v", err)
 	}
 	defer foreign.Close()
 	ex, err := link.OpenExecutable(plan.HostPath)
