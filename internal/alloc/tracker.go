@@ -153,6 +153,9 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	if opts.DutyCycle >= 1 {
 		opts.Exact = true
 	}
+	if err := checkKernel(); err != nil {
+		return nil, err
+	}
 	spec, err := loadAlloc()
 	if err != nil {
 		return nil, fmt.Errorf("load program spec: %w", err)
@@ -239,7 +242,7 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 // perf-event uprobes costs the kernel an RCU grace period each.
 func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 	opts := &ebpf.CollectionOptions{MapReplacements: tr.mapReplacements()}
-	if !forcePerSite {
+	if !forcePerSite && haveUprobeMulti() {
 		var multi struct {
 			Prog *ebpf.Program `ebpf:"ruby_alloc_multi"`
 		}
@@ -254,9 +257,9 @@ func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 			if errors.Is(err, ErrPermission) {
 				return err
 			}
-			// Otherwise (EINVAL from a kernel without uprobe_multi, or a
-			// probe held by another tracer) the per-site path below
-			// attaches or names the failing site precisely.
+			// Otherwise (a probe held by another tracer, say) the
+			// per-site path below attaches or names the failing site
+			// precisely.
 		}
 	}
 	var single struct {

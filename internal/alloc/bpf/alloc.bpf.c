@@ -210,6 +210,31 @@ static __always_inline void stat_add(__u32 slot, __u64 v)
 		*p += v;
 }
 
+/* reg reads the register at byte offset off of pt_regs. The context is
+ * read directly, one constant offset per case (the verifier refuses a
+ * variable offset into it): no helper call per argument. Each load is
+ * written in assembly so that the compiler cannot fold the cases back
+ * into one load at ctx + off. */
+#define REG_CASE(o)                                                            \
+	case o:                                                                \
+		asm volatile("%0 = *(u64 *)(%1 + " #o ")" : "=r"(x) : "r"(ctx)); \
+		break;
+
+static __always_inline int reg(struct pt_regs *ctx, __u16 off, __u64 *v)
+{
+	__u64 x = 0;
+	switch (off) {
+	REG_CASE(0) REG_CASE(8) REG_CASE(16) REG_CASE(24) REG_CASE(32)
+	REG_CASE(40) REG_CASE(48) REG_CASE(56) REG_CASE(64) REG_CASE(72)
+	REG_CASE(80) REG_CASE(88) REG_CASE(96) REG_CASE(104) REG_CASE(112)
+	REG_CASE(128) REG_CASE(152)
+	default:
+		return -1;
+	}
+	*v = x;
+	return 0;
+}
+
 static __always_inline int read_arg(struct pt_regs *ctx, const struct arg_spec *a, __u64 *out)
 {
 	__u64 v = 0;
@@ -220,15 +245,11 @@ static __always_inline int read_arg(struct pt_regs *ctx, const struct arg_spec *
 		v = a->val;
 		break;
 	case ARG_REG:
-		if (a->reg_off > PT_REGS_SIZE - 8)
-			return -1;
-		if (bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + a->reg_off))
+		if (reg(ctx, a->reg_off, &v))
 			return -1;
 		break;
 	case ARG_MEM:
-		if (a->reg_off > PT_REGS_SIZE - 8)
-			return -1;
-		if (bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + a->reg_off))
+		if (reg(ctx, a->reg_off, &v))
 			return -1;
 		if (bpf_probe_read_user(&v, sizeof(v), (void *)(v + a->val)))
 			return -1;
