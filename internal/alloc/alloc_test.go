@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"bufio"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -200,9 +201,9 @@ func exactCounts(t *testing.T, rb testutil.RubyUnderTest, perSite bool) {
 		{"Hash", 14, n / 4, 0},
 		// "s#{i}": the result and i.to_s, except for 0..9 whose to_s
 		// Ruby does not allocate (memory_profiler agrees on Debian's
-		// Ruby); Ruby 3.3's Integer#to_s makes its string without
-		// firing string__create, so only the result is reported there.
-		{"String", 15, 2*n - 10, n},
+		// Ruby); Ruby 3.3 builds the interpolated result without firing
+		// string__create, so only the to_s strings are reported there.
+		{"String", 15, 2*n - 10, n - 10},
 		// Array.new(3): one object__create("Array"); the allocator's own
 		// array__create site is not attached, so no double count.
 		{"Array", 16, n / 10, 0},
@@ -443,7 +444,17 @@ func TestProbeBusy(t *testing.T) {
 		t.Fatalf("read libruby to copy: %v", err)
 	}
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, filepath.Base(libruby)), lib, 0o755); err != nil {
+	// The copy goes under the name the loader looks for: the SONAME.
+	ef, err := elf.Open(libruby)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sonames, err := ef.DynString(elf.DT_SONAME)
+	ef.Close()
+	if err != nil || len(sonames) == 0 {
+		t.Fatalf("SONAME of %s: %v", libruby, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, sonames[0]), lib, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	p := startRubyEnv(t, rb, []string{"LD_LIBRARY_PATH=" + dir}, script(t, "alloc.rb"), "10")
@@ -582,8 +593,12 @@ func TestDutyCycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !r.Estimated || r.Scale < 1.5 || r.Scale > 3 {
-			t.Errorf("estimated %v scale %v, want true and about 2", r.Estimated, r.Scale)
+		// Scaled by time (half the time attached, off periods of random
+		// length) unless Ruby's counter
+		// was found; then by its growth, whatever it is for an idle
+		// process.
+		if !r.Estimated || (r.Scaling == "time" && (r.Scale < 1.3 || r.Scale > 4)) || (r.Scaling != "time" && r.Scaling != "counter") {
+			t.Errorf("estimated %v scaling %s scale %v, want an estimate scaled about 2 by time, or by the counter", r.Estimated, r.Scaling, r.Scale)
 		}
 		tr.Close()
 		if got := semaphore(t, pid, tr.Plan()); got != 0 {

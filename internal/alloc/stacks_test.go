@@ -1,7 +1,6 @@
 package alloc
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 
@@ -15,15 +14,16 @@ func TestStacks(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		for _, c := range []struct {
 			name string
-			n    int
+			args []string
 			opts Options
 		}{
-			{"exact", 20_000, Options{Exact: true, StackPeriod: 16}},
-			{"default", 1_000_000, Options{}},
+			{"exact", []string{"20000"}, Options{Exact: true, StackPeriod: 16}},
+			// Long enough for several counting windows.
+			{"default", []string{"10000", "2.5"}, Options{}},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				path := script(t, "stacks.rb")
-				p := startRuby(t, rb, path, fmt.Sprint(c.n))
+				p := startRuby(t, rb, append([]string{path}, c.args...)...)
 				p.expect(t, "ready")
 				tr := attachOrMissing(t, p.cmd.Process.Pid, c.opts)
 				p.send(t)
