@@ -139,12 +139,13 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 		}
 		return fmt.Errorf("attach to process %d: %w", f.pid, err)
 	}
-	if up != nil {
-		if err := pushAlloc(cmd, f, r, *up); err != nil {
-			return err
-		}
+	if err := writeAllocReport(cmd, f, r); err != nil {
+		return err
 	}
-	return writeAllocReport(cmd, f, r)
+	if up != nil {
+		return pushAlloc(cmd, f, r, *up)
+	}
+	return nil
 }
 
 // pushAlloc sends the allocation profile to Pyroscope: one profile for
