@@ -13,7 +13,8 @@
 #     against the known number of allocations.
 # Needs root. Not part of CI. Usage: scripts/bench-alloc.sh [RUNS]
 # Environment: N_OBJ, N_ARY, N_PACED, N_BURSTY (sizes), KINDS ("objects
-# arrays paced bursty"), MODES ("none default exact bcc"), RUBY (the Ruby to
+# arrays paced bursty"), MODES ("none default exact bcc"; also exact_nostacks,
+# exact_persite), RUBY (the Ruby to
 # run, default ruby). bcc needs EXTRA_PACKAGES="bpfcc-tools linux-headers-amd64"
 # scripts/install-deps.sh; without headers for the running kernel, the
 # nearest Debian headers are merged into one tree for it.
@@ -70,6 +71,10 @@ run_one() {
     none) ;;
     default) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     exact) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    # Where --exact's cost goes: without stack copies, with one perf-event
+    # uprobe per site instead of one uprobe_multi link.
+    exact_nostacks) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact_persite) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --per-site -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     # Job control on: a background job of a script otherwise ignores
     # SIGINT, and uobjnew prints its counts only on Ctrl-C.
     bcc) set -m; PYTHONUNBUFFERED=1 "$BCC" -l ruby $rpid >"$log" 2>&1 & tpid=$!; set +m ;;
@@ -127,13 +132,13 @@ for kind in ${KINDS:-objects arrays paced bursty}; do
     done
   done
   echo "== $kind: $n allocations, best of $RUNS runs"
-  printf "%-9s %10s %9s %12s %14s\n" mode seconds slowdown "ns/event" "count error"
+  printf "%-15s %10s %9s %12s %14s\n" mode seconds slowdown "ns/event" "count error"
   for m in "${modes[@]}"; do
-    if [ "${best[$m]}" = ERROR ]; then printf "%-9s %10s\n" "$m" "failed"; continue; fi
+    if [ "${best[$m]}" = ERROR ]; then printf "%-15s %10s\n" "$m" "failed"; continue; fi
     awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v n="$n" -v c="${cnt[$m]:--}" 'BEGIN {
       err = "-"
       if (c != "-") err = sprintf("%+.2f%%", 100 * (c - n) / n)
-      printf "%-9s %10.3f %8.2fx %12.0f %14s\n", m, e, e / b, 1e9 * (e - b) / n, err }'
+      printf "%-15s %10.3f %8.2fx %12.0f %14s\n", m, e, e / b, 1e9 * (e - b) / n, err }'
   done
   unset best cnt
 done

@@ -34,6 +34,8 @@ type allocFlags struct {
 	silent       bool
 	forceSymbols bool
 	exact        bool
+	noStacks     bool
+	perSite      bool
 	upload       uploadOpts
 }
 
@@ -90,6 +92,9 @@ Examples:
 	fl.BoolVarP(&f.silent, "silent", "q", false, "no live view")
 	fl.BoolVar(&f.forceSymbols, "symbols", false, "use uprobes on allocation functions even if the Ruby has USDT probes (classes only)")
 	_ = fl.MarkHidden("symbols")
+	fl.BoolVar(&f.noStacks, "no-stacks", false, "do not copy the Ruby stacks of sampled allocations")
+	fl.BoolVar(&f.perSite, "per-site", false, "one perf-event uprobe per probe site instead of one uprobe_multi link (cost comparisons)")
+	_ = fl.MarkHidden("per-site")
 	f.upload.register(fl)
 	rootCmd.AddCommand(cmd)
 }
@@ -109,6 +114,8 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 		Interval: f.interval,
 		Options: alloc.Options{
 			Exact:        f.exact,
+			NoStacks:     f.noStacks,
+			PerSite:      f.perSite,
 			SamplePeriod: f.samplePeriod,
 			DutyCycle:    f.dutyCycle,
 			ForceSymbols: f.forceSymbols,

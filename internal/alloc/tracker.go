@@ -66,6 +66,9 @@ type Options struct {
 	// Exact). NoStacks copies none.
 	StackPeriod uint32
 	NoStacks    bool
+	// PerSite attaches one perf-event uprobe per site even where the
+	// kernel has uprobe_multi links (to compare their costs).
+	PerSite bool
 	// ClassName resolves a klass VALUE to its name (the fallback mode
 	// counts klass pointers). Nil: names are shown as addresses.
 	ClassName func(klass uint64) (string, error)
@@ -242,7 +245,7 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 // perf-event uprobes costs the kernel an RCU grace period each.
 func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 	opts := &ebpf.CollectionOptions{MapReplacements: tr.mapReplacements()}
-	if !forcePerSite && haveUprobeMulti() {
+	if !forcePerSite && !tr.opts.PerSite && haveUprobeMulti() {
 		var multi struct {
 			Prog *ebpf.Program `ebpf:"ruby_alloc_multi"`
 		}
