@@ -25,14 +25,17 @@ type jsonReport struct {
 	CounterSource string       `json:"counter_source,omitempty"`
 	ByClass       []ClassCount `json:"by_class"`
 	BySite        []SiteCount  `json:"by_site"`
+	TopStacks     []StackCount `json:"top_stacks,omitempty"`
 }
 
 // WriteJSON writes r as
 // {"pid", "duration_s", "estimated", "scaling", "scale",
 // "ruby_allocated" (when known), "attached_fraction", "counter_source"
 // (when not exact), "by_class": [{"class", "count", "bytes"}],
-// "by_site": [{"class", "path", "line", "count"}]}, both lists sorted by
-// count, descending. top > 0 keeps the first top entries of each list.
+// "by_site": [{"class", "path", "line", "count"}], "top_stacks" (when
+// stacks were sampled): [{"class", "count", "bytes", "frames": [{"name",
+// "path", "line", "kind"}], "samples"}]}, the lists sorted by count,
+// descending. top > 0 keeps the first top entries of each list.
 // "scaling" is "exact", "counter" or "time" (see Report.Scaling).
 func (r *Report) WriteJSON(w io.Writer, top int) error {
 	j := jsonReport{
@@ -41,8 +44,9 @@ func (r *Report) WriteJSON(w io.Writer, top int) error {
 		Estimated: r.Estimated,
 		Scaling:   r.Scaling, Scale: r.Scale, RubyAllocated: r.RubyAllocated,
 		Attached: r.Attached, CounterSource: r.CounterSource,
-		ByClass: limit(r.ByClass, top),
-		BySite:  limit(r.BySite, top),
+		ByClass:   limit(r.ByClass, top),
+		TopStacks: limit(r.Stacks, topStacks(top)),
+		BySite:    limit(r.BySite, top),
 	}
 	if j.ByClass == nil {
 		j.ByClass = []ClassCount{}
