@@ -8,9 +8,12 @@
 #   - modes: none (untraced), default (rbscope alloc: counting windows
 #     scaled by Ruby's own allocation counter), exact (rbscope alloc
 #     --exact), bcc (uobjnew, if it can run here)
-#   - best of RUNS runs per mode (the machine may be shared), slowdown as a
-#     ratio to "none", per-event cost in ns, and each tracer's count error
-#     against the known number of allocations.
+#   - best of RUNS runs per mode (the machine may be shared): the loop's
+#     CPU time (user+system of the Ruby process: the probes' traps run in
+#     its context; far less disturbed by other load than wall time) and
+#     wall time, slowdowns as ratios to "none" in the same run, per-event
+#     cost in CPU ns, and each tracer's count error against the known
+#     number of allocations.
 # Needs root. Not part of CI. Usage: scripts/bench-alloc.sh [RUNS]
 # Environment: N_OBJ, N_ARY, N_PACED, N_BURSTY (sizes), KINDS ("objects
 # arrays paced bursty"), MODES ("none default exact bcc"; also exact_nostacks,
@@ -54,8 +57,8 @@ if command -v uobjnew >/dev/null || [ -x /usr/sbin/uobjnew ]; then
   fi
 fi
 
-# run_one MODE KIND N: prints "elapsed counted" (counted: allocations of the
-# loop's class the tracer reported, "-" if none).
+# run_one MODE KIND N: prints "wall cpu counted" (counted: allocations of
+# the loop's class the tracer reported, "-" if none).
 run_one() {
   local mode=$1 kind=$2 n=$3 class
   [ "$kind" = arrays ] && class=Array || class=Object
@@ -92,7 +95,7 @@ run_one() {
   echo go >&7
   until grep -q elapsed "$out" 2>/dev/null; do sleep 0.05; done
   local elapsed counted="-"
-  elapsed=$(awk '/elapsed/ {print $2}' "$out")
+  elapsed=$(awk '/elapsed/ {print $2, $3}' "$out")
   if [ -n "$tpid" ]; then
     kill -INT $tpid
     wait $tpid 2>/dev/null || true
@@ -101,7 +104,7 @@ run_one() {
       # lower case (array).
       counted=$(awk -v c="$class" '{ k = $1; gsub(/^b\x27|\x27$/, "", k) } tolower(k) == tolower(c) { n = $2 } END { print n + 0 }' "$log")
     elif [ -s "$rep" ]; then
-      counted=$(ruby -rjson -e 'r = JSON.parse(File.read(ARGV[0])); c = r["by_class"].find { |e| e["class"] == ARGV[1] }; puts(c ? c["count"] : 0)' "$rep" "$class")
+      counted=$(ruby -rjson -e 'r = JSON.parse(File.read(ARGV[0])); c = r["by_class"].find { |e| e["class"] == ARGV[1] }; puts("#{c ? c["count"] : 0}:#{r["scaling"]}")' "$rep" "$class")
     fi
   fi
   echo >&7; exec 7>&-
@@ -116,7 +119,7 @@ modes=(${MODES:-none default exact})
 echo "load before: $(uptime)"
 for kind in ${KINDS:-objects arrays paced bursty}; do
   case $kind in objects) n=$N_OBJ ;; arrays) n=$N_ARY ;; paced) n=$N_PACED ;; bursty) n=$N_BURSTY ;; esac
-  declare -A best=() cnt=()
+  declare -A best=() cnt=() wall=()
   for ((r = 1; r <= RUNS; r++)); do
     for m in "${modes[@]}"; do
       res=$(run_one "$m" "$kind" "$n")
@@ -125,21 +128,21 @@ for kind in ${KINDS:-objects arrays paced bursty}; do
         best[$m]=ERROR
         continue
       fi
-      e=${res% *}; c=${res#* }
+      read -r w e c <<<"$res"
       if [ "${best[$m]:-}" != ERROR ] && { [ -z "${best[$m]:-}" ] || awk -v a="$e" -v b="${best[$m]}" 'BEGIN{exit !(a<b)}'; }; then
-        best[$m]=$e; cnt[$m]=$c
+        best[$m]=$e; wall[$m]=$w; cnt[$m]=$c
       fi
     done
   done
-  echo "== $kind: $n allocations, best of $RUNS runs"
-  printf "%-15s %10s %9s %12s %14s\n" mode seconds slowdown "ns/event" "count error"
+  echo "== $kind: $n allocations, best of $RUNS runs by CPU time ($(uptime | sed 's/.*load/load/'))"
+  printf "%-15s %8s %8s %9s %9s %10s %20s\n" mode "cpu s" "wall s" "cpu x" "wall x" "ns/event" "count error"
   for m in "${modes[@]}"; do
-    if [ "${best[$m]}" = ERROR ]; then printf "%-15s %10s\n" "$m" "failed"; continue; fi
-    awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v n="$n" -v c="${cnt[$m]:--}" 'BEGIN {
+    if [ "${best[$m]}" = ERROR ]; then printf "%-15s %8s\n" "$m" "failed"; continue; fi
+    awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v w="${wall[$m]}" -v bw="${wall[none]}" -v n="$n" -v c="${cnt[$m]:--}" 'BEGIN {
       err = "-"
-      if (c != "-") err = sprintf("%+.2f%%", 100 * (c - n) / n)
-      printf "%-15s %10.3f %8.2fx %12.0f %14s\n", m, e, e / b, 1e9 * (e - b) / n, err }'
+      if (c != "-") { split(c, p, ":"); err = sprintf("%+.2f%%", 100 * (p[1] - n) / n); if (p[2] != "" && p[2] != "exact") err = err " (" p[2] ")" }
+      printf "%-15s %8.3f %8.3f %8.2fx %8.2fx %10.0f %20s\n", m, e, w, e / b, w / bw, 1e9 * (e - b) / n, err }'
   done
-  unset best cnt
+  unset best cnt wall
 done
 echo "load after: $(uptime)"

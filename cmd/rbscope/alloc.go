@@ -55,7 +55,7 @@ stderr (plain periodic lines when stderr is not a terminal). Ctrl-C, the
 end of --duration or the target's exit stops it and writes the report.
 
 Needs root (CAP_SYS_ADMIN). By default the probes count in short windows
-(2% of the time) and the counts are scaled by Ruby's own allocation
+(3 ms of every 100 ms) and the counts are scaled by Ruby's own allocation
 counter (GC.stat(:total_allocated_objects), read from the process at
 every window): estimates, marked as such, that cost even an allocation-
 bound loop only a few percent. --exact counts every allocation; each one

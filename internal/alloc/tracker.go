@@ -40,8 +40,8 @@ var (
 // every DefaultDutyWindow (at a random phase). A tight allocation loop
 // runs 10-20 times slower while attached, so this costs it a few percent.
 const (
-	DefaultDutyCycle  = 0.02
-	DefaultDutyWindow = 500 * time.Millisecond
+	DefaultDutyCycle  = 0.03
+	DefaultDutyWindow = 100 * time.Millisecond
 )
 
 // Options tunes Attach.
@@ -391,7 +391,7 @@ func (tr *Tracker) dutyLoop() {
 		// short run still gets enough of them.
 		steps := 1
 		if tr.calibrating() {
-			steps = calSteps
+			steps = max(1, min(calSteps, int(on/calStepMin)))
 		}
 		for i := 0; i < steps; i++ {
 			select {

@@ -126,8 +126,12 @@ func (tr *Tracker) closeWindow() {
 	}
 }
 
-// calSteps is how many checkpoints a window has while calibrating.
-const calSteps = 4
+// calSteps is how many checkpoints a window has while calibrating, each at
+// least calStepMin long (reading the candidate blocks takes a while).
+const (
+	calSteps   = 4
+	calStepMin = 1500 * time.Microsecond
+)
 
 func (tr *Tracker) calibrating() bool {
 	tr.mu.Lock()
