@@ -120,9 +120,19 @@ func TestDefaultMode(t *testing.T) {
 				t.Errorf("mixed.rb:%s: share %.4f, exact %.4f", site, got[site], w)
 			}
 		}
-		// Totals, against Ruby's own count.
+		// Totals, against Ruby's own count. Without DWARF the counter is
+		// found by calibration, which looks for one word: Ruby 3.2+
+		// counts per size pool (a sum of words), so there the estimate
+		// falls back to scaling by time, says so, and only shares hold.
 		if r.Scaling != "counter" {
-			t.Fatalf("scaling %q, want counter (%s)", r.Scaling, r.CounterSource)
+			if rb.HasDWARF || !(rb.Version >= "3.2") {
+				t.Fatalf("scaling %q, want counter (%s)", r.Scaling, r.CounterSource)
+			}
+			if r.Scaling != "time" || !r.Estimated {
+				t.Errorf("scaling %q estimated %v, want an estimate scaled by time", r.Scaling, r.Estimated)
+			}
+			t.Logf("Ruby %s without DWARF: totals not checked (%s)", rb.Version, r.CounterSource)
+			return
 		}
 		if d := float64(r.RubyAllocated)/float64(truth) - 1; math.Abs(d) > 0.05 {
 			t.Errorf("Ruby's counter read by rbscope grew by %d, GC.stat by %d", r.RubyAllocated, truth)
