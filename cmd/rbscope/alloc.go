@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rbscope/rbscope/internal/alloc"
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/tui"
 	"github.com/rbscope/rbscope/internal/upload"
@@ -123,7 +124,7 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 	}
 	if !f.silent {
 		cfg.Log = stderr
-		live := tui.NewBlock(stderr, tui.IsTerminal(stderr))
+		live := tui.NewBlock(stderr, tui.WriterIsTerminal(stderr))
 		defer live.Finish()
 		cfg.OnReport = func(r, prev *alloc.Report) {
 			v := alloc.Live(r, prev)
@@ -132,7 +133,8 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 	}
 	var up *upload.Config
 	if f.upload.url != "" {
-		c, err := f.upload.config(0, pidCommand(f.pid), "")
+		argv, _ := procfs.Cmdline(f.pid)
+		c, err := f.upload.config(0, argv, "")
 		if err != nil {
 			return err
 		}

@@ -5,7 +5,7 @@ import (
 	"io"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 )
 
 // Block is a live view drawn in place below the shell prompt (no
@@ -49,12 +49,9 @@ func (b *Block) Finish() {
 	}
 }
 
-// IsTerminal reports whether w is a terminal.
-func IsTerminal(w io.Writer) bool {
+// WriterIsTerminal reports whether w is a terminal (a Block's tty
+// argument).
+func WriterIsTerminal(w io.Writer) bool {
 	f, ok := w.(interface{ Fd() uintptr })
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
+	return ok && term.IsTerminal(int(f.Fd()))
 }
