@@ -370,7 +370,7 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 			}
 		}
 	}
-	if onGVL < 200 {
+	if onGVL < 100 {
 		t.Fatalf("only %d samples of the loop", onGVL)
 	}
 	got := 100 * float64(inGC) / float64(onGVL)
