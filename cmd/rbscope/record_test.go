@@ -541,6 +541,7 @@ func TestRecordSubprocesses(t *testing.T) {
 		script := recScript(t, `
 def forked_child; x = 0; t = Time.now; x += 1 while Time.now - t < 2.5; end
 def system_parent; x = 0; t = Time.now; x += 1 while Time.now - t < 1; end
+sleep 0.01 until File.exist?(ARGV[0]) # rbscope has opened this Ruby: its raw recording exists
 pid = fork { forked_child }
 system(RbConfig.ruby, "-e", "def system_child; t = Time.now; x = 0; x += 1 while Time.now - t < 1.5; end; system_child")
 system_parent
@@ -548,7 +549,7 @@ Process.wait(pid)`)
 		dir := t.TempDir()
 		raw := filepath.Join(dir, "rec.raw.gz")
 		res := recRun(t, rb, append([]string{"record", "--subprocesses", "--rate", "50", "--format", "collapsed", "-o", filepath.Join(dir, "c.txt"),
-			"--raw", raw, "--"}, rb.Argv(script)...)...)
+			"--raw", raw, "--"}, rb.Argv(script, raw)...)...)
 		if res.err != nil {
 			t.Fatalf("record: %v\n%s", res.err, res.stderr)
 		}
@@ -629,12 +630,13 @@ func TestRecordFollowsExec(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		recBinary(t)
 		script := recScript(t, `
-def before_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 2.5; end # time to attach first
+def before_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 1; end
+sleep 0.01 until File.exist?(ARGV[0]) # rbscope has opened this Ruby: its raw recording exists
 before_exec
 exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 1.5; end; after_exec")`)
 		dir := t.TempDir()
 		raw := filepath.Join(dir, "rec.raw.gz")
-		res := recRun(t, rb, append([]string{"record", "--rate", "100", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw, "--"}, rb.Argv(script)...)...)
+		res := recRun(t, rb, append([]string{"record", "--rate", "100", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw, "--"}, rb.Argv(script, raw)...)...)
 		if res.err != nil {
 			t.Fatalf("record: %v\n%s", res.err, res.stderr)
 		}
@@ -647,7 +649,7 @@ exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Tim
 				}
 			}
 		}
-		// 2.5 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
+		// 1 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
 		// what is checked is that both programs are sampled.
 		if n["Object#before_exec"] < 10 || n["Object#after_exec"] < 15 {
 			t.Errorf("samples by method %v; stderr:\n%s", n, res.stderr)

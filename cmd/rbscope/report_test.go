@@ -210,11 +210,12 @@ func TestReportRealRuby(t *testing.T) {
   200_000.times { x += 1 }
   x
 end
+sleep 0.01 until File.exist?(ARGV[0]) # rbscope has opened this Ruby: its raw recording exists
 t = Time.now
 spin_alpha while Time.now - t < 1.5
 `), 0o644)
 		raw := filepath.Join(dir, "spin.raw.gz")
-		_, errOut, code := repRun(t, dir, append([]string{"record", "--raw", raw, "--format", "collapsed", "--output", filepath.Join(dir, "spin.collapsed.txt"), "--"}, rb.Argv(script)...)...)
+		_, errOut, code := repRun(t, dir, append([]string{"record", "--raw", raw, "--format", "collapsed", "--output", filepath.Join(dir, "spin.collapsed.txt"), "--"}, rb.Argv(script, raw)...)...)
 		if code != 0 {
 			t.Fatalf("record: exit %d\n%s", code, errOut)
 		}
