@@ -55,6 +55,10 @@ type Binary struct {
 	BuildID   string `json:"build_id,omitempty"`
 	SymSource string `json:"symbol_source"` // "file .dynsym+.symtab", "memory .dynsym", "none"
 	HasSymtab bool   `json:"has_symtab"`
+	// FileError says why the binary's file could not be read (replaced
+	// on disk since the process mapped it, say): symbols then come from
+	// the image in memory and the layout from the built-in tables.
+	FileError string `json:"file_error,omitempty"`
 }
 
 // Info says what Open found and how.
@@ -178,7 +182,12 @@ func (p *Process) findBinaries() error {
 		}
 		bin := Binary{Path: path, Base: base}
 		var syms elfx.Symbols
-		if f, err := p.t.OpenFile(path); err == nil {
+		f, ferr := p.t.OpenFile(path)
+		if ferr != nil {
+			// The process's own image in memory still holds the
+			// dynamic symbols; the file's error says why not more.
+			bin.FileError = ferr.Error()
+		} else {
 			eb, err := elfx.Open(f)
 			if err == nil {
 				bin.Bias = eb.LoadBias(base, off)
@@ -202,6 +211,9 @@ func (p *Process) findBinaries() error {
 		}
 		if syms == nil {
 			bin.SymSource = "none"
+			if target.IsReplaced(ferr) {
+				return fmt.Errorf("read the symbols of %s: %w", path, ferr)
+			}
 		}
 		if path == exe && len(paths) == 1 && !LooksLikeRuby(path, syms) {
 			return fmt.Errorf("%w: %s maps no libruby and has no Ruby symbols", ErrNotRuby, exe)

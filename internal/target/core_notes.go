@@ -7,6 +7,8 @@ import (
 	"sort"
 	"unsafe"
 
+	"strings"
+
 	"github.com/rbscope/rbscope/internal/elfx"
 )
 
@@ -144,7 +146,9 @@ func (c *core) parseFileNote(d []byte) error {
 		if end <= start {
 			continue
 		}
-		files = append(files, fileMapping{start: start, end: end, off: pgoff * page, path: path})
+		deleted := strings.HasSuffix(path, deletedSuffix)
+		path = strings.TrimSuffix(path, deletedSuffix)
+		files = append(files, fileMapping{start: start, end: end, off: pgoff * page, path: path, deleted: deleted})
 	}
 	sort.SliceStable(files, func(i, j int) bool { return files[i].start < files[j].start })
 	// Drop overlaps (a damaged note) so that lookups by address stay sound.

@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 
+	"path/filepath"
+
 	"github.com/rbscope/rbscope/internal/procfs"
 )
 
@@ -23,6 +25,10 @@ type Mapping struct {
 	Perms      string // "r-xp" as in /proc/PID/maps ("r--p" style for cores)
 	Path       string // mapped file, or "" / "[heap]" style names
 	Inode      uint64
+	// Deleted is true when the mapped file is no longer at Path (the
+	// kernel's " (deleted)" suffix, stripped from Path): it was removed
+	// or replaced on disk after the process mapped it.
+	Deleted bool
 }
 
 // Contains reports whether addr lies in the mapping.
@@ -126,6 +132,44 @@ type ErrUnmapped struct {
 
 func (e ErrUnmapped) Error() string {
 	return fmt.Sprintf("address 0x%x (%d bytes) is not mapped", e.Addr, e.Len)
+}
+
+// ErrReplaced says that a file the process mapped is not the file now at
+// its path: it was replaced (or removed) on disk after the process mapped
+// it, as a package upgrade does to a running program's libraries. Reading
+// the file at the path would describe another binary than the one the
+// process runs.
+type ErrReplaced struct {
+	Pid  int    // the live process, 0 for a core file
+	Path string // the path the process mapped
+	// Why says how the difference was seen ("the mapping is marked
+	// (deleted)", "build id ... in memory, ... on disk").
+	Why string
+	// Err is why the mapped object itself could not be read instead
+	// (nil when nothing else was tried).
+	Err error
+}
+
+func (e ErrReplaced) Error() string {
+	if e.Pid <= 0 {
+		return fmt.Sprintf("%s on this machine is not the file the process mapped (%s): it was replaced on disk, "+
+			"or the core comes from another machine; pass the binary the process ran with --exe, or a copy of its files with --sysroot",
+			e.Path, e.Why)
+	}
+	msg := fmt.Sprintf("%s was replaced on disk after process %d started (%s)", filepath.Base(e.Path), e.Pid, e.Why)
+	if e.Err != nil {
+		msg += fmt.Sprintf(" and the file it mapped cannot be opened through /proc/%d/map_files (%v)", e.Pid, e.Err)
+	}
+	return msg + fmt.Sprintf("; the file now at %s is another binary, so rbscope will not read it: "+
+		"run rbscope as root (CAP_SYS_ADMIN opens the mapped file itself) or restart the process", e.Path)
+}
+
+func (e ErrReplaced) Unwrap() error { return e.Err }
+
+// IsReplaced reports whether err says a mapped file was replaced on disk.
+func IsReplaced(err error) bool {
+	var e ErrReplaced
+	return errors.As(err, &e)
 }
 
 // IsExited reports whether err says the process exited.
