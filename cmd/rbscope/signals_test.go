@@ -53,7 +53,7 @@ func heldBy(sts []procfs.Status, tracer int) bool {
 }
 
 // startRecording starts a blocking rbscope record of pid at 1 kHz and
-// waits for sampling to have begun (the raw recording exists).
+// waits for sampling to have begun.
 func startRecording(t *testing.T, rb testutil.RubyUnderTest, pid int, dir string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	cmd := exec.Command(recBinary(t), "record", "--pid", strconv.Itoa(pid), "--rate", "1000", "--format", "summary",
@@ -65,13 +65,18 @@ func startRecording(t *testing.T, rb testutil.RubyUnderTest, pid int, dir string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for i := 0; i < 250; i++ {
-		if _, err := os.Stat(filepath.Join(dir, "r.gz")); err == nil {
+	// Sampling has begun once the raw recording holds a first block
+	// (512 samples, or a second's worth) past its header.
+	raw, header := filepath.Join(dir, "r.gz"), int64(-1)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		n := fileSize(raw)
+		if header < 0 && n > 0 {
+			header = n
+		}
+		if header > 0 && n > header {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(300 * time.Millisecond)
 	return cmd, &se
 }
 
