@@ -151,12 +151,14 @@ func fileSize(path string) int64 {
 	return st.Size()
 }
 
-// waitState waits up to 5 s for process pid's state to be one of want.
+// waitState waits up to 15 s for process pid's state to be one of want
+// (a sample in progress, which SIGTSTP waits for, can take seconds on a
+// loaded machine).
 func waitState(t *testing.T, pid int, want ...byte) {
 	t.Helper()
 	var st procfs.Stat
 	var err error
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
 		if st, err = procfs.ReadStat(pid); err == nil && bytes.IndexByte(want, st.State) >= 0 {
 			return
 		}
