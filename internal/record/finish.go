@@ -61,7 +61,7 @@ func (r *rec) summarize(st sampler.Stats) {
 	}
 	r.con.say("%d samples of %d threads in %.1fs (%d ticks, %d late, %d missed); errors: %s",
 		st.Samples, len(st.Threads), st.End.Sub(st.Start).Seconds(), st.Ticks, st.Late, st.Missed, st.ErrorSummary())
-	if cpu, ok := selfCPU(); ok && st.End.After(st.Start) {
+	if cpu, ok := selfCPU(); ok && st.End.Sub(st.Start) >= 100*time.Millisecond {
 		r.con.say("own CPU use: %.2fs (%.1f%% of one core)", cpu.Seconds(), 100*cpu.Seconds()/st.End.Sub(st.Start).Seconds())
 	}
 	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {

@@ -225,18 +225,20 @@ func (r *rec) sample() (sampler.Stats, error) {
 // newTree is the one source for both modes: it follows the target across
 // exec (`bundle exec`), and with --subprocesses also its descendants.
 func (r *rec) newTree(ro sampler.RubyOptions) *sampler.TreeSource {
-	rootOpened := false
+	// A process seen again has exec'd (the root under `bundle exec`, a
+	// forked copy of Ruby running system's command). The tree announces
+	// an already opened root at once: that one goes unsaid.
+	seen := map[int]bool{}
 	return sampler.NewTreeSource(r.pid, r.proc, sampler.TreeOptions{
 		Ruby: ro, Open: ruby.Options{Version: r.cfg.RubyVersion}, NoChildren: !r.cfg.Subprocesses,
 		OnNewProcess: func(p int, rp *ruby.Process) {
 			switch {
+			case seen[p]:
+				r.con.say("process %d exec'd: recording the new program (Ruby %s)", p, rp.Version())
 			case p != r.pid:
 				r.con.say("recording subprocess %d (Ruby %s)", p, rp.Version())
-			case rootOpened:
-				r.con.say("process %d exec'd: recording the new program (Ruby %s)", p, rp.Version())
-			default:
-				rootOpened = true
 			}
+			seen[p] = true
 		},
 	})
 }
