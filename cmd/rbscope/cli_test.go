@@ -283,7 +283,7 @@ func TestRecordActivity(t *testing.T) {
 				t.Errorf("wall mode: no samples of %s (%v)", name, wall)
 			}
 		}
-		if wall["spin-0 waiting"] == 0 || wall["spin-1 waiting"] == 0 || wall["sleeper waiting"] != 0 {
+		if wall["spin-0 waiting"]+wall["spin-1 waiting"] == 0 || wall["sleeper waiting"] != 0 {
 			t.Errorf("wall mode: GVL waits %v", wall)
 		}
 		gvl := threadsOf(rec("--format", "collapsed", "--threads", "--mode", "gvl"))
@@ -301,7 +301,11 @@ func TestRecordActivity(t *testing.T) {
 			}
 			acts[s.Label["thread_name"][0]+" "+s.Label["activity"][0]] += s.Value[0]
 		}
-		if acts["reader blocked"] == 0 || acts["spin-0 gvl_wait"] == 0 || acts["spin-1 running"] == 0 || acts["sleeper running"] != 0 {
+		// Which spinner holds the GVL over two seconds is up to Ruby's
+		// scheduler: between them, both activities appear.
+		running := acts["spin-0 running"] + acts["spin-1 running"]
+		waiting := acts["spin-0 gvl_wait"] + acts["spin-1 gvl_wait"]
+		if acts["reader blocked"] == 0 || running == 0 || waiting == 0 || acts["sleeper running"] != 0 {
 			t.Errorf("pprof activity labels %v", acts)
 		}
 	})
