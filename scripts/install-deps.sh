@@ -23,13 +23,20 @@ packages=(
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture
   tmux                 # rbscope top is tested in a detached tmux session
   rubocop              # a real multi-file Ruby program: scripts/bench-gc-share.sh
-  nodejs npm           # the speedscope app (npm package) that the speedscope output is loaded into
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the speedscope app (npm package) that the speedscope
+# output is loaded into. Any node/npm on PATH will do (machines may carry
+# NodeSource's nodejs, which bundles npm and conflicts with Debian's npm).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  for p in nodejs npm; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+fi
 if [ -n "${EXTRA_PACKAGES:-}" ]; then
   for p in $EXTRA_PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
