@@ -37,6 +37,7 @@ var statusNames = []string{"running", "stopped", "stopped_forever", "killed"}
 
 // Snapshot returns every Ruby thread's stack, innermost frame first.
 func (p *Process) Snapshot() ([]stack.Thread, error) {
+	p.beginEpoch()
 	refs, err := p.threadList()
 	if err != nil {
 		return nil, err
@@ -235,7 +236,7 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		// in this slot before is the same frame (only its pc moves): its
 		// environment, iseq header and method entry are not read again.
 		addr := cfp + uint64(i)*o.cfpSize
-		if e, ok := p.slotCache[addr]; ok && e.key == slotKeyOf(o, fd.cf) {
+		if e, ok := p.slotCache[addr]; ok && e.key == slotKeyOf(o, fd.cf) && e.gen == p.epoch {
 			fd.epData, fd.iseqHdr, fd.meHdr = e.epData, e.iseqHdr, e.meHdr
 			cached[i] = true
 			continue
@@ -268,7 +269,7 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	for i := range fds {
 		if !cached[i] {
 			fd := &fds[i]
-			p.slotCache[cfp+uint64(i)*o.cfpSize] = slotEntry{key: slotKeyOf(o, fd.cf), epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
+			p.slotCache[cfp+uint64(i)*o.cfpSize] = slotEntry{key: slotKeyOf(o, fd.cf), gen: p.epoch, epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
 		}
 	}
 	// Environments of this stack by address, for block frames whose
@@ -319,6 +320,7 @@ func slotKeyOf(o *offsets, cf []byte) slotKey {
 // slotEntry is what was read for the frame last seen in a slot.
 type slotEntry struct {
 	key                    slotKey
+	gen                    uint64 // GC epoch of the reads
 	epData, iseqHdr, meHdr [24]byte
 }
 
@@ -465,8 +467,8 @@ func (p *Process) checkMethodEntry(obj uint64, hdr []byte, canBeSvar bool) (uint
 
 // ownerPrefix returns "Owner#" or "Owner." for method entry me.
 func (p *Process) ownerPrefix(me uint64) (string, error) {
-	if s, ok := p.ownerCache[me]; ok {
-		return s, nil
+	if c, ok := p.ownerCache[me]; ok && c.gen == p.epoch {
+		return c.s, nil
 	}
 	owner, err := p.r.u64(me + p.o.meOwner.off)
 	if err != nil {
@@ -481,9 +483,9 @@ func (p *Process) ownerPrefix(me uint64) (string, error) {
 		}
 	}
 	if len(p.ownerCache) > 100000 {
-		p.ownerCache = map[uint64]string{}
+		p.ownerCache = map[uint64]genString{}
 	}
-	p.ownerCache[me] = prefix
+	p.ownerCache[me] = genString{prefix, p.epoch}
 	return prefix, nil
 }
 
@@ -492,8 +494,8 @@ func (p *Process) cfuncName(me uint64) string {
 	if !isHeapPtr(me) {
 		return "<cfunc>"
 	}
-	if s, ok := p.cfuncCache[me]; ok {
-		return s
+	if c, ok := p.cfuncCache[me]; ok && c.gen == p.epoch {
+		return c.s
 	}
 	name := "<cfunc>"
 	def, err := p.r.u64(me + p.o.meDef.off)
@@ -514,13 +516,17 @@ func (p *Process) cfuncName(me uint64) string {
 			}
 		}
 	}
-	p.cfuncCache[me] = name
+	if len(p.cfuncCache) > 100000 {
+		p.cfuncCache = map[uint64]genString{}
+	}
+	p.cfuncCache[me] = genString{name, p.epoch}
 	return name
 }
 
 // iseqInfo holds the per-iseq facts a frame needs, cached by address.
 type iseqInfo struct {
 	addr, body  uint64
+	gen         uint64 // GC epoch in which it was last read
 	label       string
 	path        string
 	encoded     uint64
@@ -576,9 +582,38 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 		}
 		body = o.iseqBody.u64(b)
 	}
-	if c, ok := p.iseqCache[iseq]; ok && c.body == body {
+	c, cached := p.iseqCache[iseq]
+	if cached && c.body == body && c.gen == p.epoch {
 		return c, nil
 	}
+	info, err := p.readIseqInfo(iseq, body)
+	if err != nil {
+		return nil, err
+	}
+	if cached && c.sameIseq(info) {
+		// Read again after a GC and unchanged: keep the entry (its line
+		// and name memos hold).
+		c.gen = p.epoch
+		return c, nil
+	}
+	if len(p.iseqCache) > 50000 {
+		p.iseqCache = map[uint64]*iseqInfo{}
+	}
+	p.iseqCache[iseq] = info
+	return info, nil
+}
+
+// sameIseq reports whether n was read from the same iseq as i: every fact
+// the walker uses is equal.
+func (i *iseqInfo) sameIseq(n *iseqInfo) bool {
+	return i.addr == n.addr && i.body == n.body && i.label == n.label && i.path == n.path &&
+		i.encoded == n.encoded && i.typ == n.typ && i.tableAddr == n.tableAddr &&
+		i.tableSize == n.tableSize && i.succTable == n.succTable && i.positions == n.positions
+}
+
+// readIseqInfo reads the facts of the iseq at iseq whose body is at body.
+func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
+	o := &p.o
 	if !isHeapPtr(body) {
 		return nil, invalidf("iseq 0x%x has body 0x%x", iseq, body)
 	}
@@ -586,7 +621,7 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read iseq body at 0x%x: %w", body, err)
 	}
-	info := &iseqInfo{addr: iseq, body: body, lines: map[uint64]int{}}
+	info := &iseqInfo{addr: iseq, body: body, gen: p.epoch, lines: map[uint64]int{}}
 	info.encoded = o.bEncoded.u64(bb)
 	info.typ = o.bType.u64(bb)
 	if p.ver < v(2, 0, 0) {
@@ -646,10 +681,6 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 	if p.ver >= v(2, 3, 0) {
 		p.setQualification(info)
 	}
-	if len(p.iseqCache) > 50000 {
-		p.iseqCache = map[uint64]*iseqInfo{}
-	}
-	p.iseqCache[iseq] = info
 	return info, nil
 }
 
@@ -682,8 +713,8 @@ func (p *Process) pathobj(v uint64) (string, error) {
 	if !isHeapPtr(v) {
 		return "", invalidf("iseq pathobj 0x%x", v)
 	}
-	if s, ok := p.pathCache[v]; ok {
-		return s, nil
+	if c, ok := p.pathCache[v]; ok && c.gen == p.epoch {
+		return c.s, nil
 	}
 	flagsB, err := p.r.read(v, 8)
 	if err != nil {
@@ -712,8 +743,8 @@ func (p *Process) pathobj(v uint64) (string, error) {
 		return "", err
 	}
 	if len(p.pathCache) > 50000 {
-		p.pathCache = map[uint64]string{}
+		p.pathCache = map[uint64]genString{}
 	}
-	p.pathCache[v] = s
+	p.pathCache[v] = genString{s, p.epoch}
 	return s, nil
 }
