@@ -48,6 +48,11 @@ type caches struct {
 	epoch, fallbackEpoch uint64
 	gcCountAddr          uint64
 	gcCountTried         bool
+
+	stopped   bool   // the target does not run while it is read
+	copy2     []byte // first copy of a control-frame region
+	tornReads uint64 // stack reads found torn
+	frameDone bool   // the last frame named is past its last instruction
 }
 
 // genString is a cached string and the GC epoch it was read in.

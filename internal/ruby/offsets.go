@@ -41,19 +41,19 @@ type offsets struct {
 
 	ecVMStack, ecVMStackSize, ecCFP, ecThreadPtr fieldOff
 
-	cfpPC, cfpIseq, cfpSelf, cfpEP, cfpFlag, cfpMe, cfpBlock fieldOff
-	cfpSize                                                  uint64
+	cfpPC, cfpSP, cfpIseq, cfpSelf, cfpEP, cfpFlag, cfpMe, cfpBlock fieldOff
+	cfpSize                                                         uint64
 
 	iseqBody, iseqType, iseqName, iseqFilename, iseqFilepath fieldOff
 	iseqSize                                                 uint64
 
 	// Fields of the struct that holds the iseq facts: rb_iseq_constant_body
 	// from 2.3, rb_iseq_struct before.
-	bType, bEncoded, bLabel, bPathobj, bPath, bAbsPath, bLocalIseq fieldOff
-	bInsnsInfo, bInsnsInfoSize, bInsnsPositions, bSuccTable        fieldOff
-	bLineInfoTable, bLineInfoSize, bInsnInfoTable, bInsnInfoSize   fieldOff
-	bodySize                                                       uint64
-	bodyStruct                                                     string
+	bType, bEncoded, bIseqSize, bLabel, bPathobj, bPath, bAbsPath, bLocalIseq fieldOff
+	bInsnsInfo, bInsnsInfoSize, bInsnsPositions, bSuccTable                   fieldOff
+	bLineInfoTable, bLineInfoSize, bInsnInfoTable, bInsnInfoSize              fieldOff
+	bodySize                                                                  uint64
+	bodyStruct                                                                string
 
 	insnLine, insnPos fieldOff
 	insnSize          uint64
@@ -122,6 +122,7 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 
 	cf := "rb_control_frame_struct"
 	o.cfpPC = f(cf, "pc")
+	o.cfpSP = f(cf, "sp")
 	o.cfpIseq = f(cf, "iseq")
 	o.cfpSelf = f(cf, "self")
 	o.cfpEP = f(cf, "ep")
@@ -148,6 +149,7 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 	o.bodyStruct = b
 	o.bType = f(b, "type")
 	o.bEncoded = f(b, "iseq_encoded")
+	o.bIseqSize = f(b, "iseq_size")
 	o.bLabel = f(b, "location.label")
 	o.bPathobj = f(b, "location.pathobj")
 	o.bPath = f(b, "location.path")

@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -119,9 +120,9 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 		th.TID = p.t.Pid()
 	}
 
-	var stackStart, stackSize, cfp uint64
+	var stackStart, stackSize, cfp, ec uint64
 	if o.thEC.ok {
-		ec := o.thEC.u64(tb)
+		ec = o.thEC.u64(tb)
 		if !isHeapPtr(ec) {
 			return th, invalidf("thread has execution context 0x%x", ec)
 		}
@@ -142,7 +143,20 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 		// A thread being created (no VM stack yet) or already dead.
 		return th, nil
 	}
-	frames, err := p.walk(stackStart, stackSize, cfp)
+	cfpAddr := uint64(0)
+	if ec != 0 {
+		cfpAddr = ec + o.ecCFP.off
+	} else if o.thCFP.ok {
+		cfpAddr = ref.addr + o.thCFP.off
+	}
+	frames, err := p.walk(stackStart, stackSize, cfp, cfpAddr)
+	for retry := 0; retry < maxTornWalks && errors.Is(err, ErrTorn) && cfpAddr != 0; retry++ {
+		// The stack changed while its environments or method entries
+		// were read: read it again from its current cfp.
+		if cfp, err = p.r.u64(cfpAddr); err == nil {
+			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr)
+		}
+	}
 	th.Frames = frames
 	if err != nil {
 		if len(frames) == 0 || target.IsExited(err) {
@@ -196,21 +210,13 @@ type frameData struct {
 // stack and names them. Reads are batched: the frames in one call, then
 // every frame's environment and iseq header in one process_vm_readv, then
 // the method entries they point to in another.
-func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error) {
+func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64) ([]stack.Frame, error) {
 	o := &p.o
-	end := stackStart + stackSize*8
-	if cfp == 0 || stackStart == 0 || cfp < stackStart || cfp > end {
-		return nil, invalidf("control frame 0x%x outside VM stack 0x%x+%d", cfp, stackStart, stackSize)
-	}
-	n := end - cfp
-	if n > maxFrameBytes {
-		n = maxFrameBytes
-	}
-	n -= n % o.cfpSize
-	buf, err := p.r.readOwned(cfp, int(n))
+	buf, cfp, err := p.readFrames(stackStart, stackSize, cfp, cfpAddr)
 	if err != nil {
-		return nil, fmt.Errorf("read control frames: %w", err)
+		return nil, err
 	}
+	n := uint64(len(buf))
 	count := int(n / o.cfpSize)
 	// Scratch reused across snapshots (a Process is not for concurrent use).
 	if cap(p.fdsBuf) < count {
@@ -263,6 +269,7 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		}
 	}
 	p.reqBuf = reqs[:0]
+
 	if len(p.slotCache) > maxSlotCache {
 		p.slotCache = map[uint64]slotEntry{}
 	}
@@ -286,11 +293,21 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	pending := p.pendingBuf[:0] // C frames waiting for their Ruby caller's path/line
 	for i := range fds {
 		fr, ok, err := p.frame(&fds[i], envs)
+		if errors.Is(err, ErrTorn) {
+			return nil, err
+		}
 		if err != nil {
 			return frames, fmt.Errorf("frame %d: %w", len(frames), err)
 		}
 		if !ok {
 			continue
+		}
+		if i > 0 && p.frameDone && !p.stopped {
+			// A frame past its last instruction (leave) is being popped:
+			// it cannot have a callee. A running thread returned while
+			// its stack was copied.
+			p.tornReads++
+			return nil, ErrTorn
 		}
 		if fr.Kind == stack.KindCFunc {
 			pending = append(pending, len(frames))
@@ -304,6 +321,104 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	}
 	p.pendingBuf = pending[:0]
 	return frames, nil
+}
+
+// ErrTorn reports a stack that kept changing while it was read (a running
+// thread read without pausing it): no consistent copy was obtained.
+var ErrTorn = fmt.Errorf("%w: the stack changed while it was read", ErrInvalid)
+
+// maxTornWalks bounds the walks of a thread whose stack changed during one.
+const maxTornWalks = 2
+
+// maxStackReads bounds the reads of a stack that changes under the walker.
+const maxStackReads = 6
+
+// SetStopped tells the walker whether the target is stopped while it is
+// read (blocking mode, or a core file). A running target's stacks are
+// copied twice and compared (see readFrames); a stopped one's once.
+func (p *Process) SetStopped(stopped bool) { p.stopped = stopped }
+
+// Torn returns how many stack reads found the stack changing (and read it
+// again) since the process was opened.
+func (p *Process) Torn() uint64 { return p.tornReads }
+
+// readFrames reads the control frames from cfp (innermost) to the end of
+// the VM stack. A running thread pushes and pops frames while they are
+// copied, and the kernel copies them in order, so one copy can hold a
+// frame that was already gone with callers that had moved on. Unless the
+// target is stopped, one system call reads the thread's cfp (at cfpAddr),
+// the frames, the frames again and the cfp again; the copy stands when the
+// cfp did not move and both copies are equal but for the innermost frame's
+// pc and sp (which a running frame moves on its own). Otherwise it is read
+// again from the latest cfp, up to maxStackReads times, and the thread is
+// then reported as ErrTorn. Two checks in walk and frame catch what slips
+// through (a copy taken twice in the same torn state): a frame that has a
+// callee cannot be past its last instruction, and a method's frame always
+// has a method entry in its environment chain.
+func (p *Process) readFrames(stackStart, stackSize, cfp, cfpAddr uint64) ([]byte, uint64, error) {
+	o := &p.o
+	end := stackStart + stackSize*8
+	check := !p.stopped && cfpAddr != 0
+	for reads := 0; ; reads++ {
+		if cfp == 0 || stackStart == 0 || cfp < stackStart || cfp > end {
+			return nil, 0, invalidf("control frame 0x%x outside VM stack 0x%x+%d", cfp, stackStart, stackSize)
+		}
+		n := end - cfp
+		if n > maxFrameBytes {
+			n = maxFrameBytes
+		}
+		n -= n % o.cfpSize
+		buf := make([]byte, n)
+		if !check || n == 0 {
+			if err := p.t.ReadAt(buf, cfp); err != nil {
+				return nil, 0, fmt.Errorf("read control frames: %w", err)
+			}
+			return buf, cfp, nil
+		}
+		if cap(p.copy2) < int(n) {
+			p.copy2 = make([]byte, n)
+		}
+		first := p.copy2[:n]
+		var before, after [8]byte
+		err := p.t.ReadBatch([]target.Read{
+			{Addr: cfpAddr, Buf: before[:]}, {Addr: cfp, Buf: first},
+			{Addr: cfp, Buf: buf}, {Addr: cfpAddr, Buf: after[:]},
+		})
+		if err != nil {
+			return nil, 0, fmt.Errorf("read control frames: %w", err)
+		}
+		last := le64(after[:], 0)
+		if le64(before[:], 0) == cfp && last == cfp && sameFrames(o, first, buf) {
+			return buf, cfp, nil
+		}
+		p.tornReads++
+		if reads+1 >= maxStackReads {
+			return nil, 0, ErrTorn
+		}
+		cfp = last
+	}
+}
+
+// sameFrames compares two copies of a control-frame region, ignoring the
+// innermost frame's pc and sp.
+func sameFrames(o *offsets, a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	first := int(o.cfpSize)
+	if first > len(a) {
+		first = len(a)
+	}
+	for i := 0; i < first; i++ {
+		if (o.cfpPC.ok && uint64(i) >= o.cfpPC.off && uint64(i) < o.cfpPC.off+8) ||
+			(o.cfpSP.ok && uint64(i) >= o.cfpSP.off && uint64(i) < o.cfpSP.off+8) {
+			continue
+		}
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return string(a[first:]) == string(b[first:])
 }
 
 // maxSlotCache bounds the per-slot frame cache (control frames of every
@@ -338,6 +453,7 @@ func (p *Process) batch(reqs []target.Read) error {
 func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame, bool, error) {
 	o := &p.o
 	cf := fd.cf
+	p.frameDone = false
 	iseq := o.cfpIseq.u64(cf)
 	pc := o.cfpPC.u64(cf)
 	modern := p.ver >= v(2, 3, 0)
@@ -380,6 +496,7 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 		// lines), which Ruby's own backtraces skip.
 		return stack.Frame{}, false, nil
 	}
+	p.frameDone = info.size != 0 && pc >= info.encoded+info.size*8
 	line, err := p.lineFor(info, pc)
 	if err != nil {
 		line = 0
@@ -388,6 +505,12 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 	if modern && info.qualifiable {
 		if owner, ok := p.methodOwner(fd, envs); ok {
 			name = info.qualify(owner)
+		} else if !p.stopped {
+			// Every method and block of a method has a method entry in
+			// its environment chain; a running thread that lacks one
+			// changed its stack while the environments were read.
+			p.tornReads++
+			return stack.Frame{}, false, ErrTorn
 		}
 	}
 	return stack.Frame{Name: name, Path: info.path, Line: line, Kind: stack.KindRuby}, true, nil
@@ -530,6 +653,7 @@ type iseqInfo struct {
 	label       string
 	path        string
 	encoded     uint64
+	size        uint64 // of the code, in words (0 when unknown)
 	typ         uint64
 	qualifiable bool
 	prefix      string // "block in ", "block (2 levels) in ", ... for blocks
@@ -607,7 +731,7 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 // the walker uses is equal.
 func (i *iseqInfo) sameIseq(n *iseqInfo) bool {
 	return i.addr == n.addr && i.body == n.body && i.label == n.label && i.path == n.path &&
-		i.encoded == n.encoded && i.typ == n.typ && i.tableAddr == n.tableAddr &&
+		i.encoded == n.encoded && i.size == n.size && i.typ == n.typ && i.tableAddr == n.tableAddr &&
 		i.tableSize == n.tableSize && i.succTable == n.succTable && i.positions == n.positions
 }
 
@@ -623,6 +747,7 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 	}
 	info := &iseqInfo{addr: iseq, body: body, gen: p.epoch, lines: map[uint64]int{}}
 	info.encoded = o.bEncoded.u64(bb)
+	info.size = o.bIseqSize.u64(bb) & 0xffffffff
 	info.typ = o.bType.u64(bb)
 	if p.ver < v(2, 0, 0) {
 		// 1.9: name and filename are in the iseq itself.

@@ -39,6 +39,9 @@ type RubySource struct {
 // NewRubySource samples the Ruby process p.
 func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 	pid := p.Target().Pid()
+	// Stacks of a paused target are read once; of a running one, read
+	// twice and compared (torn reads are detected, never emitted).
+	p.SetStopped(opts.Pauser != nil)
 	return &RubySource{p: p, pid: pid, pauser: opts.Pauser, states: newTaskStates(pid)}
 }
 

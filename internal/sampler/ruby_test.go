@@ -148,7 +148,15 @@ func TestRubySource(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.Ticks < 50 || seen["busy"] != st.Ticks || seen["idle"] != st.Ticks {
+			// Without pausing, the busy thread's stack (its block frame is
+			// pushed and popped on every iteration) can keep changing
+			// while it is read: such a sample is counted as inconsistent,
+			// never emitted. Allow a few.
+			busyMin := st.Ticks
+			if !blocking {
+				busyMin = st.Ticks * 95 / 100
+			}
+			if st.Ticks < 50 || seen["busy"] < busyMin || seen["idle"] != st.Ticks || st.ErrorCount() != st.Errors[ErrUnmapped] {
 				t.Fatalf("ticks %d, samples per thread %v, errors %s (%v)", st.Ticks, seen, st.ErrorSummary(), st.LastError)
 			}
 			// The busy thread competes for the GVL with the main thread
