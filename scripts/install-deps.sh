@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  ruby                 # the Ruby the tests profile (Debian: 3.1.2)
+  ruby                 # the Ruby the tests profile first (Debian 12: 3.1.x); scripts/rubies.sh builds 3.3
   ruby-stackprof       # in-process CPU profiler: ground truth for proportions
   ruby-memory-profiler # in-process allocation profiler: ground truth for alloc
   gcc binutils         # C fixtures for DWARF tests, objcopy

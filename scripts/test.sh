@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 # The Rubies under test besides Debian's (built once, then cached: ~16 min cold).
 ./scripts/rubies.sh build
 export PATH=$PATH:/usr/local/go/bin
+# The real Pyroscope server of the upload tests (built once, then cached: ~5 min cold).
+./scripts/pyroscope.sh build >/dev/null
 go vet ./...
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then echo "gofmt needed: $unformatted" >&2; exit 1; fi

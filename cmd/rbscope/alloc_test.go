@@ -17,19 +17,20 @@ import (
 
 	"github.com/rbscope/rbscope/internal/alloc"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // allocNeedRoot skips unless uprobes can be attached here.
 func allocNeedRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("rbscope alloc needs root (CAP_SYS_ADMIN)")
+		testutil.Missing(t, "rbscope alloc needs root (CAP_SYS_ADMIN)")
 	}
 	if _, err := exec.LookPath("ruby"); err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	if _, err := os.Stat("/sys/bus/event_source/devices/uprobe"); err != nil {
-		t.Skip("kernel has no uprobe PMU")
+		testutil.Missing(t, "kernel has no uprobe PMU")
 	}
 }
 

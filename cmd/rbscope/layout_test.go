@@ -11,6 +11,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/layout"
 	"github.com/rbscope/rbscope/internal/layout/layoutgen"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // runCLI runs rbscope in-process with args and returns its stdout.
@@ -32,7 +33,7 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 func TestLayoutCommand(t *testing.T) {
 	for _, tool := range []string{"gcc", "objcopy"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (scripts/install-deps.sh installs it)", tool)
+			testutil.Missing(t, "%s (scripts/install-deps.sh installs it)", tool)
 		}
 	}
 	dir := t.TempDir()
@@ -90,15 +91,13 @@ func errorsAs(err error, ee *exitError) bool {
 
 // TestLayoutCommandDebugFile runs `rbscope layout` on Debian's libruby
 // (no DWARF) with a debug file for its build id under --debug-root, made
-// from the 3.1.2 table by layoutgen: the output names the debug file and
+// from its version's table by layoutgen: the output names the debug file and
 // the Ruby version read from libruby.
 func TestLayoutCommandDebugFile(t *testing.T) {
-	const lib = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
-	if _, err := os.Stat(lib); err != nil {
-		t.Skip("Debian's libruby 3.1 not installed (scripts/install-deps.sh installs ruby)")
-	}
+	rb := testutil.SystemRuby(t)
+	lib := rb.LibRuby(t)
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed (scripts/install-deps.sh installs it)")
+		testutil.Missing(t, "gcc (scripts/install-deps.sh installs it)")
 	}
 	f, err := os.Open(lib)
 	if err != nil {
@@ -109,7 +108,7 @@ func TestLayoutCommandDebugFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tab, err := layout.Builtin("3.1.2")
+	tab, err := layout.Builtin(rb.Version)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +125,7 @@ func TestLayoutCommandDebugFile(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &l); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if l.RubyVersion != "3.1.2" || l.Source != "dwarf:"+dbg {
+	if l.RubyVersion != rb.Version || l.Source != "dwarf:"+dbg {
 		t.Errorf("ruby_version %q source %q", l.RubyVersion, l.Source)
 	}
 	if f, err := l.Field("rb_control_frame_struct", "iseq"); err != nil || f.Offset != 16 {

@@ -21,6 +21,7 @@ import (
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 var recBin struct {
@@ -33,10 +34,10 @@ var recBin struct {
 func recBinary(t testing.TB) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("recording needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "recording needs CAP_SYS_PTRACE: run as root")
 	}
 	if _, err := exec.LookPath("ruby"); err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	if binPath != "" {
 		return binPath // built by TestMain, removed after the run
@@ -423,7 +424,7 @@ puts "share a=#{ta / (ta + tb)} b=#{tb / (ta + tb)} wall_a=#{wa / (wa + wb)} cpu
 // share the script measured, and the CPU comparisons are only logged.
 func TestRecordProportions(t *testing.T) {
 	if testing.Short() {
-		t.Skip("10 s recording")
+		testutil.Missing(t, "10 s recording")
 	}
 	recBinary(t)
 	script := recScript(t, recProportionScript)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 var repT0 = time.Date(2026, 11, 21, 9, 0, 0, 0, time.UTC)
@@ -196,14 +197,14 @@ func TestReportBadInput(t *testing.T) {
 // recording as pprof and checks what go tool pprof reads back.
 func TestReportRealRuby(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("recording needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "recording needs CAP_SYS_PTRACE: run as root")
 	}
 	if _, err := exec.LookPath("ruby"); err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("go command not found: cannot run go tool pprof")
+		testutil.Missing(t, "go command not found: cannot run go tool pprof")
 	}
 	dir := t.TempDir()
 	script := filepath.Join(dir, "spin.rb")

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // TestTopInTmux runs rbscope top in a detached tmux session against a busy
@@ -16,7 +18,7 @@ import (
 func TestTopInTmux(t *testing.T) {
 	bin := recBinary(t)
 	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("tmux not installed (scripts/install-deps.sh installs it)")
+		testutil.Missing(t, "tmux not installed (scripts/install-deps.sh installs it)")
 	}
 	rb := recStartRuby(t, recBusyScript)
 	sock := "rbscope-test-" + strconv.Itoa(rb.Process.Pid)
@@ -102,7 +104,7 @@ func TestTopInTmux(t *testing.T) {
 func TestRecordProgressOnTerminal(t *testing.T) {
 	bin := recBinary(t)
 	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("tmux not installed (scripts/install-deps.sh installs it)")
+		testutil.Missing(t, "tmux not installed (scripts/install-deps.sh installs it)")
 	}
 	rb := recStartRuby(t, recBusyScript)
 	sock := "rbscope-rec-" + strconv.Itoa(rb.Process.Pid)

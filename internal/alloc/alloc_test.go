@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/link"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
@@ -23,13 +24,13 @@ const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
 func needBPF(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("attaching uprobes needs root (CAP_SYS_ADMIN)")
+		testutil.Missing(t, "attaching uprobes needs root (CAP_SYS_ADMIN)")
 	}
 	if _, err := exec.LookPath("ruby"); err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	if _, err := os.Stat("/sys/bus/event_source/devices/uprobe"); err != nil {
-		t.Skip("kernel has no uprobe PMU")
+		testutil.Missing(t, "kernel has no uprobe PMU")
 	}
 }
 
@@ -118,7 +119,7 @@ func attachOrSkip(t testing.TB, pid int, opts Options) *Tracker {
 	t.Helper()
 	tr, err := Attach(pid, opts)
 	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes) {
-		t.Skipf("cannot attach here: %v", err)
+		testutil.Missing(t, "cannot attach here: %v", err)
 	}
 	if err != nil {
 		t.Fatalf("Attach: %v", err)
@@ -160,7 +161,7 @@ func exactCounts(t *testing.T, perSite bool) {
 	p.expect(t, "ready")
 	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
 	if tr.multi == perSite {
-		t.Skipf("uprobe_multi=%v, want %v (kernel before 6.6?)", tr.multi, !perSite)
+		testutil.Missing(t, "uprobe_multi=%v, want %v (kernel before 6.6?)", tr.multi, !perSite)
 	}
 	p.send(t)
 	p.expect(t, "done")
@@ -231,7 +232,7 @@ func logReport(t *testing.T, r *Report) {
 func TestAgreesWithMemoryProfiler(t *testing.T) {
 	needBPF(t)
 	if err := exec.Command("ruby", "-e", "require 'memory_profiler'").Run(); err != nil {
-		t.Skip("memory_profiler not installed (Debian ruby-memory-profiler)")
+		testutil.Missing(t, "memory_profiler not installed (Debian ruby-memory-profiler)")
 	}
 	const n = 4000
 	out, err := exec.Command("ruby", script(t, "memprof.rb"), fmt.Sprint(n)).Output()
@@ -416,7 +417,7 @@ func TestProbeBusy(t *testing.T) {
 	// libruby at the same time are not disturbed, nor disturb this one.
 	lib, err := os.ReadFile(libruby)
 	if err != nil {
-		t.Skipf("no libruby to copy: %v", err)
+		testutil.Missing(t, "no libruby to copy: %v", err)
 	}
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, filepath.Base(libruby)), lib, 0o755); err != nil {
@@ -446,7 +447,7 @@ func TestProbeBusy(t *testing.T) {
 	}
 	var foreign allocObjects
 	if err := spec.LoadAndAssign(&foreign, nil); err != nil {
-		t.Skipf("cannot load the foreign program: %v", err)
+		testutil.Missing(t, "cannot load the foreign program: %v", err)
 	}
 	defer foreign.Close()
 	ex, err := link.OpenExecutable(plan.HostPath)
@@ -621,11 +622,11 @@ func TestAnonymousClasses(t *testing.T) {
 func TestOtherMountNamespace(t *testing.T) {
 	needBPF(t)
 	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("unshare not installed (util-linux)")
+		testutil.Missing(t, "unshare not installed (util-linux)")
 	}
 	lib, err := os.ReadFile(libruby)
 	if err != nil {
-		t.Skipf("no libruby: %v", err)
+		testutil.Missing(t, "no libruby: %v", err)
 	}
 	copyPath := filepath.Join(t.TempDir(), "libruby-copy.so")
 	if err := os.WriteFile(copyPath, lib, 0o755); err != nil {
@@ -659,7 +660,7 @@ func TestOtherMountNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	if hostSt.Ino == targetSt.Ino {
-		t.Skip("the bind mount did not give the target another libruby")
+		testutil.Missing(t, "the bind mount did not give the target another libruby")
 	}
 	tr := attachOrSkip(t, pid, Options{})
 	p.send(t)

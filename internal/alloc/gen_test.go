@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // generateArgs returns bpf2go's arguments from gen.go's go:generate line,
@@ -65,14 +66,14 @@ func generateArgs(t *testing.T) []string {
 // its maps (clang may lay out the ELF differently without changing them).
 func TestGeneratedUpToDate(t *testing.T) {
 	if testing.Short() {
-		t.Skip("compiles the eBPF program")
+		testutil.Missing(t, "compiles the eBPF program")
 	}
 	if _, err := exec.LookPath("clang"); err != nil {
-		t.Skip("clang not installed: cannot regenerate the eBPF object")
+		testutil.Missing(t, "clang not installed: cannot regenerate the eBPF object")
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("go not on PATH")
+		testutil.Missing(t, "go not on PATH")
 	}
 	dir := t.TempDir()
 	args := append([]string{"tool", "bpf2go", "-output-dir", dir}, generateArgs(t)...)

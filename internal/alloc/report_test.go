@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 func sampleReport() *Report {
@@ -166,7 +167,7 @@ func TestPprof(t *testing.T) {
 	// go tool pprof reads it.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("go not on PATH")
+		testutil.Missing(t, "go not on PATH")
 	}
 	f := filepath.Join(t.TempDir(), "alloc.pb.gz")
 	if err := os.WriteFile(f, b.Bytes(), 0o644); err != nil {

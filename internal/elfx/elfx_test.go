@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"testing"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
@@ -11,7 +13,7 @@ const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
 func TestOpenLibruby(t *testing.T) {
 	f, err := os.Open(libruby)
 	if err != nil {
-		t.Skipf("Debian libruby not installed: %v", err)
+		testutil.Missing(t, "Debian libruby not installed: %v", err)
 	}
 	defer f.Close()
 	b, err := Open(f)

@@ -3,27 +3,24 @@ package elfx_test
 import (
 	"bufio"
 	"debug/elf"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // TestReadMemoryImageLive reads libruby's and ruby's dynamic symbols from
 // a running Debian ruby and checks every one against the same files on
 // disk (elfx.Open), load bias applied.
 func TestReadMemoryImageLive(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("reading another process's memory needs CAP_SYS_PTRACE: run as root")
-	}
-	ruby, err := exec.LookPath("ruby")
-	if err != nil {
-		t.Skipf("ruby not installed: %v", err)
-	}
-	cmd := exec.Command(ruby, "-e", "puts 1; $stdout.flush; sleep")
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, testReadMemoryImageLive)
+}
+
+func testReadMemoryImageLive(t *testing.T, rb testutil.RubyUnderTest) {
+	cmd := rb.Command("-e", "puts 1; $stdout.flush; sleep")
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // shapesStructs are the structs testdata/shapes.c defines.
@@ -22,7 +24,7 @@ func needTool(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		t.Skipf("%s not installed (scripts/install-deps.sh installs it)", name)
+		testutil.Missing(t, "%s not installed (scripts/install-deps.sh installs it)", name)
 	}
 	return p
 }

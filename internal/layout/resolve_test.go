@@ -11,6 +11,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/layout"
 	"github.com/rbscope/rbscope/internal/layout/layoutgen"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // fakeRuby builds a shared library whose DWARF declares l's structs, the
@@ -21,7 +22,7 @@ func fakeRuby(t *testing.T, dir string, l *layout.Layout, extra ...string) (full
 	t.Helper()
 	for _, tool := range []string{"gcc", "objcopy"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (scripts/install-deps.sh installs it)", tool)
+			testutil.Missing(t, "%s not installed (scripts/install-deps.sh installs it)", tool)
 		}
 	}
 	src := filepath.Join(dir, "fake.c")
@@ -317,7 +318,7 @@ func TestResolveOwnDWARFAndOrder(t *testing.T) {
 func TestResolveSystemRubyFallsBack(t *testing.T) {
 	const lib = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
 	if _, err := os.Stat(lib); err != nil {
-		t.Skip("Debian's libruby 3.1 not installed (scripts/install-deps.sh installs ruby)")
+		testutil.Missing(t, "Debian's libruby 3.1 not installed (scripts/install-deps.sh installs ruby)")
 	}
 	f, err := os.Open(lib)
 	if err != nil {
@@ -385,7 +386,7 @@ func TestWantedStructsCoverTables(t *testing.T) {
 func TestRealRubyHeaders(t *testing.T) {
 	for _, tool := range []string{"gcc", "ruby"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (scripts/install-deps.sh installs it)", tool)
+			testutil.Missing(t, "%s not installed (scripts/install-deps.sh installs it)", tool)
 		}
 	}
 	out := mustRun(t, "ruby", "-e", `print RUBY_VERSION, "\n", RbConfig::CONFIG["rubyhdrdir"], "\n", RbConfig::CONFIG["rubyarchhdrdir"]`)
@@ -395,7 +396,7 @@ func TestRealRubyHeaders(t *testing.T) {
 	}
 	version, hdr, archHdr := parts[0], parts[1], parts[2]
 	if _, err := os.Stat(filepath.Join(hdr, "ruby.h")); err != nil {
-		t.Skipf("Ruby headers not installed (%v; scripts/install-deps.sh installs ruby-dev)", err)
+		testutil.Missing(t, "Ruby headers not installed (%v; scripts/install-deps.sh installs ruby-dev)", err)
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "rh.c")

@@ -21,6 +21,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 func TestFormats(t *testing.T) {
@@ -119,7 +120,7 @@ func goTool(t *testing.T) string {
 	}
 	p, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("go command not found: cannot run go tool pprof")
+		testutil.Missing(t, "go command not found: cannot run go tool pprof")
 	}
 	return p
 }
@@ -234,7 +235,7 @@ func annotate(t *testing.T, file string, args ...string) (total string, costs ma
 
 func TestCallgrind(t *testing.T) {
 	if _, err := exec.LookPath("callgrind_annotate"); err != nil {
-		t.Skip("callgrind_annotate not installed (Debian package valgrind)")
+		testutil.Missing(t, "callgrind_annotate not installed (Debian package valgrind)")
 	}
 	file := filepath.Join(t.TempDir(), "synth.callgrind.out")
 	if err := os.WriteFile(file, render(t, "callgrind", synthOptions()), 0o644); err != nil {
@@ -269,7 +270,7 @@ func TestCallgrind(t *testing.T) {
 
 func TestCallgrindMutualRecursion(t *testing.T) {
 	if _, err := exec.LookPath("callgrind_annotate"); err != nil {
-		t.Skip("callgrind_annotate not installed (Debian package valgrind)")
+		testutil.Missing(t, "callgrind_annotate not installed (Debian package valgrind)")
 	}
 	fr := func(name string, line int) stack.Frame {
 		return stack.Frame{Name: name, Path: "/r.rb", Line: line, Kind: stack.KindRuby}
@@ -464,7 +465,7 @@ func chromium(t *testing.T, url string, flags ...string) []byte {
 		}
 	}
 	if bin == "" {
-		t.Skip("chromium not installed (Debian package chromium): cannot render the flame graph")
+		testutil.Missing(t, "chromium not installed (Debian package chromium): cannot render the flame graph")
 	}
 	args := append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
 		"--disable-component-update", "--disable-sync", "--no-first-run", "--user-data-dir=" + t.TempDir(),

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // TestDescendants starts sh, which starts two children, one of which
@@ -154,7 +156,7 @@ func TestIdentityChangesOnExec(t *testing.T) {
 // invoking user.
 func TestCommandAsSudoUser(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to switch user")
+		testutil.Missing(t, "needs root to switch user")
 	}
 	t.Setenv("SUDO_UID", "65534")
 	t.Setenv("SUDO_GID", "65534")

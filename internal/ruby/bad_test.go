@@ -18,7 +18,12 @@ import (
 )
 
 func TestProcessExitsBeforeSnapshot(t *testing.T) {
-	proc := testutil.StartRuby(t, "stacks.rb", "nested")
+	testutil.EachRuby(t, testProcessExitsBeforeSnapshot)
+}
+
+func testProcessExitsBeforeSnapshot(t *testing.T, rb testutil.RubyUnderTest) {
+	rb.SetProfilerEnv(t)
+	proc := rb.Start(t, "stacks.rb", "nested")
 	tg, err := target.OpenLive(proc.Pid)
 	if err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ const debianLibruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
 func debugFileFor(t *testing.T, l *layout.Layout, buildID string) string {
 	t.Helper()
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc is not installed")
+		testutil.Missing(t, "gcc (scripts/install-deps.sh installs it)")
 	}
 	root := t.TempDir()
 	src := filepath.Join(t.TempDir(), "ruby_structs.c")
@@ -46,7 +46,7 @@ func debugFileFor(t *testing.T, l *layout.Layout, buildID string) string {
 func libRubyBuildID(t *testing.T) string {
 	f, err := os.Open(debianLibruby)
 	if err != nil {
-		t.Skipf("Debian libruby not installed: %v", err)
+		testutil.Missing(t, "Debian's libruby (scripts/install-deps.sh installs ruby): %v", err)
 	}
 	defer f.Close()
 	b, err := elfx.Open(f)
@@ -83,13 +83,14 @@ func snapshotWith(t *testing.T, pid int, opts Options) ([]stack.Thread, *Process
 
 // TestDWARFDebugFileDrivesWalker gives the system's libruby (which has no
 // DWARF) a separate debug file for its build id, generated from the Ruby
-// 3.1.2 layout, and checks that the walker takes its offsets from it: the
+// layout of its own version, and checks that the walker takes its offsets from it: the
 // same frames as the built-in table, then different ones when one offset
 // in the debug file is moved.
 func TestDWARFDebugFileDrivesWalker(t *testing.T) {
 	id := libRubyBuildID(t)
-	proc := testutil.StartRuby(t, "stacks.rb", "nested")
-	builtin, err := layout.Builtin("3.1.2")
+	rb := testutil.SystemRuby(t)
+	proc := rb.Start(t, "stacks.rb", "nested")
+	builtin, err := layout.Builtin(rb.Version)
 	if err != nil {
 		t.Fatal(err)
 	}

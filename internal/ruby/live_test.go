@@ -140,13 +140,18 @@ func findThread(ths []stack.Thread, name string) (stack.Thread, bool) {
 }
 
 func TestLiveScenariosMatchRuby(t *testing.T) {
+	testutil.EachRuby(t, testLiveScenariosMatchRuby)
+}
+
+func testLiveScenariosMatchRuby(t *testing.T, rb testutil.RubyUnderTest) {
+	rb.SetProfilerEnv(t)
 	for _, sc := range []string{"nested", "deep", "unicode", "require"} {
 		t.Run(sc, func(t *testing.T) {
-			proc := testutil.StartRuby(t, "stacks.rb", sc)
+			proc := rb.Start(t, "stacks.rb", sc)
 			want := reports(t, proc)
 			threads, p := snapshotLive(t, proc.Pid)
-			if p.Version() != "3.1.2" && !strings.HasPrefix(p.Version(), "3.") {
-				t.Logf("Ruby %s", p.Version())
+			if p.Version() != rb.Version {
+				t.Errorf("Ruby version %q, the interpreter says %q", p.Version(), rb.Version)
 			}
 			if len(threads) != 2 {
 				t.Fatalf("want 2 Ruby threads (main + worker), got %d", len(threads))
@@ -180,7 +185,12 @@ func TestLiveScenariosMatchRuby(t *testing.T) {
 }
 
 func TestLiveThreadsNamesAndStates(t *testing.T) {
-	proc := testutil.StartRuby(t, "stacks.rb", "threads")
+	testutil.EachRuby(t, testLiveThreadsNamesAndStates)
+}
+
+func testLiveThreadsNamesAndStates(t *testing.T, rb testutil.RubyUnderTest) {
+	rb.SetProfilerEnv(t)
+	proc := rb.Start(t, "stacks.rb", "threads")
 	want := reports(t, proc)
 	threads, _ := snapshotLive(t, proc.Pid)
 	if len(threads) != 4 {
@@ -227,13 +237,19 @@ func TestLiveThreadsNamesAndStates(t *testing.T) {
 }
 
 func TestNoSymbolsFindsVMByScan(t *testing.T) {
-	proc := testutil.StartRuby(t, "stacks.rb", "nested")
+	testutil.EachRuby(t, testNoSymbolsFindsVMByScan)
+}
+
+func testNoSymbolsFindsVMByScan(t *testing.T, rb testutil.RubyUnderTest) {
+	rb.SetProfilerEnv(t)
+	proc := rb.Start(t, "stacks.rb", "nested")
 	want := reports(t, proc)
 	tg, err := target.OpenLive(proc.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := Open(tg, Options{NoSymbols: true, Version: "3.1.2"})
+	t.Cleanup(func() { tg.Close() })
+	p, err := Open(tg, Options{NoSymbols: true, Version: rb.Version})
 	if err != nil {
 		t.Fatalf("open without symbols: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // deepThreads is the benchmark target: four threads (the main one and
@@ -26,7 +27,7 @@ deep(47) { spin }
 //
 //	go test -run XXX -bench . ./internal/sampler/
 func BenchmarkSample(b *testing.B) {
-	cmd := startRuby(b, deepThreads)
+	cmd := startRuby(b, testutil.SystemRuby(b), deepThreads)
 	p := openRuby(b, cmd.Process.Pid)
 	ctx := context.Background()
 

@@ -14,30 +14,28 @@ import (
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
-func needRuby(t testing.TB) string {
+// eachRuby runs f on every Ruby under test, as root.
+func eachRuby(t *testing.T, f func(t *testing.T, rb testutil.RubyUnderTest)) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("reading another process needs CAP_SYS_PTRACE: run as root")
-	}
-	rb, err := exec.LookPath("ruby")
-	if err != nil {
-		t.Skip("ruby not installed")
-	}
-	return rb
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		f(t, rb)
+	})
 }
 
-// startRuby runs script in its own process group (killed on cleanup) and
-// waits for it to print "ready".
-func startRuby(t testing.TB, script string, args ...string) *exec.Cmd {
+// startRuby runs script on rb in its own process group (killed on
+// cleanup) and waits for it to print "ready".
+func startRuby(t testing.TB, rb testutil.RubyUnderTest, script string, args ...string) *exec.Cmd {
 	t.Helper()
-	rb := needRuby(t)
 	path := filepath.Join(t.TempDir(), "script.rb")
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(rb, append([]string{path}, args...)...)
+	cmd := rb.Command(append([]string{path}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -101,14 +99,16 @@ func frameNames(fs []stack.Frame) string {
 	return strings.Join(b, ";")
 }
 
-func TestRubySource(t *testing.T) {
+func TestRubySource(t *testing.T) { eachRuby(t, testRubySource) }
+
+func testRubySource(t *testing.T, rb testutil.RubyUnderTest) {
 	for _, blocking := range []bool{false, true} {
 		name := "nonblocking"
 		if blocking {
 			name = "blocking"
 		}
 		t.Run(name, func(t *testing.T) {
-			cmd := startRuby(t, twoThreads)
+			cmd := startRuby(t, rb, twoThreads)
 			p := openRuby(t, cmd.Process.Pid)
 			var opts RubyOptions
 			if blocking {
@@ -198,15 +198,23 @@ func threadStates(pid int) map[int]byte {
 
 // TestRubySourceTargetExits: the sampler stops with Exited when the
 // target ends, keeping what it sampled.
-func TestRubySourceTargetExits(t *testing.T) {
-	cmd := startRuby(t, `
+func TestRubySourceTargetExits(t *testing.T) { eachRuby(t, testRubySourceTargetExits) }
+
+func testRubySourceTargetExits(t *testing.T, rb testutil.RubyUnderTest) {
+	// The script exits 0.6 s after the test says go (a file appears), so
+	// that opening the process (DWARF on some Rubies) is not timed.
+	goFile := filepath.Join(t.TempDir(), "go")
+	cmd := startRuby(t, rb, `
 def work; x = 0; loop { x += 1 }; end
-Thread.new { sleep 0.6; exit! 0 }
+Thread.new { sleep 0.01 until File.exist?(ARGV[0]); sleep 0.6; exit! 0 }
 puts "ready"; $stdout.flush
-work`)
+work`, goFile)
 	p := openRuby(t, cmd.Process.Pid)
 	src := NewRubySource(p, RubyOptions{})
 	defer src.Close()
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// The exited process stays a zombie until the cleanup reaps it: it
 	// has no memory left to read, which the source reports as an exit.
 	n := 0
@@ -222,9 +230,10 @@ work`)
 // TestTreeSource: a Ruby script that forks a Ruby child and runs another
 // Ruby with system (and a non-Ruby child): samples come from three pids,
 // each with its own methods; the non-Ruby child is skipped.
-func TestTreeSource(t *testing.T) {
-	rb := needRuby(t)
-	cmd := startRuby(t, `
+func TestTreeSource(t *testing.T) { eachRuby(t, testTreeSource) }
+
+func testTreeSource(t *testing.T, rb testutil.RubyUnderTest) {
+	cmd := startRuby(t, rb, `
 def forked_child; x = 0; loop { x += 1 }; end
 def parent_work; x = 0; loop { x += 1 }; end
 fork { forked_child }
@@ -232,7 +241,7 @@ Thread.new { system("sleep", "30") }
 Thread.new { system(ARGV[0], "-e", "def system_child; x = 0; loop { x += 1 }; end; system_child") }
 puts "ready"; $stdout.flush
 parent_work
-`, rb)
+`, rb.Exe)
 	p := openRuby(t, cmd.Process.Pid)
 	src := NewTreeSource(cmd.Process.Pid, p, TreeOptions{OpenTimeout: 2 * time.Second})
 	defer src.Close()

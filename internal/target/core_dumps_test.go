@@ -34,7 +34,7 @@ func coredumpDir(t testing.TB) string {
 	t.Helper()
 	d := filepath.Join(testutil.RepoRoot(t), "..", "shared", "testdata", "coredumps")
 	if _, err := os.Stat(filepath.Join(d, "manifest.json")); err != nil {
-		t.Skipf("shared core dumps not available: %v", err)
+		testutil.Missing(t, "shared core dumps not available: %v", err)
 	}
 	return d
 }

@@ -16,16 +16,14 @@ import (
 
 	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // startRuby starts a Debian ruby running script and waits until it prints
 // a line; the process is killed in t.Cleanup.
 func startRuby(t testing.TB, script string) *exec.Cmd {
 	t.Helper()
-	ruby, err := exec.LookPath("ruby")
-	if err != nil {
-		t.Skipf("ruby not installed: %v", err)
-	}
+	ruby := testutil.SystemRuby(t).Exe
 	cmd := exec.Command(ruby, "-e", script)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -48,10 +46,10 @@ func startRuby(t testing.TB, script string) *exec.Cmd {
 func gcoreOf(t testing.TB, pid int) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("gcore needs to ptrace the process: run as root")
+		testutil.Missing(t, "root (gcore needs to ptrace the process)")
 	}
 	if _, err := exec.LookPath("gcore"); err != nil {
-		t.Skipf("gcore (gdb) not installed: %v", err)
+		testutil.Missing(t, "gcore (gdb; scripts/install-deps.sh installs it): %v", err)
 	}
 	prefix := filepath.Join(t.TempDir(), "core")
 	if out, err := exec.Command("gcore", "-o", prefix, strconv.Itoa(pid)).CombinedOutput(); err != nil {
@@ -179,8 +177,9 @@ func TestCoreMatchesLive(t *testing.T) {
 	}
 	v, _ := ci.Lookup("ruby_version")
 	var b [6]byte
-	if err := core.ReadAt(b[:], v.Value); err != nil || string(b[:]) != "3.1.2\x00" {
-		t.Errorf("ruby_version from the core = %q, %v; want 3.1.2", b, err)
+	want := testutil.SystemRuby(t).Version
+	if err := core.ReadAt(b[:], v.Value); err != nil || string(b[:]) != want+"\x00" {
+		t.Errorf("ruby_version from the core = %q, %v; want %s", b, err, want)
 	}
 	vm, _ := ci.Lookup("ruby_current_vm_ptr")
 	var p [8]byte
@@ -210,7 +209,7 @@ func TestCoreMatchesLive(t *testing.T) {
 // and file-backed pages the kernel leaves out (filesz 0), read from disk.
 func TestKernelCore(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("reading the live process needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "root (reading the live process needs CAP_SYS_PTRACE)")
 	}
 	// Tests that change core_pattern (internal/postmortem) hold this lock
 	// exclusively meanwhile; a shared hold keeps it as it is while this
@@ -228,12 +227,9 @@ func TestKernelCore(t *testing.T) {
 	})
 	pattern, err := os.ReadFile("/proc/sys/kernel/core_pattern")
 	if err != nil || strings.TrimSpace(string(pattern)) != "core" {
-		t.Skipf("core_pattern is %q, not the plain \"core\" this test relies on", pattern)
+		testutil.Missing(t, "core_pattern is %q, not the plain \"core\" this test relies on", pattern)
 	}
-	ruby, err := exec.LookPath("ruby")
-	if err != nil {
-		t.Skipf("ruby not installed: %v", err)
-	}
+	ruby := testutil.SystemRuby(t).Exe
 	dir := t.TempDir()
 	cmd := exec.Command("sh", "-c", `ulimit -c unlimited && exec "$0" -e "$1"`, ruby, twoThreads)
 	cmd.Dir = dir
@@ -337,8 +333,9 @@ func TestKernelCore(t *testing.T) {
 	}
 	v, _ := cimg.Lookup("ruby_version")
 	var ver [6]byte
-	if err := core.ReadAt(ver[:], v.Value); err != nil || string(ver[:]) != "3.1.2\x00" {
-		t.Errorf("ruby_version from the core = %q, %v", ver, err)
+	err = core.ReadAt(ver[:], v.Value)
+	if want := testutil.SystemRuby(t).Version; err != nil || string(ver[:]) != want+"\x00" {
+		t.Errorf("ruby_version from the core = %q, %v; want %s", ver, err, want)
 	}
 	// The text is not in the core (filesz 0): it reads from the file.
 	f, err := os.Open(text.Path)

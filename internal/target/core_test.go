@@ -12,6 +12,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 func openTiny(t *testing.T, tc tinyCore, opts CoreOptions) Target {
@@ -430,7 +432,7 @@ func TestCoreCompressed(t *testing.T) {
 	}{{"zstd", ".zst", true}, {"bzip2", ".bz2", true}, {"xz", ".xz", false}, {"lz4", ".lz4", false}} {
 		t.Run(c.tool, func(t *testing.T) {
 			if _, err := exec.LookPath(c.tool); err != nil {
-				t.Skipf("%s not installed: %v", c.tool, err)
+				testutil.Missing(t, "%s not installed: %v", c.tool, err)
 			}
 			out := filepath.Join(t.TempDir(), "core"+c.suffix)
 			if b, err := exec.Command(c.tool, "-c", plainPath).Output(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,11 +23,11 @@ func startSpinner(t *testing.T) *exec.Cmd { return startSpinnerB(t) }
 func startSpinnerB(t testing.TB) *exec.Cmd {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("pausing needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "pausing needs CAP_SYS_PTRACE: run as root")
 	}
 	ruby, err := exec.LookPath("ruby")
 	if err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	cmd := exec.Command(ruby, "-e", `
 		ths = 3.times.map { Thread.new { x = 0; loop { x += 1 } } }
@@ -128,11 +129,11 @@ func TestPauseExitedProcess(t *testing.T) {
 // stopped is delivered after resuming (not swallowed by ptrace).
 func TestPauseSignalPreserved(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("pausing needs CAP_SYS_PTRACE: run as root")
+		testutil.Missing(t, "pausing needs CAP_SYS_PTRACE: run as root")
 	}
 	ruby, err := exec.LookPath("ruby")
 	if err != nil {
-		t.Skip("ruby not installed")
+		testutil.Missing(t, "ruby not installed")
 	}
 	cmd := exec.Command(ruby, "-e", `
 		trap("USR1") { $stdout.puts "got usr1"; $stdout.flush; exit 0 }

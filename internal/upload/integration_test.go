@@ -10,7 +10,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // local counts what a test gave the uploader, as the server should count
@@ -132,17 +132,13 @@ end
 func startRuby(t *testing.T, script string) int {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("reading another process needs CAP_SYS_PTRACE: run as root")
-	}
-	rb, err := exec.LookPath("ruby")
-	if err != nil {
-		t.Skip("ruby not installed (scripts/install-deps.sh installs it)")
+		testutil.Missing(t, "reading another process needs CAP_SYS_PTRACE: run as root")
 	}
 	path := filepath.Join(t.TempDir(), "spin.rb")
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(rb, path)
+	cmd := testutil.SystemRuby(t).Command(path)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
@@ -28,7 +30,7 @@ type readelfProbe struct {
 func readelfNotes(t *testing.T, path string) []readelfProbe {
 	t.Helper()
 	if _, err := exec.LookPath("readelf"); err != nil {
-		t.Skip("readelf not installed (binutils)")
+		testutil.Missing(t, "readelf not installed (binutils)")
 	}
 	out, err := exec.Command("readelf", "-n", path).Output()
 	if err != nil {
@@ -91,7 +93,7 @@ func compareWithReadelf(t *testing.T, path string) []Probe {
 	want := readelfNotes(t, path)
 	f, err := os.Open(path)
 	if err != nil {
-		t.Skipf("open %s: %v", path, err)
+		testutil.Missing(t, "open %s: %v", path, err)
 	}
 	defer f.Close()
 	got, err := Read(f)
@@ -134,7 +136,7 @@ func compareWithReadelf(t *testing.T, path string) []Probe {
 
 func TestLibruby(t *testing.T) {
 	if _, err := os.Stat(libruby); err != nil {
-		t.Skipf("Debian's libruby 3.1 is not installed: %v", err)
+		testutil.Missing(t, "Debian's libruby 3.1 is not installed: %v", err)
 	}
 	probes := compareWithReadelf(t, libruby)
 	var obj *Probe
@@ -173,13 +175,13 @@ func TestLibruby(t *testing.T) {
 func buildFixture(t *testing.T) string {
 	t.Helper()
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed")
+		testutil.Missing(t, "gcc not installed")
 	}
 	out := filepath.Join(t.TempDir(), "probes")
 	cmd := exec.Command("gcc", "-O2", "-o", out, "testdata/probes.c")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		if strings.Contains(string(b), "sdt.h") {
-			t.Skipf("sys/sdt.h missing (install systemtap-sdt-dev): %s", b)
+			testutil.Missing(t, "sys/sdt.h missing (install systemtap-sdt-dev): %s", b)
 		}
 		t.Fatalf("gcc: %v\n%s", err, b)
 	}

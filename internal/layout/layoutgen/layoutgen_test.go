@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/rbscope/rbscope/internal/layout"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // TestTablesMatchDWARF declares every struct of each built-in table in C
@@ -17,7 +18,7 @@ import (
 // consistency (fields inside their parents, bitfields decodable) at once.
 func TestTablesMatchDWARF(t *testing.T) {
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed (scripts/install-deps.sh installs it)")
+		testutil.Missing(t, "gcc not installed (scripts/install-deps.sh installs it)")
 	}
 	versions := layout.BuiltinVersions()
 	if len(versions) < 100 {
@@ -41,7 +42,7 @@ func TestTablesMatchDWARF(t *testing.T) {
 // whose bitfields use DW_AT_bit_offset.
 func TestTablesMatchDWARF4(t *testing.T) {
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed (scripts/install-deps.sh installs it)")
+		testutil.Missing(t, "gcc not installed (scripts/install-deps.sh installs it)")
 	}
 	for _, v := range []string{"2.3.0", "3.1.2"} {
 		tab, err := layout.Builtin(v)
@@ -109,10 +110,10 @@ func compareWithTable(t *testing.T, tab, l *layout.Layout) {
 func TestDebugFileForSystemRuby(t *testing.T) {
 	const lib = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
 	if _, err := os.Stat(lib); err != nil {
-		t.Skip("Debian's libruby 3.1 not installed (scripts/install-deps.sh installs ruby)")
+		testutil.Missing(t, "Debian's libruby 3.1 not installed (scripts/install-deps.sh installs ruby)")
 	}
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed (scripts/install-deps.sh installs it)")
+		testutil.Missing(t, "gcc not installed (scripts/install-deps.sh installs it)")
 	}
 	f, err := os.Open(lib)
 	if err != nil {
