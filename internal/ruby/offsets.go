@@ -49,11 +49,11 @@ type offsets struct {
 
 	// Fields of the struct that holds the iseq facts: rb_iseq_constant_body
 	// from 2.3, rb_iseq_struct before.
-	bType, bEncoded, bIseqSize, bLabel, bPathobj, bPath, bAbsPath, bLocalIseq fieldOff
-	bInsnsInfo, bInsnsInfoSize, bInsnsPositions, bSuccTable                   fieldOff
-	bLineInfoTable, bLineInfoSize, bInsnInfoTable, bInsnInfoSize              fieldOff
-	bodySize                                                                  uint64
-	bodyStruct                                                                string
+	bType, bEncoded, bIseqSize, bFirstLineno, bLabel, bPathobj, bPath, bAbsPath, bLocalIseq fieldOff
+	bInsnsInfo, bInsnsInfoSize, bInsnsPositions, bSuccTable                                 fieldOff
+	bLineInfoTable, bLineInfoSize, bInsnInfoTable, bInsnInfoSize                            fieldOff
+	bodySize                                                                                uint64
+	bodyStruct                                                                              string
 
 	insnLine, insnPos fieldOff
 	insnSize          uint64
@@ -150,6 +150,7 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 	o.bType = f(b, "type")
 	o.bEncoded = f(b, "iseq_encoded")
 	o.bIseqSize = f(b, "iseq_size")
+	o.bFirstLineno = f(b, "location.first_lineno")
 	o.bLabel = f(b, "location.label")
 	o.bPathobj = f(b, "location.pathobj")
 	o.bPath = f(b, "location.path")

@@ -472,7 +472,13 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 		} else {
 			me = o.cfpMe.u64(cf)
 		}
-		return stack.Frame{Name: p.cfuncName(me), Kind: stack.KindCFunc}, true, nil
+		name := p.cfuncName(me)
+		if name == unnamedCFunc && modern && !p.stopped && !p.isMethodEntry(me) {
+			// Read while a running thread was pushing the frame.
+			p.tornReads++
+			return stack.Frame{}, false, ErrTorn
+		}
+		return stack.Frame{Name: name, Kind: stack.KindCFunc}, true, nil
 	}
 	if iseq == 0 || pc == 0 {
 		return stack.Frame{}, false, nil
@@ -497,9 +503,14 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 		return stack.Frame{}, false, nil
 	}
 	p.frameDone = info.size != 0 && pc >= info.encoded+info.size*8
-	line, err := p.lineFor(info, pc)
-	if err != nil {
-		line = 0
+	var line int
+	if info.size != 0 && (pc < info.encoded || pc > info.encoded+info.size*8) {
+		// Not a pc of this iseq: YJIT does not store the pc of the frames
+		// it pushes until their code calls out (the slot keeps an older
+		// frame's pc). The frame's own first line is the best known.
+		line = info.firstLine
+	} else if line, err = p.lineFor(info, pc); err != nil {
+		line = info.firstLine
 	}
 	name := info.label
 	if modern && info.qualifiable {
@@ -612,15 +623,27 @@ func (p *Process) ownerPrefix(me uint64) (string, error) {
 	return prefix, nil
 }
 
+// unnamedCFunc names a C function frame whose method is unknown.
+const unnamedCFunc = "<cfunc>"
+
+// isMethodEntry reports whether obj is a method entry imemo now.
+func (p *Process) isMethodEntry(obj uint64) bool {
+	if !isHeapPtr(obj) {
+		return false
+	}
+	flags, err := p.r.u64(obj)
+	return err == nil && flags&tMask == tImemo && (flags>>flUShift)&0x0f == imemoMent
+}
+
 // cfuncName names a C function frame from its method entry.
 func (p *Process) cfuncName(me uint64) string {
 	if !isHeapPtr(me) {
-		return "<cfunc>"
+		return unnamedCFunc
 	}
 	if c, ok := p.cfuncCache[me]; ok && c.gen == p.epoch {
 		return c.s
 	}
-	name := "<cfunc>"
+	name := unnamedCFunc
 	def, err := p.r.u64(me + p.o.meDef.off)
 	var id uint64
 	if err == nil && isHeapPtr(def) && p.o.defOriginalID.ok {
@@ -639,6 +662,9 @@ func (p *Process) cfuncName(me uint64) string {
 			}
 		}
 	}
+	if name == unnamedCFunc {
+		return name // not kept: it may be a read that raced with the target
+	}
 	if len(p.cfuncCache) > 100000 {
 		p.cfuncCache = map[uint64]genString{}
 	}
@@ -654,6 +680,7 @@ type iseqInfo struct {
 	path        string
 	encoded     uint64
 	size        uint64 // of the code, in words (0 when unknown)
+	firstLine   int    // of the iseq's source
 	typ         uint64
 	qualifiable bool
 	prefix      string // "block in ", "block (2 levels) in ", ... for blocks
@@ -731,7 +758,7 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 // the walker uses is equal.
 func (i *iseqInfo) sameIseq(n *iseqInfo) bool {
 	return i.addr == n.addr && i.body == n.body && i.label == n.label && i.path == n.path &&
-		i.encoded == n.encoded && i.size == n.size && i.typ == n.typ && i.tableAddr == n.tableAddr &&
+		i.encoded == n.encoded && i.size == n.size && i.firstLine == n.firstLine && i.typ == n.typ && i.tableAddr == n.tableAddr &&
 		i.tableSize == n.tableSize && i.succTable == n.succTable && i.positions == n.positions
 }
 
@@ -748,6 +775,13 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 	info := &iseqInfo{addr: iseq, body: body, gen: p.epoch, lines: map[uint64]int{}}
 	info.encoded = o.bEncoded.u64(bb)
 	info.size = o.bIseqSize.u64(bb) & 0xffffffff
+	if fl := o.bFirstLineno; fl.ok {
+		if n := fl.u64(bb); fl.size == 8 && n&1 == 1 {
+			info.firstLine = int(int64(n) >> 1) // a Fixnum before 3.3
+		} else if fl.size == 4 {
+			info.firstLine = int(int32(n))
+		}
+	}
 	info.typ = o.bType.u64(bb)
 	if p.ver < v(2, 0, 0) {
 		// 1.9: name and filename are in the iseq itself.
