@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/rbscope/rbscope/internal/layout"
@@ -16,6 +17,13 @@ type fieldOff struct {
 func (f fieldOff) u64(b []byte) uint64 {
 	if !f.ok {
 		return 0
+	}
+	if f.bf == nil && f.size == 8 {
+		// The common case, without building a layout.Field.
+		if f.off+8 > uint64(len(b)) {
+			return 0
+		}
+		return binary.LittleEndian.Uint64(b[f.off:])
 	}
 	v, err := layout.Field{Offset: f.off, Size: f.size, Bitfield: f.bf}.Decode(b)
 	if err != nil {

@@ -137,6 +137,7 @@ func Open(t target.Target, opts Options) (*Process, error) {
 	if err := p.locate(); err != nil {
 		return nil, err
 	}
+	p.ensureGCCount()
 	return p, nil
 }
 
