@@ -53,6 +53,12 @@ type caches struct {
 	copy2     []byte // first copy of a control-frame region
 	tornReads uint64 // stack reads found torn
 	frameDone bool   // the last frame named is past its last instruction
+
+	// The thread list seen last time (see tick.go).
+	knownThreads []uint64
+	knownRactor  uint64
+	tickReqs     []target.Read
+	nameCache    map[uint64]genString
 }
 
 // genString is a cached string and the GC epoch it was read in.
@@ -76,6 +82,7 @@ func (c *caches) init() {
 	c.idCache = map[uint64]string{}
 	c.osNames = map[int]string{}
 	c.slotCache = map[uint64]slotEntry{}
+	c.nameCache = map[uint64]genString{}
 }
 
 // errNoSymbols reports that the global symbol table was not found.

@@ -38,11 +38,11 @@ var statusNames = []string{"running", "stopped", "stopped_forever", "killed"}
 
 // Snapshot returns every Ruby thread's stack, innermost frame first.
 func (p *Process) Snapshot() ([]stack.Thread, error) {
-	p.beginEpoch()
-	refs, err := p.threadList()
+	refs, err := p.tickThreads()
 	if err != nil {
 		return nil, err
 	}
+	p.prefetch(refs)
 	out := make([]stack.Thread, 0, len(refs))
 	refreshed := false
 	for _, ref := range refs {
@@ -108,12 +108,14 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 	if th.State == "" {
 		th.State = "unknown"
 	}
-	th.TID = p.threadTID(tb)
+	if ref.haveTID {
+		th.TID = int(int32(le32(ref.tid[:], 0)))
+	} else {
+		th.TID = p.threadTID(tb)
+	}
 	if o.thName.ok {
 		if nv := o.thName.u64(tb); isHeapPtr(nv) {
-			if s, err := p.rstring(nv); err == nil {
-				th.Name = s
-			}
+			th.Name = p.threadName(nv)
 		}
 	}
 	if th.Main && th.TID == 0 {
@@ -131,9 +133,12 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 		if vs := o.ecVMStackSize.off + 8; vs > need {
 			need = vs
 		}
-		eb, err := p.r.read(ec, int(need))
-		if err != nil {
-			return th, fmt.Errorf("read execution context: %w", err)
+		eb := ref.eb
+		if eb == nil {
+			var err error
+			if eb, err = p.r.read(ec, int(need)); err != nil {
+				return th, fmt.Errorf("read execution context: %w", err)
+			}
 		}
 		stackStart, stackSize, cfp = o.ecVMStack.u64(eb), o.ecVMStackSize.u64(eb), o.ecCFP.u64(eb)
 	} else {
@@ -149,12 +154,21 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 	} else if o.thCFP.ok {
 		cfpAddr = ref.addr + o.thCFP.off
 	}
-	frames, err := p.walk(stackStart, stackSize, cfp, cfpAddr)
+	var pre []byte
+	if ref.region != nil && ref.regionCFP == cfp {
+		pre = ref.region
+	} else if ref.regionTorn {
+		// The batched read found the stack changing: read it again from
+		// its latest cfp.
+		p.tornReads++
+		cfp = ref.regionCFP
+	}
+	frames, err := p.walk(stackStart, stackSize, cfp, cfpAddr, pre)
 	for retry := 0; retry < maxTornWalks && errors.Is(err, ErrTorn) && cfpAddr != 0; retry++ {
 		// The stack changed while its environments or method entries
 		// were read: read it again from its current cfp.
 		if cfp, err = p.r.u64(cfpAddr); err == nil {
-			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr)
+			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr, nil)
 		}
 	}
 	th.Frames = frames
@@ -207,14 +221,18 @@ type frameData struct {
 }
 
 // walk reads the control frames from cfp (innermost) to the end of the VM
-// stack and names them. Reads are batched: the frames in one call, then
-// every frame's environment and iseq header in one process_vm_readv, then
-// the method entries they point to in another.
-func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64) ([]stack.Frame, error) {
+// stack (unless pre holds them, read by prefetch) and names them. Reads
+// are batched: the frames in one call, then every frame's environment and
+// iseq header that changed in one process_vm_readv, then the method
+// entries they point to in another.
+func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte) ([]stack.Frame, error) {
 	o := &p.o
-	buf, cfp, err := p.readFrames(stackStart, stackSize, cfp, cfpAddr)
-	if err != nil {
-		return nil, err
+	buf := pre
+	if buf == nil {
+		var err error
+		if buf, cfp, err = p.readFrames(stackStart, stackSize, cfp, cfpAddr); err != nil {
+			return nil, err
+		}
 	}
 	n := uint64(len(buf))
 	count := int(n / o.cfpSize)
