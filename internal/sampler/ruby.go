@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -19,11 +20,18 @@ type Pauser interface {
 	Pause(pid int) (resume func() error, err error)
 }
 
+// ThreadPauser stops only some threads of a process for one sample;
+// *target.Pauser implements it.
+type ThreadPauser interface {
+	PauseThreads(pid int, tids []int) (resume func() error, err error)
+}
+
 // RubyOptions tunes a RubySource.
 type RubyOptions struct {
 	// Pauser, when set, stops the process while its stacks are read
 	// (blocking mode: consistent stacks, a short pause of the target per
-	// sample). Nil reads the running process (nonblocking mode).
+	// sample). Nil reads the running process (nonblocking mode). When it
+	// is also a ThreadPauser, only the threads that run Ruby are stopped.
 	Pauser Pauser
 }
 
@@ -34,6 +42,9 @@ type RubySource struct {
 	pauser Pauser
 	states *taskStates
 	out    []stack.Sample
+	// rubyTIDs are the Ruby threads of the last sample, the ones a
+	// ThreadPauser stops (empty: stop every thread).
+	rubyTIDs []int
 }
 
 // NewRubySource samples the Ruby process p.
@@ -117,13 +128,51 @@ func (e *ThreadErrors) Error() string {
 func (e *ThreadErrors) Inconsistent() bool { return true }
 
 // snapshot reads every thread's stack, pausing the process around it in
-// blocking mode. The process is resumed however the walk ends (a panic
-// included).
+// blocking mode: only the threads that ran Ruby in the last sample when
+// the pauser can (a Ruby thread found running is then paused with the
+// others and read again). The process is resumed however the walk ends (a
+// panic included).
 func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 	if s.pauser == nil {
 		return s.p.Snapshot()
 	}
-	resume, err := s.pauser.Pause(s.pid)
+	tp, onlyRuby := s.pauser.(ThreadPauser)
+	for attempt := 0; ; attempt++ {
+		if onlyRuby && len(s.rubyTIDs) > 0 {
+			threads, err = s.pausedSnapshot(func() (func() error, error) { return tp.PauseThreads(s.pid, s.rubyTIDs) })
+		} else {
+			threads, err = s.pausedSnapshot(func() (func() error, error) { return s.pauser.Pause(s.pid) })
+		}
+		if err != nil || !onlyRuby {
+			return threads, err
+		}
+		// A Ruby thread that was not stopped (new since the last sample,
+		// or of unknown tid) was read running: take the sample again,
+		// pausing it too (every thread when a tid is unknown).
+		known := s.rubyTIDs
+		var tids []int
+		missed := false
+		for _, th := range threads {
+			if th.TID == 0 {
+				tids, missed = nil, true
+				break
+			}
+			if !slices.Contains(known, th.TID) {
+				missed = true
+			}
+			tids = append(tids, th.TID)
+		}
+		s.rubyTIDs = tids
+		if len(known) == 0 || !missed || attempt > 0 {
+			return threads, nil
+		}
+	}
+}
+
+// pausedSnapshot reads every thread's stack between pause and its resume
+// function, which runs however the walk ends (a panic included).
+func (s *RubySource) pausedSnapshot(pause func() (func() error, error)) (threads []stack.Thread, err error) {
+	resume, err := pause()
 	if err != nil {
 		return nil, fmt.Errorf("pause: %w", err)
 	}
