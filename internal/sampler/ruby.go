@@ -45,6 +45,9 @@ type RubySource struct {
 	// rubyTIDs are the Ruby threads of the last sample, the ones a
 	// ThreadPauser stops (empty: stop every thread).
 	rubyTIDs []int
+	// sampledTIDs are the threads of the last sample, whose kernel states
+	// the next one reads (see refreshRuby).
+	sampledTIDs []int
 }
 
 // NewRubySource samples the Ruby process p.
@@ -63,7 +66,7 @@ func (s *RubySource) Process() *ruby.Process { return s.p }
 // thread (for OnCPU) is read before the process is paused. The returned
 // slice is reused by the next call.
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
-	if err := s.states.refresh(); err != nil {
+	if err := s.states.refreshRuby(s.sampledTIDs); err != nil {
 		return nil, err
 	}
 	now := time.Now()
@@ -72,10 +75,13 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		return nil, err
 	}
 	s.out = s.out[:0]
+	s.sampledTIDs = s.sampledTIDs[:0]
 	var failed *ThreadErrors
 	for i := range threads {
 		th := &threads[i]
-		s.states.note(th.TID)
+		if th.TID != 0 {
+			s.sampledTIDs = append(s.sampledTIDs, th.TID)
+		}
 		if th.Error != "" {
 			// A thread that changed under the walker (created, ending,
 			// or read without pausing): its partial stack would distort
