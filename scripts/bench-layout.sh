@@ -13,11 +13,15 @@
 # -O2 -g (about 8 MiB of .debug_info), with Ruby 3.4.1's VM structs in the
 # middle unit. Ratios are against the baseline measured in the same run.
 #
-# Usage: scripts/bench-layout.sh [benchtime, default 5x]
+# 4. the same CLI on a real -ggdb3 libruby (Ruby 3.3.8 from
+#    scripts/rubies.sh), before and after the stop-early change, in one run.
+#
+# Usage: scripts/bench-layout.sh [benchtime, default 5x] [runs for medians, default 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
 benchtime=${1:-5x}
+runs=${2:-5}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export RBSCOPE_BENCH_DIR=$work/libs
@@ -47,3 +51,55 @@ printf "%-28s %s\n" "rbscope --version (floor)" "$(/usr/bin/time -f '%e %U %S %M
 for lib in "$RBSCOPE_BENCH_DIR"/libbig*.so; do
   printf "%-28s %s\n" "layout $(basename "$lib")" "$(/usr/bin/time -f '%e %U %S %M' "$work/rbscope" layout "$lib" 2>&1 >/dev/null)"
 done
+
+# 4. A real -ggdb3 libruby: Ruby 3.3.8's from scripts/rubies.sh (built if
+#    needed, ~8 min the first time), its DWARF zlib-compressed as the
+#    toolchain leaves it. "before" is rbscope built from $before (the last
+#    commit that sought every struct it knows, walking to the last unit
+#    when some are absent), "after" is this tree; both run here, in turn.
+echo
+echo "== real libruby (Ruby 3.3.8, -ggdb3), rbscope layout under /usr/bin/time, median of $runs runs"
+before=${RBSCOPE_BENCH_BEFORE:-e589ee5}
+real_lib=$(scripts/rubies.sh prefix 3.3.8)/lib/libruby.so.3.3.8
+echo "library: $real_lib; load: $(uptime | sed 's/.*load average: //')"
+have_before=""
+if git cat-file -e "$before^{commit}" 2>/dev/null; then
+  mkdir -p "$work/before"
+  git archive "$before" | tar -x -C "$work/before"
+  (cd "$work/before" && go build -o "$work/rbscope-before" ./cmd/rbscope) && have_before=1
+else
+  echo "(no commit $before here: set RBSCOPE_BENCH_BEFORE to compare with an older rbscope)"
+fi
+# median CMD...: runs CMD $runs times (each with a fresh layout cache unless
+# RBSCOPE_CACHE_DIR is set) and prints the median "cpu-s max-RSS-KB".
+median() {
+  for _ in $(seq "$runs"); do
+    RBSCOPE_CACHE_DIR=${RBSCOPE_CACHE_DIR:-$(mktemp -d -p "$work")} /usr/bin/time -f '%U %S %M' "$@" 2>&1 >/dev/null | tail -n1
+  done | awk '{ print $1 + $2, $3 }' | sort -n | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }'
+}
+printf "%-30s %10s %12s\n" run cpu-s peak-RSS-KB
+declare -A res
+for who in before after; do
+  bin=$work/rbscope
+  if [ "$who" = before ]; then
+    [ -n "$have_before" ] || continue
+    bin=$work/rbscope-before
+  fi
+  res[$who-floor]=$(median "$bin" --version)
+  res[$who-cold]=$(median "$bin" layout "$real_lib")
+  printf "%-30s %10s %12s\n" "$who: rbscope --version" ${res[$who-floor]}
+  printf "%-30s %10s %12s\n" "$who: layout, cold" ${res[$who-cold]}
+done
+# The profiler's path, cold and with the build-id cache warm (in-process
+# Resolve in a fresh process, as BenchmarkProcess measures it).
+RBSCOPE_BENCH_REAL_LIB=$real_lib go test -run '^$' -bench 'BenchmarkProcess/real' -benchtime "$benchtime" ./internal/layout/ |
+  awk '/^BenchmarkProcess/ { name = $1; sub(/^BenchmarkProcess\//, "", name); sub(/-[0-9]+$/, "", name)
+    for (i = 3; i < NF; i++) { if ($(i+1) == "cpu-ms") cpu = $i; if ($(i+1) == "peak-RSS-KB") rss = $i }
+    printf "%-30s %10.3f %12d\n", "in-process: " name, cpu / 1000, rss }'
+if [ -n "$have_before" ]; then
+  read -r bc br <<<"${res[before-cold]}"
+  read -r ac ar <<<"${res[after-cold]}"
+  awk -v bc="$bc" -v br="$br" -v ac="$ac" -v ar="$ar" 'BEGIN {
+    printf "layout, cold: CPU after/before %.2f, peak RSS after/before %.2f\n", (bc > 0 ? ac / bc : 0), ar / br }'
+fi
+echo "goal (issue 14): cold extraction <= 0.1 s CPU, peak < 16 MB"

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -71,7 +70,7 @@ func init() {
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return errors.New("the kernel runs the handler with the core_pattern specifiers %P %i %s %t %e: " +
+				return usage("the kernel runs the handler with the core_pattern specifiers %%P %%i %%s %%t %%e: " +
 					"set it up with 'rbscope core-handler install --dir DIR'")
 			}
 			return runCoreHandler(o, args)
@@ -90,7 +89,7 @@ func init() {
 	install := &cobra.Command{
 		Use:   "install --dir DIR [--keep N] [--max-core-size BYTES] [--keep-core] [--min-free BYTES]",
 		Short: "Point the kernel's core_pattern at this rbscope (root)",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runCoreHandlerInstall(cmd, o, chain)
 		},
@@ -99,7 +98,7 @@ func init() {
 	uninstall := &cobra.Command{
 		Use:   "uninstall --dir DIR",
 		Short: "Restore the core_pattern saved by install (root)",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := needRoot("uninstall"); err != nil {
 				return err
@@ -128,10 +127,10 @@ func needRoot(what string) error {
 
 func needDir(dir string) error {
 	if dir == "" {
-		return errors.New("give the report directory with --dir")
+		return usage("give the report directory with --dir")
 	}
 	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("--dir %q must be an absolute path (the kernel runs the handler in /)", dir)
+		return usage("--dir %q must be an absolute path (the kernel runs the handler in /)", dir)
 	}
 	return nil
 }

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -43,7 +41,7 @@ first: time, pid, executable, signal and the innermost Ruby frame of the
 thread that crashed. 'crashes show ID' prints one report whole.`,
 		Example: `  rbscope crashes --dir /var/lib/rbscope/crashes
   rbscope crashes --dir /var/lib/rbscope/crashes show 20261121T083625Z-1234`,
-		Args: cobra.NoArgs,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runCrashes(cmd.OutOrStdout(), o)
 		},
@@ -53,7 +51,7 @@ thread that crashed. 'crashes show ID' prints one report whole.`,
 	show := &cobra.Command{
 		Use:   "show ID",
 		Short: "Print one crash report",
-		Args:  cobra.ExactArgs(1),
+		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runCrashShow(cmd.OutOrStdout(), o, args[0])
 		},
@@ -64,10 +62,10 @@ thread that crashed. 'crashes show ID' prints one report whole.`,
 
 func checkCrashesOpts(o crashesOpts) error {
 	if o.dir == "" {
-		return errors.New("give the report directory with --dir (the one core-handler install was given)")
+		return usage("give the report directory with --dir (the one core-handler install was given)")
 	}
-	if o.format != "text" && o.format != "json" {
-		return fmt.Errorf("unknown format %q: use text or json", o.format)
+	if err := checkFormat(o.format, "text", "json"); err != nil {
+		return err
 	}
 	if _, err := os.Stat(o.dir); err != nil {
 		return fmt.Errorf("report directory: %w", err)
@@ -90,9 +88,7 @@ func runCrashes(w io.Writer, o crashesOpts) error {
 				Signal: r.Signal, SignalName: r.SignalName, TopFrame: r.TopFrame(),
 				RubyVersion: r.RubyVersion, Truncated: r.Core.Truncated})
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
+		if err := writeJSON(w, out); err != nil {
 			return err
 		}
 	} else {
@@ -128,9 +124,7 @@ func runCrashShow(w io.Writer, o crashesOpts, id string) error {
 		return err
 	}
 	if o.format == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+		return writeJSON(w, r)
 	}
 	return postmortem.WriteText(w, r)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -40,7 +39,7 @@ scan), and where the struct offsets came from (DWARF or the built-in
 table, field by field).`,
 		Example: `  rbscope inspect --pid 1234
   rbscope inspect --pid 1234 --format json`,
-		Args: cobra.NoArgs,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runInspect(cmd.OutOrStdout(), o)
 		},
@@ -50,28 +49,28 @@ table, field by field).`,
 }
 
 func runInspect(w io.Writer, o inspectOpts) error {
-	t, err := openTarget(o.pid, o.core, o.exe)
+	t, p, err := o.open()
 	if err != nil {
 		return err
 	}
 	defer t.Close()
-	p, err := openRuby(t, o.rubyVersion, o.noSymbols)
-	if err != nil {
-		return err
-	}
 	out := inspectJSON{Pid: t.Pid(), Executable: t.Executable(), Info: p.Info(), FieldSources: fieldSources(p.Layout())}
 	if ths, err := p.Snapshot(); err == nil {
 		out.Threads = len(ths)
 	}
 	out.Permissions = "memory readable"
-	if o.pid != 0 {
+	if o.Pid != 0 {
 		out.Permissions = fmt.Sprintf("memory readable (uid %d; CAP_SYS_PTRACE or same user)", os.Geteuid())
 	}
 	if o.format == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
+		return writeJSON(w, out)
 	}
+	writeInspectText(w, out)
+	return nil
+}
+
+// writeInspectText prints what inspect found, as text.
+func writeInspectText(w io.Writer, out inspectJSON) {
 	fmt.Fprintf(w, "Process:       %d (%s)\n", out.Pid, out.Executable)
 	fmt.Fprintf(w, "Ruby version:  %s (from %s)\n", out.Info.Version, out.Info.VersionSource)
 	fmt.Fprintf(w, "Layout:        %s\n", out.Info.LayoutSource)
@@ -104,7 +103,6 @@ func runInspect(w io.Writer, o inspectOpts) error {
 	}
 	fmt.Fprintf(w, "Ruby threads:  %d\n", out.Threads)
 	fmt.Fprintf(w, "Permissions:   %s\n", out.Permissions)
-	return nil
 }
 
 // fieldSources lists the fields whose offsets came from somewhere other

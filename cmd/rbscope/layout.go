@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bytes"
-	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
 
-	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/layout"
 )
 
@@ -34,13 +31,13 @@ With DEBUGINFOD_URLS set, they are then downloaded from debuginfod.
 Examples:
   rbscope layout /opt/ruby/lib/libruby.so.3.4
   rbscope layout --struct rb_control_frame_struct ./ruby`,
-	Args: cobra.ExactArgs(1),
+	Args: usageArgs(cobra.ExactArgs(1)),
 	RunE: runLayout,
 }
 
 func init() {
 	layoutCmd.Flags().StringArrayVar(&layoutFlags.structs, "struct", nil,
-		"struct to print (repeatable; default: every struct rbscope uses)")
+		"struct to print (repeatable; default: the structs rbscope reads for the file's Ruby version, or every struct it knows when the version cannot be read)")
 	layoutCmd.Flags().StringArrayVar(&layoutFlags.debugRoots, "debug-root", nil,
 		"directory holding separate debug files (repeatable)")
 	rootCmd.AddCommand(layoutCmd)
@@ -48,16 +45,22 @@ func init() {
 
 func runLayout(cmd *cobra.Command, args []string) error {
 	file := args[0]
+	version := fileRubyVersion(file)
 	want := layoutFlags.structs
 	if len(want) == 0 {
 		want = layout.WantedStructs
+		if version != "" {
+			// Only the structs this Ruby defines: reading stops
+			// once they are found.
+			want = layout.NeededStructs(version)
+		}
 	}
 	roots := layout.WithDefaultDebugRoots(layoutFlags.debugRoots)
 	l, err := layout.FromBinaryFile(file, want, roots)
 	if err != nil {
 		return exitError{2, fmt.Errorf("%w\n(install the binary's debug symbols or point --debug-root at them)", err)}
 	}
-	l.RubyVersion = rubyVersionOf(file)
+	l.RubyVersion = version
 	out, err := json.MarshalIndent(l, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode layout: %w", err)
@@ -67,31 +70,13 @@ func runLayout(cmd *cobra.Command, args []string) error {
 	return err
 }
 
-// rubyVersionOf reads the ruby_version string ("3.1.2") that libruby and a
-// static ruby export, or returns "" when FILE has none.
-func rubyVersionOf(path string) string {
+// fileRubyVersion reads the ruby_version string ("3.1.2") that libruby and
+// a static ruby export, or returns "" when FILE has none.
+func fileRubyVersion(path string) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	b, err := elfx.Open(f)
-	if err != nil {
-		return ""
-	}
-	sym, ok := b.Symbols.Lookup("ruby_version")
-	if !ok {
-		return ""
-	}
-	for _, s := range b.ELF().Sections {
-		if s.Type != elf.SHT_PROGBITS || sym.Value < s.Addr || sym.Value >= s.Addr+s.Size {
-			continue
-		}
-		var buf [32]byte
-		n, _ := s.ReadAt(buf[:], int64(sym.Value-s.Addr))
-		if i := bytes.IndexByte(buf[:n], 0); i > 0 {
-			return string(buf[:i])
-		}
-	}
-	return ""
+	return layout.FileRubyVersion(f)
 }

@@ -3,15 +3,21 @@
 // stacks from core files.
 //
 // Each subcommand lives in its own file and registers itself on rootCmd in
-// an init function.
+// an init function. The commands are thin: they map flags to the library
+// packages' configurations (internal/record for record and top). Exit
+// status: 2 for a usage error (a bad flag or argument), 1 for any other
+// error.
 package main
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rbscope/rbscope/internal/record"
 )
 
 // version is rbscope's version, set at build time with -ldflags "-X main.version=...".
@@ -24,14 +30,22 @@ var rootCmd = &cobra.Command{
 where it spends its time and what it allocates, without changing or
 restarting it.
 
+Exit status: 0 on success, 1 on errors, 2 on usage errors (bad flags).
+
 Examples:
   rbscope snapshot --pid 1234            every Ruby thread's stack, now
-  rbscope record --pid 1234 -o prof.svg  sample for a while, write a flame graph
+  rbscope record --pid 1234 -o prof.html sample for a while, write a flame graph
   rbscope record -- ruby app.rb          start a program and profile it
   rbscope inspect --pid 1234             what rbscope found in the process, and how`,
 	Version:       version,
 	SilenceUsage:  true,
 	SilenceErrors: true,
+}
+
+func init() {
+	rootCmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return record.UsageError{Err: err}
+	})
 }
 
 // exitError carries an exit code through cobra.
@@ -43,13 +57,22 @@ type exitError struct {
 func (e exitError) Error() string { return e.err.Error() }
 func (e exitError) Unwrap() error { return e.err }
 
+// exitCode is the one exit-status policy: 2 for usage errors (ours, and
+// cobra's unknown commands), 1 for the rest.
+func exitCode(err error) int {
+	var ee exitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case record.IsUsage(err), strings.HasPrefix(err.Error(), "unknown command "):
+		return 2
+	}
+	return 1
+}
+
 func main() {
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "rbscope: %v\n", err)
-		var ee exitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.code)
-		}
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/recording"
 )
 
@@ -18,6 +18,7 @@ type reportOpts struct {
 	input, format, output, title string
 	lines                        bool
 	top                          int
+	up                           uploadOpts
 }
 
 func init() {
@@ -42,10 +43,20 @@ Formats:
 		Example: `  rbscope report --input ~/.cache/rbscope/recordings/rbscope-20261121-083000-4242.raw.gz
   rbscope report -i rec.raw.gz --format pprof -o cpu.pb.gz && go tool pprof -top cpu.pb.gz
   rbscope report -i rec.raw.gz --format summary --top 20 -o -
-  rbscope report -i rec.raw.gz --format collapsed --lines -o - | flamegraph.pl > fg.svg`,
-		Args: cobra.NoArgs,
+  rbscope report -i rec.raw.gz --format collapsed --lines -o - | flamegraph.pl > fg.svg
+  rbscope report -i rec.raw.gz --upload http://pyroscope:4040 --app-name shop --tag env=prod`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runReport(cmd.ErrOrStderr(), o)
+			if o.up.url == "" {
+				return runReport(cmd.ErrOrStderr(), o)
+			}
+			if err := checkUploadReport(cmd); err != nil {
+				return err
+			}
+			if o.input == "" {
+				return usage("report --upload needs --input RAW (a raw recording written by rbscope record)")
+			}
+			return o.up.uploadRecording(cmd.ErrOrStderr(), o.input)
 		},
 	}
 	f := cmd.Flags()
@@ -55,6 +66,7 @@ Formats:
 	f.StringVar(&o.title, "title", "", "profile title (default: rbscope and the recorded command)")
 	f.BoolVar(&o.lines, "lines", false, "collapsed: name frames \"name (path:line)\"")
 	f.IntVar(&o.top, "top", 0, "summaries: show only the first N rows (0: all)")
+	o.up.register(f)
 	rootCmd.AddCommand(cmd)
 }
 
@@ -96,13 +108,13 @@ func reportPath(input, format string) string {
 
 func runReport(stderr io.Writer, o reportOpts) error {
 	if o.input == "" {
-		return exitError{2, errors.New("report needs --input RAW (a raw recording written by rbscope record)")}
+		return usage("report needs --input RAW (a raw recording written by rbscope record)")
 	}
 	if _, err := output.New(o.format, output.Options{}); err != nil {
-		return exitError{2, err}
+		return record.UsageError{Err: err}
 	}
 	if o.top < 0 {
-		return exitError{2, fmt.Errorf("--top %d: must be 0 (all) or more", o.top)}
+		return usage("--top %d: must be 0 (all) or more", o.top)
 	}
 	rd, err := recording.Open(o.input)
 	if err != nil {
@@ -121,7 +133,7 @@ func runReport(stderr io.Writer, o reportOpts) error {
 		out = reportPath(o.input, o.format)
 	}
 	// A recording cut short is rendered up to where it was cut.
-	n, err := output.RenderFile(o.format, opts, rd.Samples(), out)
+	n, f, err := output.RenderFile(o.format, opts, rd.Samples(), out)
 	if err != nil {
 		return fmt.Errorf("render %s: %w", o.format, err)
 	}
@@ -132,12 +144,12 @@ func runReport(stderr io.Writer, o reportOpts) error {
 		fmt.Fprintf(stderr, "rbscope: warning: %s ends without its trailer (the recorder was stopped before closing it); rendered its %d samples\n", o.input, n)
 	}
 	if n == 0 {
-		if out != "-" {
-			os.Remove(out)
+		if f.Replaced {
+			os.Remove(f.Path)
 		}
-		return exitError{1, fmt.Errorf("%s holds no samples; nothing to render", o.input)}
+		return fmt.Errorf("%s holds no samples; nothing to render", o.input)
 	}
-	if out != "-" {
+	if !output.StdoutPath(out) {
 		fmt.Fprintf(stderr, "wrote %s (%d samples) to %s\n", o.format, n, out)
 	}
 	return nil

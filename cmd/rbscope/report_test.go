@@ -196,19 +196,16 @@ func TestReportBadInput(t *testing.T) {
 // TestReportRealRuby records a real Ruby program, then re-renders the raw
 // recording as pprof and checks what go tool pprof reads back.
 func TestReportRealRuby(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testutil.Missing(t, "recording needs CAP_SYS_PTRACE: run as root")
-	}
-	if _, err := exec.LookPath("ruby"); err != nil {
-		testutil.Missing(t, "ruby not installed")
-	}
+	testutil.NeedRoot(t)
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		testutil.Missing(t, "go command not found: cannot run go tool pprof")
+		testutil.Missing(t, "the go command (for go tool pprof)")
 	}
-	dir := t.TempDir()
-	script := filepath.Join(dir, "spin.rb")
-	os.WriteFile(script, []byte(`def spin_alpha
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		dir := t.TempDir()
+		script := filepath.Join(dir, "spin.rb")
+		os.WriteFile(script, []byte(`def spin_alpha
   x = 0
   200_000.times { x += 1 }
   x
@@ -216,32 +213,33 @@ end
 t = Time.now
 spin_alpha while Time.now - t < 1.5
 `), 0o644)
-	raw := filepath.Join(dir, "spin.raw.gz")
-	_, errOut, code := repRun(t, dir, "record", "--raw", raw, "--format", "collapsed", "--output", filepath.Join(dir, "spin.collapsed.txt"), "--", "ruby", script)
-	if code != 0 {
-		t.Fatalf("record: exit %d\n%s", code, errOut)
-	}
-	_, errOut, code = repRun(t, dir, "report", "-i", raw, "-f", "pprof")
-	if code != 0 || !strings.Contains(errOut, "to spin.pb.gz") {
-		t.Fatalf("report: exit %d %s", code, errOut)
-	}
-	out, err := exec.Command(goBin, "tool", "pprof", "-top", filepath.Join(dir, "spin.pb.gz")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go tool pprof: %v\n%s", err, out)
-	}
-	// "0     0%   100%        130 86.67%  Object#spin_alpha": most
-	// samples are inside spin_alpha.
-	var cum float64
-	for _, l := range strings.Split(string(out), "\n") {
-		f := strings.Fields(l)
-		if len(f) == 6 && f[5] == "Object#spin_alpha" {
-			cum, _ = strconv.ParseFloat(strings.TrimSuffix(f[4], "%"), 64)
+		raw := filepath.Join(dir, "spin.raw.gz")
+		_, errOut, code := repRun(t, dir, append([]string{"record", "--raw", raw, "--format", "collapsed", "--output", filepath.Join(dir, "spin.collapsed.txt"), "--"}, rb.Argv(script)...)...)
+		if code != 0 {
+			t.Fatalf("record: exit %d\n%s", code, errOut)
 		}
-	}
-	if cum < 60 {
-		t.Fatalf("Object#spin_alpha has %.1f%% of samples cumulative, want most:\n%s", cum, out)
-	}
-	if !strings.Contains(string(out), "block in Object#spin_alpha") || !strings.Contains(string(out), "Integer#times") {
-		t.Fatalf("pprof lacks the block or Integer#times:\n%s", out)
-	}
+		_, errOut, code = repRun(t, dir, "report", "-i", raw, "-f", "pprof")
+		if code != 0 || !strings.Contains(errOut, "to spin.pb.gz") {
+			t.Fatalf("report: exit %d %s", code, errOut)
+		}
+		out, err := exec.Command(goBin, "tool", "pprof", "-top", filepath.Join(dir, "spin.pb.gz")).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go tool pprof: %v\n%s", err, out)
+		}
+		// "0     0%   100%        130 86.67%  Object#spin_alpha": most
+		// samples are inside spin_alpha.
+		var cum float64
+		for _, l := range strings.Split(string(out), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 6 && f[5] == "Object#spin_alpha" {
+				cum, _ = strconv.ParseFloat(strings.TrimSuffix(f[4], "%"), 64)
+			}
+		}
+		if cum < 60 {
+			t.Fatalf("Object#spin_alpha has %.1f%% of samples cumulative, want most:\n%s", cum, out)
+		}
+		if !strings.Contains(string(out), "block in Object#spin_alpha") || !strings.Contains(string(out), "Integer#times") {
+			t.Fatalf("pprof lacks the block or Integer#times:\n%s", out)
+		}
+	})
 }

@@ -1,28 +1,26 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 )
 
 type snapshotOpts struct {
-	pid         int
-	core        string
-	exe         string
-	format      string
-	rubyVersion string
-	noSymbols   bool
+	targetFlags
+	core      string
+	exe       string
+	format    string
+	noSymbols bool
 }
 
 func init() {
@@ -39,7 +37,7 @@ The process is not paused or changed: rbscope reads its memory
 		Example: `  rbscope snapshot --pid 1234
   rbscope snapshot --pid 1234 --format json
   rbscope snapshot --core core.1234 --exe /usr/bin/ruby`,
-		Args: cobra.NoArgs,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runSnapshot(cmd.OutOrStdout(), o)
 		},
@@ -51,44 +49,51 @@ The process is not paused or changed: rbscope reads its memory
 // register adds the flags that name a target and how to read it, shared
 // by snapshot and inspect.
 func (o *snapshotOpts) register(f *pflag.FlagSet) {
-	f.IntVarP(&o.pid, "pid", "p", 0, "process id of the Ruby process")
+	o.targetFlags.register(f, 0)
 	f.StringVar(&o.core, "core", "", "core file to read instead of a live process (plain or compressed)")
 	f.StringVar(&o.exe, "exe", "", "with --core: the ruby executable that produced the core")
 	f.StringVar(&o.format, "format", "text", "output format: text or json")
-	f.StringVar(&o.rubyVersion, "ruby-version", "", "Ruby version to assume when it cannot be detected (e.g. 3.1.2)")
 	f.BoolVar(&o.noSymbols, "no-symbols", false, "ignore symbol tables and find the VM by scanning memory")
 }
 
-// openTarget opens the live process or core file the flags name.
-func openTarget(pid int, core, exe string) (target.Target, error) {
+// check validates the flags: a live process or a core file, and a format.
+func (o *snapshotOpts) check() error {
 	switch {
-	case pid != 0 && core != "":
-		return nil, errors.New("give either --pid or --core, not both")
-	case pid != 0:
-		t, err := target.OpenLive(pid)
-		if err != nil {
-			return nil, fmt.Errorf("open process %d: %w", pid, err)
-		}
-		return t, nil
-	case core != "":
-		t, err := target.OpenCore(core, target.CoreOptions{Exe: exe})
-		if err != nil {
-			return nil, fmt.Errorf("open core file %s: %w", core, err)
-		}
-		return t, nil
+	case o.Pid != 0 && o.core != "":
+		return usage("give either --pid or --core, not both")
+	case o.Pid == 0 && o.core == "":
+		return usage("no target: give --pid PID or --core FILE")
+	case o.exe != "" && o.core == "":
+		return usage("--exe goes with --core")
+	case o.Pid < 0:
+		return usage("invalid pid %d", o.Pid)
 	}
-	return nil, errors.New("no target: give --pid PID or --core FILE")
+	return checkFormat(o.format, "text", "json")
 }
 
-func openRuby(t target.Target, version string, noSymbols bool) (*ruby.Process, error) {
-	p, err := ruby.Open(t, ruby.Options{Version: version, NoSymbols: noSymbols})
-	if err != nil {
-		if errors.Is(err, ruby.ErrNotRuby) {
-			return nil, fmt.Errorf("process %d (%s): %w", t.Pid(), t.Executable(), err)
-		}
-		return nil, fmt.Errorf("find the Ruby VM in process %d: %w", t.Pid(), err)
+// open opens the live process or core file the flags name, and Ruby in it.
+func (o *snapshotOpts) open() (target.Target, *ruby.Process, error) {
+	if err := o.check(); err != nil {
+		return nil, nil, err
 	}
-	return p, nil
+	var t target.Target
+	var err error
+	if o.Pid != 0 {
+		if t, err = target.OpenLive(o.Pid); err != nil {
+			return nil, nil, fmt.Errorf("open process %d: %w", o.Pid, err)
+		}
+	} else if t, err = target.OpenCore(o.core, target.CoreOptions{Exe: o.exe}); err != nil {
+		return nil, nil, fmt.Errorf("open core file %s: %w", o.core, err)
+	}
+	p, err := ruby.Open(t, ruby.Options{Version: o.RubyVersion, NoSymbols: o.noSymbols})
+	if err != nil {
+		t.Close()
+		if errors.Is(err, ruby.ErrNotRuby) {
+			return nil, nil, fmt.Errorf("process %d (%s): %w", t.Pid(), t.Executable(), err)
+		}
+		return nil, nil, record.OpenError(t.Pid(), err)
+	}
+	return t, p, nil
 }
 
 // snapshotJSON is the machine contract of DESIGN.md.
@@ -100,18 +105,11 @@ type snapshotJSON struct {
 }
 
 func runSnapshot(w io.Writer, o snapshotOpts) error {
-	if o.format != "text" && o.format != "json" {
-		return fmt.Errorf("unknown format %q: use text or json", o.format)
-	}
-	t, err := openTarget(o.pid, o.core, o.exe)
+	t, p, err := o.open()
 	if err != nil {
 		return err
 	}
 	defer t.Close()
-	p, err := openRuby(t, o.rubyVersion, o.noSymbols)
-	if err != nil {
-		return err
-	}
 	threads, err := p.Snapshot()
 	if err != nil {
 		return fmt.Errorf("read stacks of process %d: %w", t.Pid(), err)
@@ -122,36 +120,37 @@ func runSnapshot(w io.Writer, o snapshotOpts) error {
 		}
 	}
 	if o.format == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(snapshotJSON{Pid: t.Pid(), RubyVersion: p.Version(), LayoutSource: p.LayoutSource(), Threads: threads})
+		return writeJSON(w, snapshotJSON{Pid: t.Pid(), RubyVersion: p.Version(), LayoutSource: p.LayoutSource(), Threads: threads})
 	}
 	fmt.Fprintf(w, "Process %d: %s\nRuby %s (layout %s)\n", t.Pid(), t.Executable(), p.Version(), p.LayoutSource())
 	for _, th := range threads {
-		var tags []string
-		if th.Main {
-			tags = append(tags, "main")
-		}
-		if th.GVL {
-			tags = append(tags, "has GVL")
-		}
-		tags = append(tags, th.State)
-		fmt.Fprintf(w, "\nThread %d %q (%s)\n", th.TID, th.Name, strings.Join(tags, ", "))
-		if len(th.Frames) == 0 {
-			fmt.Fprintln(w, "    (no Ruby frames)")
-		}
-		for _, f := range th.Frames {
-			loc := f.Path
-			if f.Line > 0 {
-				loc = fmt.Sprintf("%s:%d", f.Path, f.Line)
-			}
-			if loc == "" {
-				loc = "(unknown)"
-			}
-			fmt.Fprintf(w, "    %s (%s)\n", f.Name, loc)
-		}
+		writeThread(w, th)
 	}
 	return nil
 }
 
-var _ = os.Stdout
+// writeThread prints one thread's stack as text.
+func writeThread(w io.Writer, th stack.Thread) {
+	var tags []string
+	if th.Main {
+		tags = append(tags, "main")
+	}
+	if th.GVL {
+		tags = append(tags, "has GVL")
+	}
+	tags = append(tags, th.State)
+	fmt.Fprintf(w, "\nThread %d %q (%s)\n", th.TID, th.Name, strings.Join(tags, ", "))
+	if len(th.Frames) == 0 {
+		fmt.Fprintln(w, "    (no Ruby frames)")
+	}
+	for _, f := range th.Frames {
+		loc := f.Path
+		if f.Line > 0 {
+			loc = fmt.Sprintf("%s:%d", f.Path, f.Line)
+		}
+		if loc == "" {
+			loc = "(unknown)"
+		}
+		fmt.Fprintf(w, "    %s (%s)\n", f.Name, loc)
+	}
+}

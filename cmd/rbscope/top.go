@@ -4,31 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
-	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/sampler"
-	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/tui"
 )
 
-type topOpts struct {
-	pid         int
-	rate        float64
-	interval    time.Duration
-	nonblocking bool
-	rubyVersion string
+type topFlags struct {
+	targetFlags
+	interval time.Duration
 }
 
 func init() {
-	var o topOpts
+	var o topFlags
 	cmd := &cobra.Command{
 		Use:   "top --pid PID",
 		Short: "Live view of the functions a Ruby process spends its time in",
@@ -41,67 +35,53 @@ start.
 Keys: q or Ctrl-C quits (the terminal is restored and the process
 resumed), t toggles the per-thread view, 1-4 sort by %Own, %Total,
 OwnTime or TotalTime, space pauses the display (sampling goes on).
+SIGTERM and SIGHUP quit the same way.
 
 Needs a terminal (it works over ssh and in tmux).`,
 		Example: `  rbscope top --pid 1234
   rbscope top --pid 1234 --interval 2s --nonblocking`,
-		Args: cobra.NoArgs,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runTop(o)
+			return o.run()
 		},
 	}
 	f := cmd.Flags()
-	f.IntVarP(&o.pid, "pid", "p", 0, "process id of the Ruby process")
-	f.Float64VarP(&o.rate, "rate", "r", sampler.DefaultRate, "samples per second")
+	o.register(f, withSampling)
 	f.DurationVar(&o.interval, "interval", time.Second, "refresh interval")
-	f.BoolVar(&o.nonblocking, "nonblocking", false, "do not pause the process while reading its stacks")
-	f.StringVar(&o.rubyVersion, "ruby-version", "", "Ruby version to assume when it cannot be detected (e.g. 3.1.2)")
 	rootCmd.AddCommand(cmd)
 }
 
-func runTop(o topOpts) error {
-	switch {
-	case o.pid <= 0:
-		return errors.New("give the process to watch: rbscope top --pid PID")
-	case o.rate <= 0 || o.rate > sampler.MaxRate:
-		return fmt.Errorf("--rate %g is outside 0..%d", o.rate, sampler.MaxRate)
-	case o.interval < 50*time.Millisecond:
-		return fmt.Errorf("--interval %v is too short (50ms at least)", o.interval)
+func (o *topFlags) run() error {
+	if o.Pid == 0 {
+		return usage("give the process to watch: rbscope top --pid PID")
 	}
-	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
-	if !term.IsTerminal(in) || !term.IsTerminal(out) {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if o.interval < 50*time.Millisecond {
+		return usage("--interval %v is too short (50ms at least)", o.interval)
+	}
+	if !tui.IsTerminal(os.Stdin, os.Stdout) {
 		return errors.New("top needs a terminal; use 'rbscope record --format summary' to sample without one")
 	}
-	proc, err := sampler.OpenRuby(context.Background(), o.pid, ruby.Options{Version: o.rubyVersion}, 0)
+	proc, err := record.OpenLive(context.Background(), o.Target)
 	if err != nil {
-		if errors.Is(err, ruby.ErrNotRuby) {
-			return fmt.Errorf("process %d: %w", o.pid, err)
-		}
-		return fmt.Errorf("find the Ruby VM in process %d: %w", o.pid, err)
+		return err
 	}
 	defer proc.Target().Close()
-
-	mode := "nonblocking"
-	if !o.nonblocking {
-		mode = "blocking"
+	screen, err := tui.OpenScreen(os.Stdin, os.Stdout)
+	if err != nil {
+		return err
 	}
-	agg := tui.NewTop(o.rate)
+	defer screen.Close()
 
+	agg := tui.NewTop(o.Rate)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sampled := make(chan sampler.Stats, 1)
 	go func() {
-		ro := sampler.RubyOptions{}
-		if !o.nonblocking {
-			// Bound to this goroutine's OS thread, which runs the sampler.
-			pauser := target.NewThreadPauser()
-			defer pauser.Close()
-			ro.Pauser = pauser
-		}
-		src := sampler.NewRubySource(proc, ro)
-		defer src.Close()
-		st, _ := sampler.Run(ctx, src, sampler.Config{
-			Rate: o.rate, ProgressEvery: 250 * time.Millisecond,
+		st, _ := record.SampleLive(ctx, proc, o.Target, sampler.Config{
+			ProgressEvery: 250 * time.Millisecond,
 			Progress: func(st sampler.Stats) {
 				msg := ""
 				if st.LastError != nil {
@@ -112,92 +92,86 @@ func runTop(o topOpts) error {
 		}, agg.Add)
 		sampled <- st
 	}()
-
-	// The terminal: raw mode (keys arrive at once; Ctrl-C is a key), the
-	// alternate screen, no cursor. Restored on every way out.
-	old, err := term.MakeRaw(in)
-	if err != nil {
-		return fmt.Errorf("set terminal to raw mode: %w", err)
+	v := topView{agg: agg, screen: screen, sortBy: tui.SortOwnPct,
+		h: tui.Header{Pid: o.Pid, RubyVersion: proc.Version(), Mode: mode(o.Nonblocking), Rate: o.Rate, Interval: o.interval}}
+	st, stopped := v.loop(o.interval, sampled)
+	if stopped {
+		cancel()
+		<-sampled
+		return nil
 	}
-	restore := func() {
-		_ = term.Restore(in, old)
-		_, _ = io.WriteString(os.Stdout, tui.ShowCursor+tui.ExitAltScreen)
+	screen.Close()
+	if st.Exited {
+		fmt.Fprintf(os.Stderr, "rbscope: process %d exited\n", o.Pid)
 	}
-	defer restore()
-	_, _ = io.WriteString(os.Stdout, tui.EnterAltScreen+tui.HideCursor)
+	return nil
+}
 
+func mode(nonblocking bool) string {
+	if nonblocking {
+		return "nonblocking"
+	}
+	return "blocking"
+}
+
+// topView is top's screen state.
+type topView struct {
+	agg       *tui.Top
+	screen    *tui.Screen
+	h         tui.Header
+	sortBy    tui.SortKey
+	perThread bool
+	paused    bool
+	view      tui.View
+}
+
+func (v *topView) draw() {
+	v.screen.Draw(func(w, h int) string { return tui.Render(v.h, v.view, v.perThread, w, h, v.paused) })
+}
+
+// loop redraws every interval and handles keys and signals until the
+// user quits (stopped) or sampling ends by itself (the stats).
+func (v *topView) loop(interval time.Duration, sampled <-chan sampler.Stats) (st sampler.Stats, stopped bool) {
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
+	signal.Notify(sigs, append(record.StopSignals, syscall.SIGWINCH)...)
 	defer signal.Stop(sigs)
-	keys := make(chan byte, 16)
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, err := os.Stdin.Read(buf)
-			for _, c := range buf[:n] {
-				keys <- c
-			}
-			if err != nil {
-				close(keys)
-				return
-			}
-		}
-	}()
-
-	h := tui.Header{Pid: o.pid, RubyVersion: proc.Version(), Mode: mode, Rate: o.rate, Interval: o.interval}
-	sortBy := tui.SortOwnPct
-	perThread, paused := false, false
-	view := agg.Snapshot(sortBy)
-	draw := func() {
-		w, hgt, err := term.GetSize(out)
-		if err != nil {
-			w, hgt = 80, 24
-		}
-		_, _ = io.WriteString(os.Stdout, tui.Render(h, view, perThread, w, hgt, paused))
-	}
-	draw()
-	ticker := time.NewTicker(o.interval)
+	v.view = v.agg.Snapshot(v.sortBy)
+	v.draw()
+	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for {
 		select {
 		case <-ticker.C:
-			if !paused {
-				view = agg.Snapshot(sortBy)
-				draw()
+			if !v.paused {
+				v.view = v.agg.Snapshot(v.sortBy)
 			}
-		case c, ok := <-keys:
-			if !ok {
-				return nil
+		case c, ok := <-v.screen.Keys():
+			if !ok || !v.key(c) {
+				return st, true
 			}
-			switch c {
-			case 'q', 'Q', 3, 4: // Ctrl-C, Ctrl-D
-				cancel()
-				<-sampled
-				return nil
-			case 't', 'T':
-				perThread = !perThread
-			case '1', '2', '3', '4':
-				sortBy = tui.SortKey(c - '1')
-				view.Resort(sortBy)
-			case ' ':
-				paused = !paused
-			}
-			draw()
 		case sig := <-sigs:
-			if sig == syscall.SIGWINCH {
-				draw()
-				continue
+			if sig != syscall.SIGWINCH {
+				return st, true
 			}
-			cancel()
-			<-sampled
-			return nil
-		case st := <-sampled:
-			restore()
-			if st.Exited {
-				fmt.Fprintf(os.Stderr, "rbscope: process %d exited\n", o.pid)
-				return nil
-			}
-			return nil
+		case st = <-sampled:
+			return st, false
 		}
+		v.draw()
 	}
+}
+
+// key handles one key; false quits.
+func (v *topView) key(c byte) bool {
+	switch c {
+	case 'q', 'Q', 3, 4: // Ctrl-C, Ctrl-D
+		return false
+	case 't', 'T':
+		v.perThread = !v.perThread
+	case '1', '2', '3', '4':
+		v.sortBy = tui.SortKey(c - '1')
+		v.view.Resort(v.sortBy)
+	case ' ':
+		v.paused = !v.paused
+	}
+	return true
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -14,11 +13,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/upload"
 )
 
 // uploadOpts are the flags that push profiles to a Pyroscope server, shared
-// by report (and record, once wired). Credentials come from the
+// by report and record. Credentials come from the
 // environment only (see upload's package comment), never from flags.
 type uploadOpts struct {
 	url      string
@@ -47,7 +47,7 @@ func (o *uploadOpts) config(rate float64, command []string, host string) (upload
 	for _, t := range o.tags {
 		k, v, err := upload.ParseTag(t)
 		if err != nil {
-			return upload.Config{}, exitError{2, fmt.Errorf("--tag: %w", err)}
+			return upload.Config{}, usage("--tag: %w", err)
 		}
 		tags[k] = v
 	}
@@ -118,7 +118,7 @@ func (o *uploadOpts) start(stderr io.Writer, rate float64, command []string) (*u
 	}
 	up, err := upload.New(cfg)
 	if err != nil {
-		return nil, exitError{2, fmt.Errorf("--upload: %w", err)}
+		return nil, usage("--upload: %w", err)
 	}
 	fmt.Fprintf(stderr, "rbscope: pushing profiles every %v to %s as %s\n", cfg.Interval, o.url, up.SeriesName())
 	return up, nil
@@ -173,43 +173,31 @@ func (o *uploadOpts) uploadRecording(stderr io.Writer, path string) error {
 		return fmt.Errorf("upload to %s: %w", o.url, err)
 	}
 	if st.Samples == 0 {
-		return exitError{1, fmt.Errorf("%s holds no samples; nothing to upload", path)}
+		return fmt.Errorf("%s holds no samples; nothing to upload", path)
 	}
 	fmt.Fprintf(stderr, "pushed %d samples in %d profiles to %s as %s\n", st.PushedSamples, st.Pushed, o.url, cfg.AppName)
 	return nil
 }
 
-// init adds --upload to report: `rbscope report --input RAW --upload URL`
-// pushes the recording instead of rendering it. report.go registers the
-// command first (files initialize in name order).
-func init() {
-	var report *cobra.Command
-	for _, c := range rootCmd.Commands() {
-		if c.Name() == "report" {
-			report = c
+// uploadSink feeds a live recording's samples to an uploader.
+type uploadSink struct {
+	o      *uploadOpts
+	up     *upload.Uploader
+	stderr io.Writer
+}
+
+func (s uploadSink) Add(x stack.Sample) { s.up.Add(x) }
+func (s uploadSink) Finish() error      { return s.o.finish(s.stderr, s.up) }
+
+// renderFlags are report's flags that --upload cannot go with.
+var renderFlags = []string{"format", "output", "title", "lines", "top"}
+
+// checkUploadReport refuses report flags that make no sense with --upload.
+func checkUploadReport(cmd *cobra.Command) error {
+	for _, f := range renderFlags {
+		if fl := cmd.Flags().Lookup(f); fl != nil && fl.Changed {
+			return usage("--upload pushes the recording instead of rendering it: drop --%s", f)
 		}
 	}
-	if report == nil || report.RunE == nil {
-		return
-	}
-	var o uploadOpts
-	o.register(report.Flags())
-	render := report.RunE
-	report.RunE = func(cmd *cobra.Command, args []string) error {
-		if o.url == "" {
-			return render(cmd, args)
-		}
-		for _, f := range []string{"format", "output", "title", "lines", "top"} {
-			if fl := cmd.Flags().Lookup(f); fl != nil && fl.Changed {
-				return exitError{2, fmt.Errorf("--upload pushes the recording instead of rendering it: drop --%s", f)}
-			}
-		}
-		input, _ := cmd.Flags().GetString("input")
-		if input == "" {
-			return exitError{2, errors.New("report --upload needs --input RAW (a raw recording written by rbscope record)")}
-		}
-		return o.uploadRecording(cmd.ErrOrStderr(), input)
-	}
-	report.Example += `
-  rbscope report -i rec.raw.gz --upload http://pyroscope:4040 --app-name shop --tag env=prod`
+	return nil
 }

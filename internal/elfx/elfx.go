@@ -7,7 +7,6 @@ package elfx
 import (
 	"debug/elf"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -138,6 +137,56 @@ func (b *Binary) DebugLink() (name string, crc uint32, ok bool) {
 	return string(data[:n]), binary.LittleEndian.Uint32(data[off:]), true
 }
 
+// FileBuildID returns the GNU build id (hex) of the ELF file r, "" when it
+// has none. It reads the notes the program headers point to (what a
+// process maps, so that the answer compares with ReadMemoryBuildID even
+// for a file whose section headers are missing), and the note sections of
+// a file without program headers. Malformed input gives an error, never a
+// panic.
+func FileBuildID(r io.ReaderAt) (id string, err error) {
+	le := binary.LittleEndian
+	var h [64]byte
+	if _, err := r.ReadAt(h[:], 0); err != nil {
+		return "", fmt.Errorf("read ELF header: %w", err)
+	}
+	if string(h[:4]) != "\x7fELF" || h[4] != 2 || h[5] != 1 {
+		return "", errors.New("not a 64-bit little-endian ELF file")
+	}
+	phoff, phentsize, phnum := le.Uint64(h[32:]), le.Uint16(h[54:]), int(le.Uint16(h[56:]))
+	if phnum > 0 && phentsize == 56 && phnum <= maxMemPhnum && phoff < 1<<32 {
+		ph := make([]byte, phnum*56)
+		if _, err := r.ReadAt(ph, int64(phoff)); err != nil {
+			return "", fmt.Errorf("read program headers: %w", err)
+		}
+		for i := 0; i < phnum; i++ {
+			p := ph[i*56:]
+			if le.Uint32(p) != uint32(elf.PT_NOTE) {
+				continue
+			}
+			off, size := le.Uint64(p[8:]), min(le.Uint64(p[32:]), maxMemNote)
+			if off > 1<<40 {
+				continue
+			}
+			b := make([]byte, size)
+			if n, _ := r.ReadAt(b, int64(off)); n > 0 {
+				if id := BuildIDFromNotes(b[:n]); id != "" {
+					return id, nil
+				}
+			}
+		}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			id, err = "", fmt.Errorf("parse ELF: malformed file (%v)", p)
+		}
+	}()
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return "", nil // no readable section headers: no other notes to look at
+	}
+	return buildID(f), nil
+}
+
 func buildID(f *elf.File) string {
 	for _, s := range f.Sections {
 		if s.Type != elf.SHT_NOTE {
@@ -165,26 +214,4 @@ func noteBuildID(r io.Reader) string {
 		return ""
 	}
 	return BuildIDFromNotes(data)
-}
-
-// BuildIDFromNotes returns the hex GNU build id found in a block of ELF
-// notes, or "".
-func BuildIDFromNotes(data []byte) string {
-	for len(data) >= 12 {
-		// Sizes are 32-bit in the file; do the arithmetic in 64 bits so a
-		// crafted size cannot wrap around.
-		namesz := uint64(binary.LittleEndian.Uint32(data[0:]))
-		descsz := uint64(binary.LittleEndian.Uint32(data[4:]))
-		typ := binary.LittleEndian.Uint32(data[8:])
-		nameEnd := 12 + (namesz+3)&^3
-		descEnd := nameEnd + (descsz+3)&^3
-		if nameEnd > uint64(len(data)) || descEnd > uint64(len(data)) || nameEnd+descsz > uint64(len(data)) {
-			return ""
-		}
-		if typ == 3 && namesz == 4 && string(data[12:16]) == "GNU\x00" {
-			return hex.EncodeToString(data[nameEnd : nameEnd+descsz])
-		}
-		data = data[descEnd:]
-	}
-	return ""
 }

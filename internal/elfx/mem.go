@@ -3,7 +3,6 @@ package elfx
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 )
 
@@ -68,6 +67,35 @@ const (
 // or shared library) from memory, through the program headers and the
 // dynamic section.
 func ReadMemoryImage(r MemReader, base uint64) (*MemImage, error) {
+	h, err := readMemHeaders(r, base)
+	if err != nil {
+		return nil, err
+	}
+	m := &MemImage{Base: base, Bias: h.bias, Symbols: Table{}}
+	m.BuildID = h.buildID(r)
+	dyn := h.dyn
+	if dyn == nil {
+		return nil, fmt.Errorf("ELF image at 0x%x has no dynamic section (static executable?)", base)
+	}
+	if err := m.readDynamic(r, dyn.vaddr, dyn.memsz); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// memProg is one program header of an image in memory.
+type memProg struct{ typ, vaddr, off, memsz uint64 }
+
+// memHeaders are the program headers of an ELF image in memory.
+type memHeaders struct {
+	base, bias uint64
+	dyn        *memProg
+	notes      []memProg
+}
+
+// readMemHeaders reads the ELF and program headers of the image whose
+// header is mapped at base, and its load bias.
+func readMemHeaders(r MemReader, base uint64) (*memHeaders, error) {
 	le := binary.LittleEndian
 	var h [64]byte
 	if err := r.ReadAt(h[:], base); err != nil {
@@ -89,25 +117,22 @@ func ReadMemoryImage(r MemReader, base uint64) (*MemImage, error) {
 	if err := r.ReadAt(ph, base+phoff); err != nil {
 		return nil, fmt.Errorf("read program headers at 0x%x: %w", base+phoff, err)
 	}
-	type prog struct{ typ, vaddr, off, memsz uint64 }
-	var (
-		firstLoad, dyn *prog
-		notes          []prog
-	)
+	out := &memHeaders{base: base}
+	var firstLoad *memProg
 	for i := 0; i < phnum; i++ {
 		p := ph[i*56:]
-		pr := prog{typ: uint64(le.Uint32(p)), off: le.Uint64(p[8:]), vaddr: le.Uint64(p[16:]), memsz: le.Uint64(p[40:])}
+		pr := memProg{typ: uint64(le.Uint32(p)), off: le.Uint64(p[8:]), vaddr: le.Uint64(p[16:]), memsz: le.Uint64(p[40:])}
 		switch pr.typ {
 		case 1: // PT_LOAD
 			if firstLoad == nil {
 				firstLoad = &pr
 			}
 		case 2: // PT_DYNAMIC
-			if dyn == nil {
-				dyn = &pr
+			if out.dyn == nil {
+				out.dyn = &pr
 			}
 		case 4: // PT_NOTE
-			notes = append(notes, pr)
+			out.notes = append(out.notes, pr)
 		}
 	}
 	if firstLoad == nil {
@@ -119,25 +144,36 @@ func ReadMemoryImage(r MemReader, base uint64) (*MemImage, error) {
 	if base < link {
 		return nil, fmt.Errorf("ELF image at 0x%x: first segment's address 0x%x is above the image", base, link)
 	}
-	m := &MemImage{Base: base, Bias: base - link, Symbols: Table{}}
-	for _, n := range notes {
-		size := min(n.memsz, maxMemNote)
-		b := make([]byte, size)
-		if err := r.ReadAt(b, m.Bias+n.vaddr); err != nil {
+	out.bias = base - link
+	return out, nil
+}
+
+// buildID reads the image's PT_NOTE segments from memory and returns its
+// GNU build id, "" when no note can be read or none holds one.
+func (h *memHeaders) buildID(r MemReader) string {
+	for _, n := range h.notes {
+		b := make([]byte, min(n.memsz, maxMemNote))
+		if err := r.ReadAt(b, h.bias+n.vaddr); err != nil {
 			continue // notes are optional: the build id stays unknown
 		}
-		if id := memBuildID(b); id != "" {
-			m.BuildID = id
-			break
+		if id := BuildIDFromNotes(b); id != "" {
+			return id
 		}
 	}
-	if dyn == nil {
-		return nil, fmt.Errorf("ELF image at 0x%x has no dynamic section (static executable?)", base)
+	return ""
+}
+
+// ReadMemoryBuildID returns the GNU build id of the ELF image whose header
+// is mapped at base, read from the process image's memory alone (its
+// program headers and notes): the identity of the binary the process
+// really mapped, whatever is on disk now. It returns "" without error when
+// the image has no build-id note or its notes are not in memory.
+func ReadMemoryBuildID(r MemReader, base uint64) (string, error) {
+	h, err := readMemHeaders(r, base)
+	if err != nil {
+		return "", err
 	}
-	if err := m.readDynamic(r, dyn.vaddr, dyn.memsz); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return h.buildID(r), nil
 }
 
 func (m *MemImage) readDynamic(r MemReader, vaddr, size uint64) error {
@@ -289,29 +325,6 @@ func gnuHashCount(r MemReader, addr uint64) (uint64, error) {
 			idx++
 		}
 	}
-}
-
-// memBuildID returns the hex NT_GNU_BUILD_ID in a block of notes, or "".
-func memBuildID(b []byte) string {
-	le := binary.LittleEndian
-	for len(b) >= 12 {
-		namesz := uint64(le.Uint32(b))
-		descsz := uint64(le.Uint32(b[4:]))
-		typ := le.Uint32(b[8:])
-		nameEnd := 12 + (namesz+3)&^3
-		descEnd := nameEnd + (descsz+3)&^3
-		if nameEnd+descsz > uint64(len(b)) {
-			return ""
-		}
-		if typ == 3 && namesz == 4 && string(b[12:16]) == "GNU\x00" {
-			return hex.EncodeToString(b[nameEnd : nameEnd+descsz])
-		}
-		if descEnd >= uint64(len(b)) {
-			return ""
-		}
-		b = b[descEnd:]
-	}
-	return ""
 }
 
 func cstr(b []byte) string {

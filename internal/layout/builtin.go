@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // The tables are a verbatim copy of ../shared/ruby-layouts/x86_64; a test
@@ -36,16 +37,49 @@ type tableFile struct {
 // BuiltinVersions lists the releases that have a built-in table, as their
 // file names say ("1.9.3-p0", "3.1.2"), oldest first.
 func BuiltinVersions() []string {
-	ents, err := tables.ReadDir("tables/x86_64")
-	if err != nil {
-		return nil
-	}
-	var vs []string
-	for _, e := range ents {
-		vs = append(vs, strings.TrimSuffix(e.Name(), ".json"))
-	}
-	sort.Slice(vs, func(i, j int) bool { return CompareVersions(vs[i], vs[j]) < 0 })
-	return vs
+	builtinVersions.once.Do(func() {
+		ents, err := tables.ReadDir("tables/x86_64")
+		if err != nil {
+			return
+		}
+		type ver struct {
+			name string
+			num  []int
+			pl   int
+		}
+		vs := make([]ver, 0, len(ents))
+		for _, e := range ents {
+			n := strings.TrimSuffix(e.Name(), ".json")
+			vs = append(vs, ver{n, parseVersion(n), patchlevel(n)})
+		}
+		// Parse each name once: sorting hundreds of names with
+		// CompareVersions would parse them again at every comparison.
+		sort.Slice(vs, func(i, j int) bool {
+			a, b := vs[i], vs[j]
+			for k := 0; k < len(a.num) || k < len(b.num); k++ {
+				var x, y int
+				if k < len(a.num) {
+					x = a.num[k]
+				}
+				if k < len(b.num) {
+					y = b.num[k]
+				}
+				if x != y {
+					return x < y
+				}
+			}
+			return a.pl < b.pl
+		})
+		for _, v := range vs {
+			builtinVersions.list = append(builtinVersions.list, v.name)
+		}
+	})
+	return append([]string(nil), builtinVersions.list...)
+}
+
+var builtinVersions struct {
+	once sync.Once
+	list []string
 }
 
 // Builtin returns the built-in layout for Ruby version v ("3.1.2"). When the

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"debug/elf"
 	"encoding/binary"
 	"encoding/hex"
@@ -297,4 +298,70 @@ func FindAltFile(path string, roots []string) (string, []string) {
 		tried = append(tried, p+why)
 	}
 	return "", tried
+}
+
+// FileRubyVersion returns the ruby_version string ("3.3.8") that libruby
+// and a static ruby export, read from the ELF file r: from .dynsym, and
+// from .symtab only when .dynsym lacks it (a large table in a build with
+// debug info). It returns "" when the file has no such symbol. The tables
+// are searched in place, without building a Go value per symbol.
+func FileRubyVersion(r io.ReaderAt) string {
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return ""
+	}
+	for _, tab := range []elf.SectionType{elf.SHT_DYNSYM, elf.SHT_SYMTAB} {
+		if v, ok := symbolValue(f, tab, "ruby_version"); ok {
+			for _, s := range f.Sections {
+				if s.Type != elf.SHT_PROGBITS || v < s.Addr || v >= s.Addr+s.Size {
+					continue
+				}
+				var buf [32]byte
+				n, _ := s.ReadAt(buf[:], int64(v-s.Addr))
+				if i := bytes.IndexByte(buf[:n], 0); i > 0 {
+					return string(buf[:i])
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// symbolValue finds the defined symbol name in f's first symbol table of
+// type typ (64-bit little-endian entries) and returns its value.
+func symbolValue(f *elf.File, typ elf.SectionType, name string) (uint64, bool) {
+	if f.Class != elf.ELFCLASS64 || f.ByteOrder != binary.LittleEndian {
+		return 0, false
+	}
+	for _, s := range f.Sections {
+		if s.Type != typ || s.Link >= uint32(len(f.Sections)) || s.Size > 64<<20 {
+			continue
+		}
+		strs := f.Sections[s.Link]
+		if strs.Size > 64<<20 {
+			return 0, false
+		}
+		syms, err := s.Data()
+		if err != nil {
+			return 0, false
+		}
+		names, err := strs.Data()
+		if err != nil {
+			return 0, false
+		}
+		want := []byte(name)
+		for i := 0; i+24 <= len(syms); i += 24 {
+			e := syms[i : i+24]
+			off := uint64(binary.LittleEndian.Uint32(e))
+			shndx := binary.LittleEndian.Uint16(e[6:])
+			if shndx == uint16(elf.SHN_UNDEF) || off+uint64(len(want)) >= uint64(len(names)) {
+				continue
+			}
+			if names[off+uint64(len(want))] == 0 && bytes.Equal(names[off:off+uint64(len(want))], want) {
+				return binary.LittleEndian.Uint64(e[8:]), true
+			}
+		}
+		return 0, false
+	}
+	return 0, false
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
 )
 
@@ -27,6 +28,27 @@ var WantedStructs = []string{
 	// Beyond them.
 	"rb_symbols_t", "st_table", "st_table_entry", "rb_id_table",
 	"succ_index_table", "succ_dict_block",
+}
+
+// NeededStructs lists the structs a DWARF extraction for Ruby version v
+// must find before it can stop reading: those of the built-in table
+// nearest to v (what the walker reads, and what that Ruby series is known
+// to define), plus rb_classext_struct, whose class path the walker reads
+// from Ruby 2.0 on although some tables omit it. Structs a version does
+// not define are left out, so that extraction stops at the unit that
+// completes the set instead of reading every unit of the file looking for
+// them. For a version without a table it returns WantedStructs.
+func NeededStructs(v string) []string {
+	tab, err := Builtin(v)
+	if err != nil {
+		return WantedStructs
+	}
+	names := tab.StructNames()
+	if p := parseVersion(v); len(p) >= 2 && p[0] >= 2 && !tab.Has("rb_classext_struct", "") {
+		names = append(names, "rb_classext_struct")
+	}
+	sort.Strings(names)
+	return names
 }
 
 // ErrNoDWARF says that a file carries no DWARF debug information.
@@ -77,12 +99,16 @@ func FromDWARF(r io.ReaderAt, want []string) (*Layout, error) {
 	return l, err
 }
 
+// noCompact forces the whole-.debug_str path (tests and benchmarks).
+var noCompact bool
+
 // extractStats says how much of the DWARF a run looked at.
 type extractStats struct {
 	units     int   // compilation units read
 	decoded   int   // units handed to debug/dwarf
 	whole     bool  // .debug_info was read whole (units refer to each other)
 	infoBytes int64 // bytes of .debug_info decompressed
+	compact   bool  // .debug_str was never held whole
 }
 
 func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st extractStats, err error) {
@@ -105,10 +131,6 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 	if err != nil {
 		return nil, st, err
 	}
-	str, err := loadSection(secs, ".debug_str", lim)
-	if err != nil {
-		return nil, st, err
-	}
 	extra := map[string][]byte{}
 	for _, name := range []string{".debug_str_offsets", ".debug_line_str", ".debug_addr"} {
 		b, err := loadSection(secs, name, lim)
@@ -119,6 +141,23 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 			return nil, st, err
 		}
 		extra[name] = b
+	}
+	wantSet := map[string]bool{}
+	for _, w := range want {
+		wantSet[w] = true
+	}
+	if !noCompact && f.Type != elf.ET_REL && secs[".debug_str"] != nil && extra[".debug_str_offsets"] == nil {
+		// Keep .debug_str out of memory (see dwarf_strings.go); fall
+		// back to loading it whole when that cannot be done.
+		if l, cst, err := extractCompact(secs, abbrev, extra, wantSet, lim); err == nil {
+			l.Arch = archName(f.Machine)
+			cst.compact = true
+			return l, cst, nil
+		}
+	}
+	str, err := loadSection(secs, ".debug_str", lim)
+	if err != nil {
+		return nil, st, err
 	}
 	infoRels, err := sectionRelocs(f, secs, ".debug_info", lim)
 	if err != nil {
@@ -132,10 +171,6 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits) (l *Layout, st 
 		return nil, st, err
 	}
 
-	wantSet := map[string]bool{}
-	for _, w := range want {
-		wantSet[w] = true
-	}
 	l = &Layout{Arch: archName(f.Machine), Structs: map[string]Struct{}}
 	pre := &scanner{abbrev: abbrev, str: str, lineStr: extra[".debug_line_str"], strOffsets: extra[".debug_str_offsets"]}
 	var firstErr error

@@ -271,21 +271,40 @@ func BenchmarkProcess(b *testing.B) {
 	if out, err := child(files["zlib"], "resolve-cached", cache); err != nil {
 		b.Fatalf("warm cache: %v\n%s", err, out)
 	}
-	for _, m := range modes {
-		b.Run(m.name, func(b *testing.B) {
-			var rss, cpu float64
-			for i := 0; i < b.N; i++ {
-				st, err := childStats(m.file, m.mode, cache)
-				if err != nil {
-					b.Fatal(err)
-				}
-				rss += st.rssKB
-				cpu += st.cpuMS
-			}
-			b.ReportMetric(rss/float64(b.N), "peak-RSS-KB")
-			b.ReportMetric(cpu/float64(b.N), "cpu-ms")
-		})
+	// A real -ggdb3 libruby (scripts/bench-layout.sh names 3.3.8's from
+	// scripts/rubies.sh): every struct sought (the old walk to the last
+	// unit, some being absent) against the structs its version needs.
+	if real := os.Getenv("RBSCOPE_BENCH_REAL_LIB"); real != "" {
+		realCache := b.TempDir()
+		modes = append(modes,
+			struct{ name, mode, file string }{"real/floor", "floor", real},
+			struct{ name, mode, file string }{"real/rbscope-cold", "real-needed", real},
+			struct{ name, mode, file string }{"real/rbscope-all-structs", "real-all", real},
+			struct{ name, mode, file string }{"real/stdlib", "stdlib", real})
+		if out, err := child(real, "real-cached", realCache); err != nil {
+			b.Fatalf("warm cache: %v\n%s", err, out)
+		}
+		b.Run("real/rbscope-cached", func(b *testing.B) { runChild(b, real, "real-cached", realCache) })
 	}
+	for _, m := range modes {
+		b.Run(m.name, func(b *testing.B) { runChild(b, m.file, m.mode, cache) })
+	}
+}
+
+// runChild runs one mode b.N times in fresh processes and reports their
+// mean peak RSS and CPU time.
+func runChild(b *testing.B, file, mode, cache string) {
+	var rss, cpu float64
+	for i := 0; i < b.N; i++ {
+		st, err := childStats(file, mode, cache)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rss += st.rssKB
+		cpu += st.cpuMS
+	}
+	b.ReportMetric(rss/float64(b.N), "peak-RSS-KB")
+	b.ReportMetric(cpu/float64(b.N), "cpu-ms")
 }
 
 type procStats struct{ rssKB, cpuMS float64 }
@@ -355,6 +374,26 @@ func TestBenchChild(t *testing.T) {
 		if err == nil && !strings.HasPrefix(l.Source, "dwarf:") {
 			err = fmt.Errorf("source %s", l.Source)
 		}
+	case "real-needed", "real-cached":
+		// As the profiler resolves a process's layout: the version from
+		// the file, the structs it needs, cold or from a warm cache.
+		f, ferr := os.Open(file)
+		if ferr != nil {
+			t.Fatal(ferr)
+		}
+		v := layout.FileRubyVersion(f)
+		f.Close()
+		opts := layout.ResolveOptions{DebugRoots: []string{}, NoCache: true}
+		if mode == "real-cached" {
+			opts = layout.ResolveOptions{DebugRoots: []string{}, CacheDir: os.Getenv("RBSCOPE_BENCH_CACHE")}
+		}
+		var l *layout.Layout
+		l, err = layout.Resolve(bins, v, opts)
+		if err == nil && !strings.HasPrefix(l.Source, "dwarf:") {
+			err = fmt.Errorf("source %s", l.Source)
+		}
+	case "real-all":
+		_, err = layout.FromBinaryFile(file, layout.WantedStructs, []string{})
 	case "stdlib":
 		_, err = stdlibExtract(file, layout.WantedStructs)
 	case "inflate":

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"debug/dwarf"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -55,6 +56,17 @@ type scanner struct {
 	lastCross bool
 	curCross  bool // the current unit's table uses DW_FORM_ref_addr
 	attrStore []scanAttr
+	// strNames, when set, stands in for str: the wanted names by their
+	// .debug_str offset (see wantedStrOffsets); other strp names read
+	// as nil.
+	strNames map[uint64][]byte
+	// collect, when set, makes the pre-scan list every wanted struct a
+	// unit defines (adding them to collect) instead of stopping at the
+	// first.
+	collect map[string]Struct
+	// found lists, in collect mode, the unit-relative offsets of the
+	// DIEs collected from the last unit scanned.
+	found []cand
 }
 
 func (s *scanner) attrs(a scanAbbrev) []scanAttr { return s.attrStore[a.first : a.first+a.n] }
@@ -123,6 +135,7 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 // means the pre-scan could not decide.
 func (s *scanner) unitDefinesWanted(unit []byte, want map[string]bool, done map[string]Struct) (hit, cross bool, err error) {
 	s.curCross = false
+	s.found = s.found[:0]
 	hit, err = s.scanUnit(unit, want, done)
 	return hit, s.curCross, err
 }
@@ -184,7 +197,9 @@ func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]St
 		return false, nil
 	}
 	depth := 1
+	hitAny := false
 	for depth > 0 && b.err == nil && b.off < len(b.data) {
+		dieOff := b.off
 		code := b.uleb()
 		if code == 0 {
 			depth--
@@ -218,7 +233,12 @@ func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]St
 		}
 		if interesting && !decl && len(name) > 0 && want[string(name)] {
 			if _, ok := done[string(name)]; !ok {
-				return true, nil
+				if s.collect == nil {
+					return true, nil
+				}
+				s.collect[string(name)] = Struct{}
+				s.found = append(s.found, cand{string(name), dwarf.Offset(dieOff)})
+				hitAny = true
 			}
 		}
 		if a.children {
@@ -229,7 +249,7 @@ func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]St
 			}
 		}
 	}
-	return false, b.err
+	return hitAny, b.err
 }
 
 // dieScan decodes attribute values of one unit.
@@ -273,7 +293,11 @@ func (d *dieScan) name(form uint64) ([]byte, error) {
 		b.off++
 		return b.data[start : b.off-1], nil
 	case formStrp:
-		return cstr(d.s.str, b.offset(d.offSize)), nil
+		off := b.offset(d.offSize)
+		if d.s.strNames != nil {
+			return d.s.strNames[off], nil
+		}
+		return cstr(d.s.str, off), nil
 	case formLineStrp:
 		return cstr(d.s.lineStr, b.offset(d.offSize)), nil
 	case formStrx, 0x25, 0x26, 0x27, 0x28:

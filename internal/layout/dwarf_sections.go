@@ -117,13 +117,24 @@ func loadSection(secs map[string]*elf.Section, name string, lim dwarfLimits) ([]
 	return data, nil
 }
 
+// exactAlloc is how much of a declared size readAppend allocates at once:
+// real sections and units are read into one buffer of their exact size,
+// with no copies as it grows, while a lying size (a corrupt or hostile
+// file) costs at most this much beyond the data really present.
+const exactAlloc = 16 << 20
+
 // readAppend appends exactly n bytes from r to buf, growing the buffer
-// only as data arrives so that a lying size costs no more memory than the
-// data really present.
+// only as data arrives beyond exactAlloc, so that a lying size costs no
+// more memory than the data really present plus exactAlloc.
 func readAppend(r io.Reader, n int64, buf []byte) ([]byte, error) {
+	if first := min(n, exactAlloc); int64(cap(buf)-len(buf)) < first {
+		nb := make([]byte, len(buf), int64(len(buf))+first)
+		copy(nb, buf)
+		buf = nb
+	}
 	for read := int64(0); read < n; {
-		// Read in chunks that double from 64 KiB: a lying size costs
-		// at most twice the data really present.
+		// Past exactAlloc, read in chunks that double: a lying size
+		// costs at most twice the data really present.
 		want := n - read
 		if chunk := max64(64<<10, int64(len(buf))); want > chunk {
 			want = chunk

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -506,5 +507,105 @@ func checkCompression(t *testing.T, path, name string, want elf.CompressionType)
 	}
 	if got := elf.CompressionType(binary.LittleEndian.Uint32(raw[s.Offset:])); got != want {
 		t.Errorf("%s: %s compressed with %v, want %v", path, name, got, want)
+	}
+}
+
+// TestCompactStringsMatchWhole checks that extraction without .debug_str
+// in memory (dwarf_strings.go) gives exactly the layout the whole-section
+// path gives, on shared libraries from each compiler, with a wanted name
+// that the linker stored only as the tail of a longer string, and on the
+// real libruby of the Rubies under test that carry DWARF.
+func TestCompactStringsMatchWhole(t *testing.T) {
+	needTool(t, "gcc")
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.c")
+	// "MyRString" makes the linker keep "RString" only as its tail.
+	if err := os.WriteFile(other, []byte("static int MyRString = 1;\nstruct other { int x; struct RString *p; };\nstatic struct other g_other;\nvoid *use_other(void) { return MyRString ? &g_other : 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shapes, err := filepath.Abs(filepath.Join("testdata", "shapes.c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, c := range []struct {
+		name, cc string
+		args     []string
+	}{
+		{"gcc-dwarf5", "gcc", []string{"-gdwarf-5"}},
+		{"gcc-dwarf4", "gcc", []string{"-gdwarf-4"}},
+		{"gcc-zlib", "gcc", []string{"-gz=zlib"}},
+		{"clang-dwarf5", "clang", []string{"-gdwarf-5"}},
+	} {
+		if _, err := exec.LookPath(c.cc); err != nil {
+			continue
+		}
+		var objs []string
+		for i, src := range []string{other, shapes, other} {
+			obj := filepath.Join(dir, fmt.Sprintf("%s-%d.o", c.name, i))
+			run(t, c.cc, append(append([]string{"-g", "-fPIC", "-c", "-o", obj, fmt.Sprintf("-Duse_other=use_other_%d", i)}, c.args...), src)...)
+			objs = append(objs, obj)
+		}
+		so := filepath.Join(dir, c.name+".so")
+		run(t, c.cc, append([]string{"-shared", "-o", so}, objs...)...)
+		files[c.name] = so
+		if c.name == "gcc-dwarf5" {
+			if out := run(t, "readelf", "-p", ".debug_str", so); regexp.MustCompile(`\]  RString\n`).MatchString(out) ||
+				!strings.Contains(out, "MyRString") {
+				t.Errorf("the linker kept RString on its own: the suffix case is not tested\n%s", out)
+			}
+		}
+	}
+	want := shapesStructs
+	if testing.Short() {
+		t.Log("-short: the real libruby is not read")
+	} else {
+		for _, rb := range testutil.Rubies(t) {
+			if rb.HasDWARF && rb.Shared {
+				files["libruby-"+rb.Version] = rb.LibRuby(t)
+			}
+		}
+	}
+	for name, path := range files {
+		t.Run(name, func(t *testing.T) {
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			w := want
+			if strings.HasPrefix(name, "libruby-") {
+				w = NeededStructs(strings.TrimPrefix(name, "libruby-"))
+			}
+			defer func() { noCompact = false }()
+			noCompact = true
+			whole, wst, err := extractDWARF(f, w, defaultLimits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			noCompact = false
+			compact, cst, err := extractDWARF(f, w, defaultLimits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// String indexes (clang's DWARF 5) need the whole section.
+			ef, err := elf.NewFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCompact := ef.Section(".debug_str_offsets") == nil
+			if cst.compact != wantCompact || wst.compact {
+				t.Errorf("compact path used: %v (want %v), whole path: %v (want false)", cst.compact, wantCompact, wst.compact)
+			}
+			if !reflect.DeepEqual(whole, compact) {
+				t.Errorf("layouts differ:\nwhole   %v\ncompact %v", whole.StructNames(), compact.StructNames())
+			}
+			if len(compact.Structs) != len(w) {
+				t.Errorf("%d of %d structs found", len(compact.Structs), len(w))
+			}
+			if !strings.HasPrefix(name, "libruby-") {
+				checkShapesValues(t, compact)
+			}
+		})
 	}
 }

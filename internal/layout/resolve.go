@@ -54,7 +54,8 @@ var dwarfExtractions atomic.Int64
 func DWARFExtractions() int64 { return dwarfExtractions.Load() }
 
 // Resolve returns the layout of a Ruby build: from the DWARF of the first
-// of bins that has it (in the binary itself, then in a separate debug
+// of bins that has it (the structs NeededStructs(rubyVersion) names:
+// reading stops once they are all found) (in the binary itself, then in a separate debug
 // file), completed field by field from the built-in table for rubyVersion
 // (fields taken from the table say so in Field.Source); otherwise the
 // built-in table. Layouts read from DWARF are cached by build id, so a
@@ -74,9 +75,10 @@ func Resolve(bins []BinaryInfo, rubyVersion string, opts ResolveOptions) (*Layou
 	if opts.NoCache {
 		cacheDir = ""
 	}
+	want := NeededStructs(rubyVersion)
 	var notes []string
 	for _, b := range bins {
-		l, err := dwarfLayout(b, roots, cacheDir, dlDir)
+		l, err := dwarfLayout(b, want, roots, cacheDir, dlDir)
 		if err != nil {
 			notes = append(notes, err.Error())
 			continue
@@ -107,9 +109,9 @@ func usable(l *Layout) bool {
 
 // dwarfLayout returns the DWARF layout of one binary, from the cache or
 // by extraction (and then caches it).
-func dwarfLayout(b BinaryInfo, roots []string, cacheDir, dlDir string) (*Layout, error) {
+func dwarfLayout(b BinaryInfo, want, roots []string, cacheDir, dlDir string) (*Layout, error) {
 	if b.BuildID != "" {
-		if l := cacheLoad(cacheDir, b.BuildID, WantedStructs); l != nil {
+		if l := cacheLoad(cacheDir, b.BuildID, want); l != nil {
 			return l, nil
 		}
 	}
@@ -128,16 +130,16 @@ func dwarfLayout(b BinaryInfo, roots []string, cacheDir, dlDir string) (*Layout,
 	}
 	if b.BuildID != "" {
 		q.BuildID = b.BuildID
-	} else if l := cacheLoad(cacheDir, q.BuildID, WantedStructs); l != nil {
+	} else if l := cacheLoad(cacheDir, q.BuildID, want); l != nil {
 		return l, nil
 	}
-	l, err := extractFor(r, q, roots, WantedStructs, dlDir, usable)
+	l, err := extractFor(r, q, roots, want, dlDir, usable)
 	if err != nil {
 		return nil, err
 	}
 	// A cache that cannot be written costs time on the next run, nothing
 	// more: the error is dropped.
-	_ = cacheStore(cacheDir, q.BuildID, WantedStructs, l)
+	_ = cacheStore(cacheDir, q.BuildID, want, l)
 	return l, nil
 }
 

@@ -1,7 +1,9 @@
 package output
 
 import (
+	"cmp"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,14 +27,14 @@ const nativeFile = "<native>"
 // totals; a recursive edge keeps cost 0.
 type callgrind struct {
 	counter
-	funcs map[funcKey]*cgFunc
+	funcs *memo[stack.Func, *cgFunc]
 	order []*cgFunc
-	frame map[stack.Frame]*cgFunc
+	frame *memo[stack.Frame, *cgFunc]
 	gen   int
 }
 
 type cgFunc struct {
-	key   funcKey
+	key   stack.Func
 	seen  int         // the last sample it was seen in
 	self  map[int]int // line -> samples
 	calls map[cgEdge]*cgCall
@@ -50,22 +52,14 @@ type cgCall struct {
 }
 
 func newCallgrind(o Options) Writer {
-	return &callgrind{counter: counter{o: o}, funcs: make(map[funcKey]*cgFunc), frame: make(map[stack.Frame]*cgFunc)}
-}
-
-func (c *callgrind) fn(f *stack.Frame) *cgFunc {
-	if fn, ok := c.frame[*f]; ok {
-		return fn
-	}
-	k := keyOf(f)
-	fn, ok := c.funcs[k]
-	if !ok {
-		fn = &cgFunc{key: k, self: make(map[int]int), calls: make(map[cgEdge]*cgCall)}
-		c.funcs[k] = fn
+	c := &callgrind{counter: counter{o: o}}
+	c.frame = newMemo(func(f stack.Frame) *cgFunc { return c.funcs.get(f.Func()) })
+	c.funcs = newMemo(func(k stack.Func) *cgFunc {
+		fn := &cgFunc{key: k, self: make(map[int]int), calls: make(map[cgEdge]*cgCall)}
 		c.order = append(c.order, fn)
-	}
-	c.frame[*f] = fn
-	return fn
+		return fn
+	})
+	return c
 }
 
 func (c *callgrind) Add(s stack.Sample) {
@@ -74,10 +68,10 @@ func (c *callgrind) Add(s stack.Sample) {
 	}
 	c.gen++
 	last := len(s.Frames) - 1
-	caller := c.fn(&s.Frames[last])
+	caller := c.frame.get(s.Frames[last])
 	caller.seen = c.gen
 	for i := last - 1; i >= 0; i-- {
-		callee := c.fn(&s.Frames[i])
+		callee := c.frame.get(s.Frames[i])
 		e := cgEdge{max(s.Frames[i+1].Line, 0), callee}
 		call := caller.calls[e]
 		if call == nil {
@@ -107,17 +101,13 @@ func (c *callgrind) WriteTo(w io.Writer) (int64, error) {
 	cw.printf("positions: line\nevents: Samples\nsummary: %d\n\n", c.samples)
 
 	fns := append([]*cgFunc(nil), c.order...)
-	sort.Slice(fns, func(i, j int) bool {
-		a, b := fns[i].key, fns[j].key
-		if a.file != b.file {
-			return a.file < b.file
-		}
-		return a.name < b.name
+	slices.SortFunc(fns, func(a, b *cgFunc) int {
+		return cmp.Or(cmp.Compare(a.key.Path, b.key.Path), cmp.Compare(a.key.Name, b.key.Name))
 	})
 	fileIDs := map[string]int{}
-	fnIDs := map[funcKey]int{}
-	file := func(k funcKey) string {
-		name := k.file
+	fnIDs := map[stack.Func]int{}
+	file := func(k stack.Func) string {
+		name := k.Path
 		if name == "" {
 			name = nativeFile
 		}
@@ -128,13 +118,13 @@ func (c *callgrind) WriteTo(w io.Writer) (int64, error) {
 		fileIDs[name] = id
 		return "(" + strconv.Itoa(id) + ") " + oneLine(name)
 	}
-	fnName := func(k funcKey) string {
+	fnName := func(k stack.Func) string {
 		if id, ok := fnIDs[k]; ok {
 			return "(" + strconv.Itoa(id) + ")"
 		}
 		id := len(fnIDs) + 1
 		fnIDs[k] = id
-		return "(" + strconv.Itoa(id) + ") " + oneLine(k.name)
+		return "(" + strconv.Itoa(id) + ") " + oneLine(k.Name)
 	}
 	for _, f := range fns {
 		cw.printf("fl=%s\nfn=%s\n", file(f.key), fnName(f.key))
@@ -150,15 +140,9 @@ func (c *callgrind) WriteTo(w io.Writer) (int64, error) {
 		for e := range f.calls {
 			edges = append(edges, e)
 		}
-		sort.Slice(edges, func(i, j int) bool {
-			a, b := edges[i], edges[j]
-			if a.line != b.line {
-				return a.line < b.line
-			}
-			if a.callee.key.file != b.callee.key.file {
-				return a.callee.key.file < b.callee.key.file
-			}
-			return a.callee.key.name < b.callee.key.name
+		slices.SortFunc(edges, func(a, b cgEdge) int {
+			return cmp.Or(cmp.Compare(a.line, b.line), cmp.Compare(a.callee.key.Path, b.callee.key.Path),
+				cmp.Compare(a.callee.key.Name, b.callee.key.Name))
 		})
 		for _, e := range edges {
 			call := f.calls[e]

@@ -17,26 +17,24 @@ import (
 // are sorted by stack text.
 type collapsed struct {
 	counter
-	labels map[stack.Frame]string
+	labels *memo[stack.Frame, string]
 	counts map[string]*int
 	buf    []byte
 }
 
 func newCollapsed(o Options) Writer {
-	return &collapsed{counter: counter{o: o}, labels: make(map[stack.Frame]string), counts: make(map[string]*int)}
+	c := &collapsed{counter: counter{o: o}, counts: make(map[string]*int)}
+	c.labels = newMemo(c.label)
+	return c
 }
 
 var foldReplacer = strings.NewReplacer(";", ":", "\n", " ", "\r", " ")
 
-func (c *collapsed) label(f *stack.Frame) string {
-	if l, ok := c.labels[*f]; ok {
-		return l
-	}
+func (c *collapsed) label(f stack.Frame) string {
 	l := foldReplacer.Replace(f.Name)
 	if c.o.Lines && f.Path != "" && f.Kind != stack.KindCFunc && f.Kind != stack.KindGC {
 		l += " (" + foldReplacer.Replace(f.Path) + ":" + strconv.Itoa(f.Line) + ")"
 	}
-	c.labels[*f] = l
 	return l
 }
 
@@ -49,7 +47,7 @@ func (c *collapsed) Add(s stack.Sample) {
 		if i != len(s.Frames)-1 {
 			c.buf = append(c.buf, ';')
 		}
-		c.buf = append(c.buf, c.label(&s.Frames[i])...)
+		c.buf = append(c.buf, c.labels.get(s.Frames[i])...)
 	}
 	if p := c.counts[string(c.buf)]; p != nil { // no allocation for a known stack
 		*p++

@@ -1,13 +1,12 @@
 package output
 
 import (
+	"cmp"
 	_ "embed"
-	"encoding/json"
 	"fmt"
-	"html"
+	"html/template"
 	"io"
-	"sort"
-	"text/template"
+	"slices"
 
 	"github.com/rbscope/rbscope/internal/stack"
 )
@@ -29,19 +28,18 @@ var flamegraphTmpl = template.Must(template.New("flamegraph").Parse(flamegraphHT
 // cover. The URL fragment can preset both: page.html#s=fib&z=%3Cmain%3E.
 type flamegraph struct {
 	counter
-	root  *fgNode
-	frame map[stack.Frame]funcKey
+	root *fgNode
 }
 
 type fgNode struct {
-	key         funcKey
+	key         stack.Func
 	kind        string
 	total, self int
-	kids        map[funcKey]*fgNode
+	kids        map[stack.Func]*fgNode
 }
 
 func newFlamegraph(o Options) Writer {
-	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: funcKey{name: "all"}, kind: "root"}, frame: make(map[stack.Frame]funcKey)}
+	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}}
 }
 
 func (fg *flamegraph) Add(s stack.Sample) {
@@ -52,11 +50,11 @@ func (fg *flamegraph) Add(s stack.Sample) {
 	n.total++
 	for i := len(s.Frames) - 1; i >= 0; i-- {
 		f := &s.Frames[i]
-		k := keyOf(f)
+		k := f.Func()
 		c := n.kids[k]
 		if c == nil {
 			if n.kids == nil {
-				n.kids = make(map[funcKey]*fgNode)
+				n.kids = make(map[stack.Func]*fgNode)
 			}
 			c = &fgNode{key: k, kind: f.Kind}
 			n.kids[k] = c
@@ -88,16 +86,13 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 	}
 	var enc func(n *fgNode) []any
 	enc = func(n *fgNode) []any {
-		a := []any{str(n.key.name), str(n.key.file), str(n.kind), n.total, n.self}
+		a := []any{str(n.key.Name), str(n.key.Path), str(n.kind), n.total, n.self}
 		kids := make([]*fgNode, 0, len(n.kids))
 		for _, c := range n.kids {
 			kids = append(kids, c)
 		}
-		sort.Slice(kids, func(i, j int) bool {
-			if kids[i].key.name != kids[j].key.name {
-				return kids[i].key.name < kids[j].key.name
-			}
-			return kids[i].key.file < kids[j].key.file
+		slices.SortFunc(kids, func(a, b *fgNode) int {
+			return cmp.Or(cmp.Compare(a.key.Name, b.key.Name), cmp.Compare(a.key.Path, b.key.Path))
 		})
 		for _, c := range kids {
 			a = append(a, enc(c))
@@ -105,16 +100,13 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 		return a
 	}
 	d.Root = enc(fg.root)
-	data, err := json.Marshal(d) // escapes <, > and &: safe inside <script>
-	if err != nil {
-		return 0, fmt.Errorf("encode flame graph: %w", err)
-	}
+	// html/template escapes the title for HTML and encodes the data as
+	// JSON safe inside its <script type="application/json">.
 	cw := &countingWriter{w: w}
-	err = flamegraphTmpl.Execute(cw, map[string]any{
-		"Title": html.EscapeString(fg.title()),
-		"Desc":  html.EscapeString(fg.describe()),
-		"Data":  string(data),
-	})
+	err := flamegraphTmpl.Execute(cw, struct {
+		Title, Desc string
+		Data        fgData
+	}{fg.title(), fg.describe(), d})
 	if err != nil {
 		return cw.n, fmt.Errorf("write flame graph: %w", err)
 	}

@@ -7,7 +7,7 @@
 // Samples without frames (a thread that ran no Ruby code when sampled) are
 // skipped by every format; the summaries report how many.
 //
-// Function identity: a Ruby frame's function is its name and path; a C or
+// Function identity is stack.Frame.Func: a Ruby frame's function is its name and path; a C or
 // GC frame's function is its name alone, because its path is its caller's
 // (Array#each called from two files is one function).
 //
@@ -26,12 +26,8 @@
 package output
 
 import (
-	"bufio"
-
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -137,53 +133,18 @@ func Render(format string, o Options, next func() (stack.Sample, error), w io.Wr
 	return n, nil
 }
 
-// RenderFile is Render into a file: path "-" is standard output; any other
-// path is written through a temporary file in the same directory and
-// renamed into place, so a failed render never leaves half a file.
-func RenderFile(format string, o Options, next func() (stack.Sample, error), path string) (int, error) {
-	if path == "-" {
-		bw := bufio.NewWriter(os.Stdout)
-		n, err := Render(format, o, next, bw)
-		if err != nil {
-			return n, err
-		}
-		return n, bw.Flush()
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return 0, fmt.Errorf("create output: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename, a no-op
-	bw := bufio.NewWriterSize(tmp, 256<<10)
-	n, err := Render(format, o, next, bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return n, fmt.Errorf("write %s: %w", path, err)
-	}
-	return n, nil
-}
-
-// funcKey is a function's identity (see the package comment).
-type funcKey struct {
-	name, file string
-}
-
-func keyOf(f *stack.Frame) funcKey {
-	if f.Kind == stack.KindRuby || f.Kind == "" {
-		return funcKey{f.Name, f.Path}
-	}
-	return funcKey{f.Name, ""}
+// RenderFile is Render into the file path, written safely by WriteFile:
+// "-" is standard output, a device or FIFO is written in place, a regular
+// file is replaced only once the render succeeded, a symbolic link's
+// target is written.
+func RenderFile(format string, o Options, next func() (stack.Sample, error), path string) (int, File, error) {
+	n := 0
+	f, err := WriteFile(path, func(w io.Writer) error {
+		var err error
+		n, err = Render(format, o, next, w)
+		return err
+	})
+	return n, f, err
 }
 
 // counter holds what every format tracks: totals, time span and pids.

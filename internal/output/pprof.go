@@ -19,9 +19,9 @@ import (
 // the same stack and thread are merged.
 type pprofOut struct {
 	counter
-	funcs   map[funcKey]*profile.Function
-	locs    map[stack.Frame]*profile.Location
-	byLine  map[locKey]*profile.Location
+	funcs   *memo[stack.Func, *profile.Function]
+	locs    *memo[stack.Frame, *profile.Location]
+	byLine  *memo[locKey, *profile.Location]
 	samples map[string]*profile.Sample
 	prof    *profile.Profile
 	key     []byte
@@ -29,16 +29,13 @@ type pprofOut struct {
 }
 
 type locKey struct {
-	fn   funcKey
+	fn   stack.Func
 	line int64
 }
 
 func newPprof(o Options) Writer {
 	p := &pprofOut{
 		counter: counter{o: o},
-		funcs:   make(map[funcKey]*profile.Function),
-		locs:    make(map[stack.Frame]*profile.Location),
-		byLine:  make(map[locKey]*profile.Location),
 		samples: make(map[string]*profile.Sample),
 		prof: &profile.Profile{
 			SampleType: []*profile.ValueType{
@@ -49,34 +46,33 @@ func newPprof(o Options) Writer {
 			PeriodType:        &profile.ValueType{Type: "cpu", Unit: "nanoseconds"},
 		},
 	}
+	p.funcs, p.locs, p.byLine = newMemo(p.newFunc), newMemo(p.loc), newMemo(p.newLoc)
 	return p
 }
 
-func (p *pprofOut) loc(f *stack.Frame) *profile.Location {
-	if l, ok := p.locs[*f]; ok {
-		return l
-	}
-	k := keyOf(f)
-	fn, ok := p.funcs[k]
-	if !ok {
-		fn = &profile.Function{ID: uint64(len(p.prof.Function) + 1), Name: k.name, Filename: k.file} // no SystemName: pprof would "demangle" <main> away
-		p.funcs[k] = fn
-		p.prof.Function = append(p.prof.Function, fn)
-	}
+// newFunc is the pprof function of k. No SystemName: pprof would
+// "demangle" <main> away.
+func (p *pprofOut) newFunc(k stack.Func) *profile.Function {
+	fn := &profile.Function{ID: uint64(len(p.prof.Function) + 1), Name: k.Name, Filename: k.Path}
+	p.prof.Function = append(p.prof.Function, fn)
+	return fn
+}
+
+// newLoc is the pprof location of a function and line.
+func (p *pprofOut) newLoc(lk locKey) *profile.Location {
+	l := &profile.Location{ID: uint64(len(p.prof.Location) + 1), Line: []profile.Line{{Function: p.funcs.get(lk.fn), Line: lk.line}}}
+	p.prof.Location = append(p.prof.Location, l)
+	return l
+}
+
+func (p *pprofOut) loc(f stack.Frame) *profile.Location {
+	k := f.Func()
 	line := int64(f.Line)
-	if k.file == "" {
+	if k.Path == "" {
 		line = 0 // a C frame's line is its caller's
 	}
 	// Frames differing only in a C frame's caller path share a location.
-	lk := locKey{k, line}
-	l, ok := p.byLine[lk]
-	if !ok {
-		l = &profile.Location{ID: uint64(len(p.prof.Location) + 1), Line: []profile.Line{{Function: fn, Line: line}}}
-		p.prof.Location = append(p.prof.Location, l)
-		p.byLine[lk] = l
-	}
-	p.locs[*f] = l
-	return l
+	return p.byLine.get(locKey{k, line})
 }
 
 func (p *pprofOut) Add(s stack.Sample) {
@@ -92,7 +88,7 @@ func (p *pprofOut) Add(s stack.Sample) {
 	p.key = append(p.key, 0)
 	p.locBuf = p.locBuf[:0]
 	for i := range s.Frames {
-		l := p.loc(&s.Frames[i])
+		l := p.locs.get(s.Frames[i])
 		p.locBuf = append(p.locBuf, l)
 		p.key = strconv.AppendUint(p.key, l.ID, 36)
 		p.key = append(p.key, ',')

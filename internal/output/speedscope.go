@@ -28,9 +28,9 @@ const speedscopeSchema = "https://www.speedscope.app/file-format-schema.json"
 // the most samples.
 type speedscope struct {
 	counter
-	frameIdx map[stack.Frame]int
+	frameIdx *memo[stack.Frame, int]
 	frames   []ssFrame
-	byFrame  map[ssFrame]int
+	byFrame  *memo[ssFrame, int]
 	threads  map[[2]int]*ssThread
 	buf      []int
 }
@@ -72,25 +72,21 @@ type ssFile struct {
 }
 
 func newSpeedscope(o Options) Writer {
-	return &speedscope{counter: counter{o: o}, frameIdx: make(map[stack.Frame]int), byFrame: make(map[ssFrame]int), threads: make(map[[2]int]*ssThread)}
+	s := &speedscope{counter: counter{o: o}, threads: make(map[[2]int]*ssThread)}
+	s.frameIdx = newMemo(s.frame)
+	s.byFrame = newMemo(func(sf ssFrame) int { // C frames called from different lines share one
+		s.frames = append(s.frames, sf)
+		return len(s.frames) - 1
+	})
+	return s
 }
 
-func (s *speedscope) frame(f *stack.Frame) int {
-	if i, ok := s.frameIdx[*f]; ok {
-		return i
-	}
+func (s *speedscope) frame(f stack.Frame) int {
 	sf := ssFrame{Name: f.Name}
 	if f.Kind == stack.KindRuby || f.Kind == "" {
 		sf.File, sf.Line = f.Path, f.Line
 	}
-	i, ok := s.byFrame[sf] // C frames called from different lines share one
-	if !ok {
-		i = len(s.frames)
-		s.frames = append(s.frames, sf)
-		s.byFrame[sf] = i
-	}
-	s.frameIdx[*f] = i
-	return i
+	return s.byFrame.get(sf)
 }
 
 func (s *speedscope) Add(smp stack.Sample) {
@@ -99,7 +95,7 @@ func (s *speedscope) Add(smp stack.Sample) {
 	}
 	s.buf = s.buf[:0]
 	for i := len(smp.Frames) - 1; i >= 0; i-- {
-		s.buf = append(s.buf, s.frame(&smp.Frames[i]))
+		s.buf = append(s.buf, s.frameIdx.get(smp.Frames[i]))
 	}
 	k := [2]int{smp.Pid, smp.TID}
 	t := s.threads[k]

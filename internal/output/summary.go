@@ -24,8 +24,8 @@ import (
 type summary struct {
 	counter
 	byLine bool
-	labels map[stack.Frame]*row
-	rows   map[string]*row
+	labels *memo[stack.Frame, *row]
+	rows   *memo[string, *row]
 	gen    int
 }
 
@@ -39,13 +39,13 @@ func newSummary(o Options) Writer       { return newSummaryOf(o, false) }
 func newSummaryByLine(o Options) Writer { return newSummaryOf(o, true) }
 
 func newSummaryOf(o Options, byLine bool) *summary {
-	return &summary{counter: counter{o: o}, byLine: byLine, labels: make(map[stack.Frame]*row), rows: make(map[string]*row)}
+	s := &summary{counter: counter{o: o}, byLine: byLine}
+	s.labels = newMemo(s.row)
+	s.rows = newMemo(func(l string) *row { return &row{label: l} })
+	return s
 }
 
-func (s *summary) row(f *stack.Frame) *row {
-	if r, ok := s.labels[*f]; ok {
-		return r
-	}
+func (s *summary) row(f stack.Frame) *row {
 	var l string
 	switch {
 	case s.byLine && f.Path != "":
@@ -53,19 +53,13 @@ func (s *summary) row(f *stack.Frame) *row {
 	case s.byLine:
 		l = f.Name
 	default:
-		k := keyOf(f)
-		l = k.name
-		if k.file != "" {
-			l += " (" + k.file + ")"
+		k := f.Func()
+		l = k.Name
+		if k.Path != "" {
+			l += " (" + k.Path + ")"
 		}
 	}
-	r, ok := s.rows[l]
-	if !ok {
-		r = &row{label: l}
-		s.rows[l] = r
-	}
-	s.labels[*f] = r
-	return r
+	return s.rows.get(l)
 }
 
 func (s *summary) Add(smp stack.Sample) {
@@ -74,7 +68,7 @@ func (s *summary) Add(smp stack.Sample) {
 	}
 	s.gen++
 	for i := range smp.Frames {
-		r := s.row(&smp.Frames[i])
+		r := s.labels.get(smp.Frames[i])
 		if i == 0 {
 			r.self++
 		}
@@ -86,8 +80,8 @@ func (s *summary) Add(smp stack.Sample) {
 }
 
 func (s *summary) WriteTo(w io.Writer) (int64, error) {
-	rows := make([]*row, 0, len(s.rows))
-	for _, r := range s.rows {
+	rows := make([]*row, 0, len(s.rows.m))
+	for _, r := range s.rows.m {
 		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool {

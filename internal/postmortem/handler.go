@@ -10,13 +10,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/elfx"
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -247,9 +247,7 @@ func (h *handling) readLive() *liveInfo {
 	}
 	l := &liveInfo{maps: maps}
 	l.exe, _ = os.Readlink(filepath.Join(dir, "exe"))
-	if b, err := readLimited(filepath.Join(dir, "cmdline"), 64<<10); err == nil {
-		l.cmdline = splitCmdline(b)
-	}
+	l.cmdline, _ = procfs.ReadCmdline(filepath.Join(dir, "cmdline"))
 	if root, err := os.Open(filepath.Join(dir, "root")); err == nil {
 		l.root = root
 	} else {
@@ -258,32 +256,12 @@ func (h *handling) readLive() *liveInfo {
 	return l
 }
 
-func readLimited(path string, n int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, n))
-}
-
-func splitCmdline(b []byte) []string {
-	b = bytes.TrimRight(b, "\x00")
-	if len(b) == 0 {
-		return nil
-	}
-	return strings.Split(string(b), "\x00")
-}
-
-var rubyLibRe = regexp.MustCompile(`(^|/)libruby[-.]`)
-
-// isRuby says whether the live process is a Ruby process: it maps libruby,
-// or its executable exports Ruby's symbols (a static ruby).
+// isRuby says whether the live process is a Ruby process (ruby.IsRubyProcess):
+// it maps libruby, or its executable exports Ruby's symbols (a static
+// ruby). An executable that cannot be read is not taken for Ruby.
 func (l *liveInfo) isRuby() bool {
-	for _, m := range l.maps {
-		if rubyLibRe.MatchString(m.Path) {
-			return true
-		}
+	if ruby.IsRubyProcess(l.maps, "", nil) {
+		return true
 	}
 	if l.root == nil || l.exe == "" {
 		return false
@@ -297,12 +275,7 @@ func (l *liveInfo) isRuby() bool {
 	if err != nil {
 		return false
 	}
-	for _, s := range []string{"ruby_current_vm_ptr", "ruby_api_version", "ruby_version"} {
-		if _, ok := b.Symbols.Lookup(s); ok {
-			return true
-		}
-	}
-	return false
+	return ruby.IsRubyProcess(l.maps, l.exe, b.Symbols)
 }
 
 func (h *handling) run(ctx context.Context) (res Result, err error) {

@@ -1,6 +1,5 @@
 // Package proctree finds a process's descendants (for profiling
-// subprocesses), tells a process apart from whatever later reuses its pid
-// or execs in its place, and starts commands for launch mode (as the
+// subprocesses) and starts commands for launch mode (as the
 // invoking user under sudo).
 package proctree
 
@@ -15,6 +14,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rbscope/rbscope/internal/procfs"
 )
 
 // Descendants returns the pids of root's children, grandchildren and so
@@ -75,7 +76,7 @@ func descendantsByScan(root int) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		st, err := ReadStat(pid)
+		st, err := procfs.ReadStat(pid)
 		if err != nil {
 			continue
 		}
@@ -96,89 +97,6 @@ func descendantsByScan(root int) ([]int, error) {
 		}
 	}
 	return out, nil
-}
-
-// Stat holds the fields of /proc/PID/stat that rbscope uses.
-type Stat struct {
-	Pid        int
-	Comm       string
-	State      byte
-	PPid       int
-	UTime      uint64 // clock ticks
-	STime      uint64 // clock ticks
-	StartTime  uint64 // clock ticks after boot
-	StartCode  uint64
-	StartStack uint64
-}
-
-// Identity tells a process image apart from a later one with the same pid:
-// the start time changes when the pid is reused, the code and stack
-// addresses change on exec (with address-space randomization).
-type Identity struct {
-	StartTime, StartCode, StartStack uint64
-}
-
-// Identity returns the process image's identity.
-func (s Stat) Identity() Identity {
-	return Identity{StartTime: s.StartTime, StartCode: s.StartCode, StartStack: s.StartStack}
-}
-
-// ReadStat reads /proc/PID/stat.
-func ReadStat(pid int) (Stat, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return Stat{}, fmt.Errorf("read stat of process %d: %w", pid, err)
-	}
-	return ParseStat(b)
-}
-
-// ParseStat parses the contents of a /proc/PID/stat file.
-func ParseStat(b []byte) (Stat, error) {
-	s := string(b)
-	open := strings.IndexByte(s, '(')
-	closing := strings.LastIndexByte(s, ')')
-	if open < 0 || closing < open {
-		return Stat{}, errors.New("parse stat: no command name")
-	}
-	var st Stat
-	pid, err := strconv.Atoi(strings.TrimSpace(s[:open]))
-	if err != nil {
-		return Stat{}, fmt.Errorf("parse stat: pid: %w", err)
-	}
-	st.Pid = pid
-	st.Comm = s[open+1 : closing]
-	// Fields after the command name, numbered from 3 (state) as in proc(5).
-	fields := strings.Fields(s[closing+1:])
-	if len(fields) < 26 {
-		return Stat{}, fmt.Errorf("parse stat: %d fields after the command name, want 26+", len(fields))
-	}
-	if len(fields[0]) != 1 {
-		return Stat{}, fmt.Errorf("parse stat: bad state %q", fields[0])
-	}
-	st.State = fields[0][0]
-	num := func(field int) (uint64, error) {
-		v, err := strconv.ParseUint(fields[field-3], 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("parse stat: field %d: %w", field, err)
-		}
-		return v, nil
-	}
-	ppid, err := strconv.Atoi(fields[4-3])
-	if err != nil {
-		return Stat{}, fmt.Errorf("parse stat: ppid: %w", err)
-	}
-	st.PPid = ppid
-	for _, f := range []struct {
-		n   int
-		dst *uint64
-	}{{14, &st.UTime}, {15, &st.STime}, {22, &st.StartTime}, {26, &st.StartCode}, {28, &st.StartStack}} {
-		v, err := num(f.n)
-		if err != nil {
-			return Stat{}, err
-		}
-		*f.dst = v
-	}
-	return st, nil
 }
 
 // Command returns an exec.Cmd for argv with the standard streams

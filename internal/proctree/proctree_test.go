@@ -7,10 +7,10 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -69,7 +69,7 @@ func TestDescendants(t *testing.T) {
 			}
 			comms := map[string]int{}
 			for _, p := range got {
-				st, err := ReadStat(p)
+				st, err := procfs.ReadStat(p)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -90,74 +90,10 @@ func TestDescendants(t *testing.T) {
 	}
 }
 
-func TestParseStat(t *testing.T) {
-	line := "4242 (a) b (c)) R 1 4242 4242 0 -1 4194560 100 0 0 0 17 3 0 0 20 0 1 0 123456 1000 100 " +
-		"18446744073709551615 94000000000000 94000000100000 140730000000000 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n"
-	st, err := ParseStat([]byte(line))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := Stat{Pid: 4242, Comm: "a) b (c)", State: 'R', PPid: 1, UTime: 17, STime: 3, StartTime: 123456,
-		StartCode: 94000000000000, StartStack: 140730000000000}
-	if st != want {
-		t.Fatalf("got %+v\nwant %+v", st, want)
-	}
-	self, err := ReadStat(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if self.Pid != os.Getpid() || self.PPid != os.Getppid() || self.StartStack == 0 {
-		t.Errorf("own stat %+v", self)
-	}
-	for _, bad := range []string{"", "12 (x", "12 (x) R 1", "x (y) R 1 " + strings.Repeat("0 ", 30)} {
-		if _, err := ParseStat([]byte(bad)); err == nil {
-			t.Errorf("ParseStat(%q) accepted", bad)
-		}
-	}
-}
-
-// TestIdentityChangesOnExec: a process that execs keeps its pid and start
-// time but gets new code and stack addresses.
-func TestIdentityChangesOnExec(t *testing.T) {
-	cmd := exec.Command("sh", "-c", "read x; exec sleep 60")
-	in, _ := cmd.StdinPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	before, err := ReadStat(cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	in.Write([]byte("go\n"))
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		after, err := ReadStat(cmd.Process.Pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if after.Comm == "sleep" {
-			if after.StartTime != before.StartTime {
-				t.Errorf("start time changed on exec")
-			}
-			if after.Identity() == before.Identity() {
-				t.Errorf("identity %+v unchanged by exec", after.Identity())
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("sh never exec'd sleep")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestCommandAsSudoUser: under sudo, the launched command runs as the
 // invoking user.
 func TestCommandAsSudoUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testutil.Missing(t, "needs root to switch user")
-	}
+	testutil.NeedRoot(t) // to switch user
 	t.Setenv("SUDO_UID", "65534")
 	t.Setenv("SUDO_GID", "65534")
 	for _, c := range [][]string{{"id", "-u"}, {"id", "-g"}} {
@@ -190,15 +126,4 @@ func TestCommandAsSudoUser(t *testing.T) {
 	if _, err := Command([]string{"no-such-command-rbscope"}); err == nil {
 		t.Error("missing command accepted")
 	}
-}
-
-func FuzzParseStat(f *testing.F) {
-	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 0 0 0 1 2 0 0 20 0 1 0 5 100 10 1 2 3 4 5 6 7 8 9 0 0 0 17 1 0 0 0 0 0\n"))
-	f.Add([]byte("4242 (a) b (c)) R 1 4242 4242 0 -1 0 0 0 0 0 17 3 0 0 20 0 1 0 1 1 1 1 1 1 1 1 1\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		st, err := ParseStat(b)
-		if err == nil && !strings.Contains(string(b), "("+st.Comm+")") {
-			t.Fatalf("comm %q not in input", st.Comm)
-		}
-	})
 }

@@ -55,6 +55,10 @@ type Binary struct {
 	BuildID   string `json:"build_id,omitempty"`
 	SymSource string `json:"symbol_source"` // "file .dynsym+.symtab", "memory .dynsym", "none"
 	HasSymtab bool   `json:"has_symtab"`
+	// FileError says why the binary's file could not be read (replaced
+	// on disk since the process mapped it, say): symbols then come from
+	// the image in memory and the layout from the built-in tables.
+	FileError string `json:"file_error,omitempty"`
 }
 
 // Info says what Open found and how.
@@ -156,8 +160,6 @@ func (p *Process) Target() target.Target { return p.t }
 // Info says what Open found and how.
 func (p *Process) Info() Info { return p.info }
 
-var rubyLibRe = regexp.MustCompile(`(^|/)libruby[-.]`)
-
 // findBinaries finds libruby and the ruby executable among the mappings
 // and reads their symbols, from the files when they can be opened and
 // from the images in memory otherwise.
@@ -169,7 +171,7 @@ func (p *Process) findBinaries() error {
 	var paths []string
 	seen := map[string]bool{}
 	for _, m := range maps {
-		if m.Path != "" && rubyLibRe.MatchString(m.Path) && !seen[m.Path] {
+		if m.Path != "" && IsLibRuby(m.Path) && !seen[m.Path] {
 			seen[m.Path] = true
 			paths = append(paths, m.Path)
 		}
@@ -186,7 +188,12 @@ func (p *Process) findBinaries() error {
 		}
 		bin := Binary{Path: path, Base: base}
 		var syms elfx.Symbols
-		if f, err := p.t.OpenFile(path); err == nil {
+		f, ferr := p.t.OpenFile(path)
+		if ferr != nil {
+			// The process's own image in memory still holds the
+			// dynamic symbols; the file's error says why not more.
+			bin.FileError = ferr.Error()
+		} else {
 			eb, err := elfx.Open(f)
 			if err == nil {
 				bin.Bias = eb.LoadBias(base, off)
@@ -210,8 +217,11 @@ func (p *Process) findBinaries() error {
 		}
 		if syms == nil {
 			bin.SymSource = "none"
+			if target.IsReplaced(ferr) {
+				return fmt.Errorf("read the symbols of %s: %w", path, ferr)
+			}
 		}
-		if path == exe && len(paths) == 1 && !looksLikeRuby(path, syms) {
+		if path == exe && len(paths) == 1 && !LooksLikeRuby(path, syms) {
 			return fmt.Errorf("%w: %s maps no libruby and has no Ruby symbols", ErrNotRuby, exe)
 		}
 		p.info.Binaries = append(p.info.Binaries, bin)
@@ -220,20 +230,6 @@ func (p *Process) findBinaries() error {
 		}
 	}
 	return nil
-}
-
-// looksLikeRuby tells a statically linked ruby executable from any other
-// program: by its Ruby symbols, or by its name when it has none.
-func looksLikeRuby(path string, syms elfx.Symbols) bool {
-	if syms != nil {
-		for _, n := range []string{"ruby_version", "ruby_current_vm_ptr", "ruby_current_thread", "ruby_init", "rb_vm_exec"} {
-			if _, ok := syms.Lookup(n); ok {
-				return true
-			}
-		}
-		return false
-	}
-	return strings.HasPrefix(filepath.Base(path), "ruby")
 }
 
 func firstMapping(maps []target.Mapping, path string) (start, off uint64, ok bool) {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -246,7 +247,7 @@ func (ts *taskStates) refresh() error {
 			continue
 		}
 		alive++
-		ts.cur[tid] = stateLetter(ts.buf[:k])
+		ts.cur[tid] = procfs.StateLetter(ts.buf[:k])
 	}
 	if alive == 0 {
 		// Every thread gone: the process exited, or the list is stale.
@@ -310,20 +311,6 @@ func (ts *taskStates) list() error {
 		}
 	}
 	return nil
-}
-
-// stateLetter returns the state field of a stat line: the first
-// character after the last ')' and a space.
-func stateLetter(b []byte) byte {
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] == ')' {
-			if i+2 < len(b) {
-				return b[i+2]
-			}
-			return 0
-		}
-	}
-	return 0
 }
 
 func (ts *taskStates) state(tid int) byte { return ts.cur[tid] }

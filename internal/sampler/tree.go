@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/proctree"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -48,7 +49,7 @@ type TreeSource struct {
 
 type treeProc struct {
 	pid       int
-	ident     proctree.Identity
+	ident     procfs.Identity
 	firstSeen time.Time
 	src       *RubySource
 	gaveUp    bool
@@ -66,7 +67,7 @@ func NewTreeSource(root int, rootProc *ruby.Process, opts TreeOptions) *TreeSour
 	}
 	ts := &TreeSource{root: root, opts: opts, procs: map[int]*treeProc{}}
 	tp := &treeProc{pid: root, firstSeen: time.Now()}
-	if st, err := proctree.ReadStat(root); err == nil {
+	if st, err := procfs.ReadStat(root); err == nil {
 		tp.ident = st.Identity()
 	}
 	if rootProc != nil {
@@ -127,7 +128,7 @@ func (ts *TreeSource) Sample(ctx context.Context) ([]stack.Sample, error) {
 
 func (ts *TreeSource) rescan(now time.Time) error {
 	// The root: still there? exec'd?
-	st, err := proctree.ReadStat(ts.root)
+	st, err := procfs.ReadStat(ts.root)
 	if err != nil {
 		return target.ErrProcessExited{Pid: ts.root}
 	}
@@ -144,7 +145,7 @@ func (ts *TreeSource) rescan(now time.Time) error {
 	}
 	alive := map[int]bool{ts.root: true}
 	for _, pid := range kids {
-		cst, err := proctree.ReadStat(pid)
+		cst, err := procfs.ReadStat(pid)
 		if err != nil || cst.State == 'Z' || cst.State == 'X' {
 			continue
 		}
@@ -185,7 +186,7 @@ func (ts *TreeSource) rescan(now time.Time) error {
 
 // check resets a process whose image changed (it exec'd): it gets a fresh
 // chance to be opened as Ruby.
-func (ts *TreeSource) check(pid int, id proctree.Identity, now time.Time) {
+func (ts *TreeSource) check(pid int, id procfs.Identity, now time.Time) {
 	tp := ts.procs[pid]
 	if tp == nil || tp.ident == id {
 		return

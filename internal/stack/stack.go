@@ -20,6 +20,21 @@ type Frame struct {
 	Kind string `json:"kind"` // KindRuby, KindCFunc or KindGC
 }
 
+// Func is a function's identity: a Ruby frame's function is its name and
+// path; a C or GC frame's function is its name alone, because its path is
+// its caller's (Array#each called from two files is one function).
+type Func struct {
+	Name, Path string
+}
+
+// Func returns the function the frame runs in.
+func (f *Frame) Func() Func {
+	if f.Kind == KindRuby || f.Kind == "" {
+		return Func{f.Name, f.Path}
+	}
+	return Func{Name: f.Name}
+}
+
 // Thread is one Ruby thread's stack at one moment.
 type Thread struct {
 	TID    int     `json:"tid"`   // Linux thread id, 0 when unknown

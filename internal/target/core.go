@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/rbscope/rbscope/internal/elfx"
 )
 
 // CoreOptions configures OpenCore.
@@ -61,6 +63,7 @@ type segment struct {
 type fileMapping struct {
 	start, end, off uint64
 	path            string
+	deleted         bool // the kernel marked the path " (deleted)"
 }
 
 // hostFile is a mapped file opened on this machine (or why it could not be).
@@ -447,19 +450,32 @@ func (c *core) hostFile(path string) *hostFile {
 }
 
 // sameFile checks that f is the file the process mapped as path, as far
-// as the core can tell: the bytes the core holds of the file's first page
-// (its ELF headers, which the kernel and gcore both keep) must be the
-// file's. A different build of a library must not be read as if it were
-// the mapped one.
+// as the core can tell: the build id in the core's copy of the file's
+// notes must be the file's, and the bytes the core holds of the file's
+// first page (its ELF headers, which the kernel and gcore both keep) must
+// be the file's. A different build of a library must not be read as if
+// it were the mapped one. When the core holds none of the file and marks
+// it (deleted), the file at its path on this machine's own root is
+// refused too: it is not the one the process mapped.
 func (c *core) sameFile(path string, f *os.File) error {
 	for _, m := range c.files {
 		if m.path != path || m.off != 0 {
 			continue
 		}
+		if mem, err := elfx.ReadMemoryBuildID(coreMemory{c}, m.start); err == nil && mem != "" {
+			disk, err := elfx.FileBuildID(f)
+			if err != nil || disk != mem {
+				return ErrReplaced{Path: path, Why: fmt.Sprintf("build id %s in the core, %s in %s", mem, orNone(disk), f.Name())}
+			}
+		}
 		n := min(m.end-m.start, 4096)
 		i := sort.Search(len(c.segs), func(i int) bool { return c.segs[i].vaddr > m.start }) - 1
 		if i < 0 || m.start-c.segs[i].vaddr >= c.segs[i].avail {
-			return nil // the core holds none of it: nothing to compare
+			// The core holds none of it: nothing to compare.
+			if m.deleted && c.opts.SysRoot == "/" && !(c.opts.Exe != "" && path == c.exe) {
+				return ErrReplaced{Path: path, Why: "the core marks its mapping (deleted) and holds none of it to compare"}
+			}
+			return nil
 		}
 		s := &c.segs[i]
 		n = min(n, s.avail-(m.start-s.vaddr))
@@ -469,9 +485,32 @@ func (c *core) sameFile(path string, f *os.File) error {
 			return fmt.Errorf("read the first page of %s from the core: %w", path, err)
 		}
 		if k, _ := f.ReadAt(onDisk, 0); k != len(onDisk) || !bytes.Equal(inCore, onDisk) {
-			return fmt.Errorf("%s is not the file the process mapped (its first page differs from the core's copy)", f.Name())
+			return ErrReplaced{Path: path, Why: fmt.Sprintf("the first page of %s differs from the core's copy", f.Name())}
 		}
 		return nil
+	}
+	return nil
+}
+
+// coreMemory reads only the bytes the core file itself holds, never the
+// mapped files: to tell what the process mapped.
+type coreMemory struct{ c *core }
+
+func (r coreMemory) ReadAt(p []byte, addr uint64) error {
+	c := r.c
+	for len(p) > 0 {
+		i := sort.Search(len(c.segs), func(i int) bool { return c.segs[i].vaddr > addr }) - 1
+		if i < 0 || addr-c.segs[i].vaddr >= c.segs[i].avail {
+			return ErrUnmapped{Addr: addr, Len: len(p)}
+		}
+		s := &c.segs[i]
+		rel := addr - s.vaddr
+		n := min(uint64(len(p)), s.avail-rel)
+		if _, err := c.f.ReadAt(p[:n], int64(s.off+rel)); err != nil {
+			return fmt.Errorf("read 0x%x from core %s: %w", addr, c.name, err)
+		}
+		p = p[n:]
+		addr += n
 	}
 	return nil
 }
@@ -488,8 +527,7 @@ func (c *core) OpenFile(path string) (File, error) {
 	}
 	if err := c.sameFile(path, f); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("open %s, mapped by the core's process: %w "+
-			"(pass the binary the process ran with --exe, or its files with --sysroot)", path, err)
+		return nil, fmt.Errorf("open %s, mapped by the core's process: %w", path, err)
 	}
 	return osFile{f}, nil
 }
@@ -521,7 +559,7 @@ func (c *core) buildMappings() []Mapping {
 			// file's own program headers say what was mapped how.
 			perms = c.filePerms(f.path, f.off)
 		}
-		out = append(out, Mapping{Start: f.start, End: f.end, Offset: f.off, Perms: perms, Path: f.path})
+		out = append(out, Mapping{Start: f.start, End: f.end, Offset: f.off, Perms: perms, Path: f.path, Deleted: f.deleted})
 	}
 	stack := uint64(0)
 	for _, t := range c.threads {

@@ -5,6 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sort"
+	"unsafe"
+
+	"strings"
+
+	"github.com/rbscope/rbscope/internal/elfx"
 )
 
 // Note types of Linux cores (name "CORE").
@@ -27,20 +32,12 @@ const (
 const (
 	prstatusPid   = 32
 	prstatusRegs  = 112
-	prstatusSize  = prstatusRegs + 27*8
+	prstatusSize  = prstatusRegs + int(unsafe.Sizeof(Registers{}))
 	prpsinfoPid   = 24
 	prpsinfoFname = 40
 	prpsinfoArgs  = 56
 	prpsinfoSize  = 136
 )
-
-// Registers are a thread's general registers as the core recorded them
-// (x86_64 user_regs_struct).
-type Registers struct {
-	R15, R14, R13, R12, Rbp, Rbx, R11, R10, R9, R8  uint64
-	Rax, Rcx, Rdx, Rsi, Rdi, OrigRax, Rip, Cs       uint64
-	Eflags, Rsp, Ss, FSBase, GSBase, Ds, Es, Fs, Gs uint64
-}
 
 // CoreInfo is what a core file holds beyond the Target interface. The
 // Target OpenCore returns implements it.
@@ -78,35 +75,13 @@ func (c *core) Args() string { return c.args }
 
 // parseNotes reads the notes of one PT_NOTE segment.
 func (c *core) parseNotes(b []byte) error {
-	le := binary.LittleEndian
-	for len(b) > 0 {
-		if len(b) < 12 {
-			return fmt.Errorf("note header cut short (%d bytes left)", len(b))
+	return elfx.WalkNotes(b, binary.LittleEndian, func(n elfx.Note) error {
+		if n.Name != "CORE" {
+			return nil
 		}
-		namesz := uint64(le.Uint32(b))
-		descsz := uint64(le.Uint32(b[4:]))
-		typ := le.Uint32(b[8:])
-		nameEnd := 12 + align4(namesz)
-		descEnd := nameEnd + align4(descsz)
-		if nameEnd > uint64(len(b)) || nameEnd+descsz > uint64(len(b)) {
-			return fmt.Errorf("note of type 0x%x runs past the end of its segment", typ)
-		}
-		name := b[12 : 12+namesz]
-		desc := b[nameEnd : nameEnd+descsz]
-		if string(bytes.TrimRight(name, "\x00")) == "CORE" {
-			if err := c.parseNote(typ, desc); err != nil {
-				return err
-			}
-		}
-		if descEnd >= uint64(len(b)) {
-			break
-		}
-		b = b[descEnd:]
-	}
-	return nil
+		return c.parseNote(n.Type, n.Desc)
+	})
 }
-
-func align4(n uint64) uint64 { return (n + 3) &^ 3 }
 
 func (c *core) parseNote(typ uint32, d []byte) error {
 	le := binary.LittleEndian
@@ -117,15 +92,7 @@ func (c *core) parseNote(typ uint32, d []byte) error {
 		}
 		t := coreThread{tid: int(int32(le.Uint32(d[prstatusPid:])))}
 		if len(d) >= prstatusSize {
-			r := d[prstatusRegs:prstatusSize]
-			regs := []*uint64{&t.regs.R15, &t.regs.R14, &t.regs.R13, &t.regs.R12, &t.regs.Rbp, &t.regs.Rbx,
-				&t.regs.R11, &t.regs.R10, &t.regs.R9, &t.regs.R8, &t.regs.Rax, &t.regs.Rcx, &t.regs.Rdx,
-				&t.regs.Rsi, &t.regs.Rdi, &t.regs.OrigRax, &t.regs.Rip, &t.regs.Cs, &t.regs.Eflags,
-				&t.regs.Rsp, &t.regs.Ss, &t.regs.FSBase, &t.regs.GSBase, &t.regs.Ds, &t.regs.Es,
-				&t.regs.Fs, &t.regs.Gs}
-			for i, p := range regs {
-				*p = le.Uint64(r[i*8:])
-			}
+			t.regs, _ = DecodeRegisters(d[prstatusRegs:prstatusSize])
 		}
 		c.threads = append(c.threads, t)
 	case ntPrpsinfo:
@@ -179,7 +146,9 @@ func (c *core) parseFileNote(d []byte) error {
 		if end <= start {
 			continue
 		}
-		files = append(files, fileMapping{start: start, end: end, off: pgoff * page, path: path})
+		deleted := strings.HasSuffix(path, deletedSuffix)
+		path = strings.TrimSuffix(path, deletedSuffix)
+		files = append(files, fileMapping{start: start, end: end, off: pgoff * page, path: path, deleted: deleted})
 	}
 	sort.SliceStable(files, func(i, j int) bool { return files[i].start < files[j].start })
 	// Drop overlaps (a damaged note) so that lookups by address stay sound.

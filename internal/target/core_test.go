@@ -74,7 +74,7 @@ func TestCoreTinyProcess(t *testing.T) {
 			t.Errorf("Threads() = %v, %v; want %v", threads, err, want)
 		}
 		ci := tg.(CoreInfo)
-		if r, ok := ci.Registers(4243); !ok || r.Rsp != 0x7ffc00001000 || r.Rip != 0x401234 || r.FSBase != 0x7f0000005000+4243 {
+		if r, ok := ci.Registers(4243); !ok || r.Rsp != 0x7ffc00001000 || r.Rip != 0x401234 || r.Fs_base != 0x7f0000005000+4243 {
 			t.Errorf("Registers(4243) = %+v, %v", r, ok)
 		}
 		if _, ok := ci.Registers(1); ok {

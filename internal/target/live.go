@@ -9,7 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 
+	"github.com/rbscope/rbscope/internal/elfx"
+	"github.com/rbscope/rbscope/internal/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,15 +47,28 @@ func OpenLive(pid int) (Target, error) {
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
-			return nil, ErrPermission{Pid: pid, Op: "inspect", Err: err}
+			return nil, NewErrPermission(pid, "inspect", err)
 		}
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, ErrProcessExited{Pid: pid}
+			return nil, notUserProcess(pid)
 		}
 		return nil, fmt.Errorf("read executable of process %d: %w", pid, err)
 	}
 	l.exe = strings.TrimSuffix(exe, " (deleted)")
 	return l, nil
+}
+
+// notUserProcess explains why a process that exists has no executable:
+// it is a kernel thread, it has exited (a zombie), or it has no memory map.
+func notUserProcess(pid int) error {
+	st, err := procfs.ReadStat(pid)
+	switch {
+	case err != nil || st.Gone():
+		return ErrProcessExited{Pid: pid}
+	case st.KernelThread():
+		return ErrNotUserProcess{Pid: pid, Why: fmt.Sprintf("(%s) is a kernel thread: it has no user memory", st.Comm)}
+	}
+	return ErrNotUserProcess{Pid: pid, Why: fmt.Sprintf("(%s) has no executable or memory map", st.Comm)}
 }
 
 func (l *live) Pid() int           { return l.pid }
@@ -82,7 +98,7 @@ func (l *live) readErr(err error, addr uint64, n int) error {
 	case errors.Is(err, unix.ESRCH):
 		return ErrProcessExited{Pid: l.pid}
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return ErrPermission{Pid: l.pid, Op: "read memory of", Err: err}
+		return NewErrPermission(l.pid, "read memory of", err)
 	case errors.Is(err, unix.EFAULT):
 		if !l.alive() {
 			return ErrProcessExited{Pid: l.pid}
@@ -160,6 +176,10 @@ func (l *live) Mappings() ([]Mapping, error) {
 	return maps, nil
 }
 
+// deletedSuffix is what the kernel appends to the path of a mapped file
+// that was removed (or replaced) since.
+const deletedSuffix = " (deleted)"
+
 // ParseMaps parses the lines of a /proc/PID/maps file.
 func ParseMaps(sc *bufio.Scanner) ([]Mapping, error) {
 	var out []Mapping
@@ -184,7 +204,10 @@ func ParseMaps(sc *bufio.Scanner) ([]Mapping, error) {
 		if len(fields) >= 6 {
 			// Paths may contain spaces: take everything after the inode column.
 			idx := strings.Index(line, fields[5])
-			m.Path = strings.TrimSuffix(line[idx:], " (deleted)")
+			m.Path = line[idx:]
+			if inode != 0 && strings.HasSuffix(m.Path, deletedSuffix) {
+				m.Path, m.Deleted = strings.TrimSuffix(m.Path, deletedSuffix), true
+			}
 		}
 		out = append(out, m)
 	}
@@ -210,25 +233,10 @@ func (l *live) Threads() ([]Thread, error) {
 		if b, err := os.ReadFile(filepath.Join(dir, e.Name(), "comm")); err == nil {
 			th.Name = strings.TrimRight(string(b), "\n")
 		}
-		th.State = TaskState(l.pid, tid)
+		th.State = procfs.TaskState(l.pid, tid)
 		out = append(out, th)
 	}
 	return out, nil
-}
-
-// TaskState returns the kernel state letter of thread tid of pid from
-// /proc/PID/task/TID/stat ('R' running, 'S' sleeping, ...), 0 if unknown.
-func TaskState(pid, tid int) byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
-	if err != nil {
-		return 0
-	}
-	// The command name is in parentheses and may contain spaces.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 || i+2 >= len(b) {
-		return 0
-	}
-	return b[i+2]
 }
 
 type osFile struct{ *os.File }
@@ -241,20 +249,112 @@ func (f osFile) Size() int64 {
 	return st.Size()
 }
 
+// OpenFile opens the file the process mapped as path: the mapped object
+// itself through /proc/PID/map_files when the kernel allows it (it needs
+// CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), even when it was replaced or
+// removed on disk since. Otherwise it opens path through /proc/PID/root
+// (so that files in containers resolve; never the host's path instead)
+// and checks that it is the mapped file: same inode as /proc/PID/maps
+// says, same build id as the image in memory. A mapping marked
+// (deleted), or a file that fails those checks, gives ErrReplaced. A path
+// the process does not map is opened through /proc/PID/root unchecked.
 func (l *live) OpenFile(path string) (File, error) {
-	// Through /proc/PID/root so that files in containers resolve.
-	p := filepath.Join(fmt.Sprintf("/proc/%d/root", l.pid), path)
+	maps, err := l.Mappings()
+	if err != nil {
+		return nil, fmt.Errorf("open %s of process %d: %w", path, l.pid, err)
+	}
+	m, mapped := headMapping(maps, path)
+	var mfErr error
+	if mapped {
+		f, err := os.Open(MapFilesPath(l.pid, m))
+		if err == nil {
+			return osFile{f}, nil
+		}
+		mfErr = err
+		if m.Deleted {
+			return nil, ErrReplaced{Pid: l.pid, Path: path, Why: "its mapping is marked (deleted)", Err: mfErr}
+		}
+	}
+	p := HostPath(l.pid, path)
 	f, err := os.Open(p)
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
-			return nil, ErrPermission{Pid: l.pid, Op: "open files of", Err: err}
+			return nil, NewErrPermission(l.pid, "open files of", err)
 		}
-		f, err = os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("open %s of process %d: %w", path, l.pid, err)
+		if !l.alive() {
+			return nil, ErrProcessExited{Pid: l.pid}
+		}
+		if mapped && errors.Is(err, os.ErrNotExist) {
+			return nil, ErrReplaced{Pid: l.pid, Path: path, Why: "no file is at its path any more", Err: mfErr}
+		}
+		return nil, fmt.Errorf("open %s of process %d as %s: %w", path, l.pid, p, err)
+	}
+	if mapped {
+		if err := l.checkMapped(f, m, path, mfErr); err != nil {
+			f.Close()
+			return nil, err
 		}
 	}
 	return osFile{f}, nil
+}
+
+// checkMapped checks that f, opened by path, is the file mapped at m: its
+// inode is the one /proc/PID/maps gives (the device is not compared: on
+// overlay file systems the mapping names the lower layer's), and its build
+// id, when it has one, is the one in the image's memory.
+func (l *live) checkMapped(f *os.File, m Mapping, path string, mfErr error) error {
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat %s of process %d: %w", path, l.pid, err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && m.Inode != 0 && sys.Ino != m.Inode {
+		return ErrReplaced{Pid: l.pid, Path: path, Err: mfErr,
+			Why: fmt.Sprintf("the process mapped inode %d, the path now holds inode %d", m.Inode, sys.Ino)}
+	}
+	if m.Offset != 0 {
+		return nil
+	}
+	mem, err := elfx.ReadMemoryBuildID(l, m.Start)
+	if err != nil || mem == "" {
+		return nil // not an ELF image, or no build id to compare
+	}
+	disk, err := elfx.FileBuildID(f)
+	if err != nil {
+		return ErrReplaced{Pid: l.pid, Path: path, Err: mfErr,
+			Why: fmt.Sprintf("the process mapped an ELF file with build id %s, the file now at the path is not ELF (%v)", mem, err)}
+	}
+	if disk != mem {
+		return ErrReplaced{Pid: l.pid, Path: path, Err: mfErr,
+			Why: fmt.Sprintf("build id %s in the process's memory, %s on disk", mem, orNone(disk))}
+	}
+	return nil
+}
+
+func orNone(id string) string {
+	if id == "" {
+		return "none"
+	}
+	return id
+}
+
+// headMapping returns the mapping of path that holds the lowest file
+// offset (its ELF header, for a binary).
+func headMapping(maps []Mapping, path string) (Mapping, bool) {
+	var best Mapping
+	found := false
+	for _, m := range maps {
+		if m.Path == path && m.Inode != 0 && (!found || m.Offset < best.Offset) {
+			best, found = m, true
+		}
+	}
+	return best, found
+}
+
+// MapFilesPath is /proc/PID/map_files/START-END for mapping m of live
+// process pid: the mapped object itself, even when replaced or removed
+// on disk (opening it needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE).
+func MapFilesPath(pid int, m Mapping) string {
+	return fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End)
 }
 
 // HostPath returns the path under which this host can open path of live

@@ -1,6 +1,7 @@
 package target
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -9,7 +10,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,7 +47,8 @@ type Pauser struct {
 	closed    bool
 
 	// Owned by the ptrace goroutine.
-	pending map[int]int // tid -> pid: seized, interrupt sent, stop not yet seen
+	pending map[int]int  // tid -> pid: seized, interrupt sent, stop not yet seen
+	child   map[int]bool // pid -> it is rbscope's own child (launch mode)
 }
 
 // NewPauser starts a Pauser. Close it when done.
@@ -237,13 +241,13 @@ func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 					continue // the thread exited
 				}
 				if errors.Is(err, unix.EPERM) {
-					if s := TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
+					if s := procfs.TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
 						continue // exiting: the kernel refuses to attach
 					}
 					if tracer := tracerPid(pid, tid); tracer != 0 {
 						return fail(fmt.Errorf("pause process %d: thread %d is already traced by process %d (a debugger?); use --nonblocking", pid, tid, tracer))
 					}
-					return fail(ErrPermission{Pid: pid, Op: "pause (ptrace) thread " + strconv.Itoa(tid) + " of", Err: err})
+					return fail(NewErrPermission(pid, "pause (ptrace) thread "+strconv.Itoa(tid)+" of", err))
 				}
 				return fail(fmt.Errorf("seize thread %d of process %d: %w", tid, pid, err))
 			}
@@ -259,7 +263,7 @@ func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 	}
 	stopped := p.waitStops(pid, seized)
 	if len(stopped) == 0 {
-		if s := TaskState(pid, pid); s == 'Z' || s == 'X' || s == 0 || !processAlive(pid) {
+		if s := procfs.TaskState(pid, pid); s == 'Z' || s == 'X' || s == 0 || !processAlive(pid) {
 			return nil, ErrProcessExited{Pid: pid}
 		}
 	}
@@ -272,7 +276,7 @@ func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 func (p *Pauser) waitStops(pid int, tids []int) []pausedThread {
 	out := make([]pausedThread, 0, len(tids))
 	for _, tid := range tids {
-		sig, ok, gone := waitStop(pid, tid, pauseStopTimeout)
+		sig, ok, gone := waitStop(pid, tid, pauseStopTimeout, p.ownChild(pid, tid))
 		switch {
 		case gone:
 		case ok:
@@ -284,15 +288,66 @@ func (p *Pauser) waitStops(pid int, tids []int) []pausedThread {
 	return out
 }
 
+// ownChild reports whether tid is the main thread of rbscope's own child
+// pid (a launched command): its exit status belongs to the code that
+// launched it, so waitStop must not reap it.
+func (p *Pauser) ownChild(pid, tid int) bool {
+	if tid != pid {
+		return false
+	}
+	if p.child == nil {
+		p.child = map[int]bool{}
+	}
+	c, ok := p.child[pid]
+	if !ok {
+		st, err := procfs.ReadStat(pid)
+		c = err == nil && st.PPid == os.Getpid()
+		p.child[pid] = c
+	}
+	return c
+}
+
+// exitPending reports whether thread tid has exited, without reaping it
+// (waitid with WNOWAIT), and whether it has any event to wait for at all.
+func exitPending(tid int) (exited, event bool) {
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, tid, &info, unix.WEXITED|unix.WSTOPPED|unix.WNOHANG|unix.WNOWAIT|unix.WALL, nil)
+	if err != nil {
+		return errors.Is(err, unix.ECHILD), errors.Is(err, unix.ECHILD)
+	}
+	// siginfo_t: si_signo, si_errno, si_code, then (for SIGCHLD) si_pid.
+	raw := (*[24]byte)(unsafe.Pointer(&info))
+	if binary.NativeEndian.Uint32(raw[16:]) == 0 {
+		return false, false // nothing to report yet
+	}
+	const cldExited, cldKilled, cldDumped = 1, 2, 3
+	code := info.Code
+	return code == cldExited || code == cldKilled || code == cldDumped, true
+}
+
 // waitStop waits for seized thread tid to stop. It returns the signal to
 // re-inject on detach, ok when the thread is stopped, and gone when it
-// exited (or is a zombie that will never stop).
-func waitStop(pid, tid int, timeout time.Duration) (sig int, ok, gone bool) {
+// exited (or is a zombie that will never stop). With keepExit (the main
+// thread of rbscope's own child) an exit is seen without being reaped,
+// so that the launcher still gets the exit status.
+func waitStop(pid, tid int, timeout time.Duration, keepExit bool) (sig int, ok, gone bool) {
 	var ws unix.WaitStatus
 	var deadline time.Time
 	backoff := time.Duration(0)
 	for i := 0; ; i++ {
-		wpid, err := unix.Wait4(tid, &ws, unix.WALL|unix.WNOHANG, nil)
+		var wpid int
+		var err error
+		if keepExit {
+			exited, event := exitPending(tid)
+			if exited {
+				return 0, false, true
+			}
+			if event {
+				wpid, err = unix.Wait4(tid, &ws, unix.WALL|unix.WNOHANG, nil)
+			}
+		} else {
+			wpid, err = unix.Wait4(tid, &ws, unix.WALL|unix.WNOHANG, nil)
+		}
 		if err != nil {
 			if errors.Is(err, unix.EINTR) {
 				continue
@@ -326,7 +381,7 @@ func waitStop(pid, tid int, timeout time.Duration) (sig int, ok, gone bool) {
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(timeout)
-			if s := TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
+			if s := procfs.TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
 				return 0, false, true
 			}
 		}
@@ -348,7 +403,7 @@ func (p *Pauser) settlePending(wait time.Duration) {
 	deadline := time.Now().Add(wait)
 	for len(p.pending) > 0 {
 		for tid, pid := range p.pending {
-			sig, ok, gone := waitStop(pid, tid, 0)
+			sig, ok, gone := waitStop(pid, tid, 0, p.ownChild(pid, tid))
 			if gone {
 				delete(p.pending, tid)
 			} else if ok {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -58,7 +59,7 @@ func taskStates(t *testing.T, pid int) map[int]string {
 	out := map[int]string{}
 	for _, e := range ents {
 		tid, _ := strconv.Atoi(e.Name())
-		out[tid] = string(rune(TaskState(pid, tid)))
+		out[tid] = string(rune(procfs.TaskState(pid, tid)))
 	}
 	return out
 }

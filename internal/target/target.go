@@ -12,6 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"path/filepath"
+
+	"github.com/rbscope/rbscope/internal/procfs"
 )
 
 // Mapping is one memory mapping of the target.
@@ -21,6 +25,10 @@ type Mapping struct {
 	Perms      string // "r-xp" as in /proc/PID/maps ("r--p" style for cores)
 	Path       string // mapped file, or "" / "[heap]" style names
 	Inode      uint64
+	// Deleted is true when the mapped file is no longer at Path (the
+	// kernel's " (deleted)" suffix, stripped from Path): it was removed
+	// or replaced on disk after the process mapped it.
+	Deleted bool
 }
 
 // Contains reports whether addr lies in the mapping.
@@ -78,16 +86,39 @@ func (e ErrProcessExited) Error() string {
 }
 
 // ErrPermission is returned when the kernel refuses access to the process.
+// Why names what refused, when rbscope could tell (see NewErrPermission).
 type ErrPermission struct {
 	Pid int
 	Op  string
 	Err error
+	Why string
+}
+
+// NewErrPermission is the error for operation op on process pid refused
+// with err, saying what refused: a missing capability, Yama's
+// ptrace_scope, a seccomp filter or a foreign namespace.
+func NewErrPermission(pid int, op string, err error) ErrPermission {
+	return ErrPermission{Pid: pid, Op: op, Err: err, Why: procfs.Refusal(pid)}
 }
 
 func (e ErrPermission) Error() string {
+	if e.Why != "" {
+		return fmt.Sprintf("%s process %d: %v: %s", e.Op, e.Pid, e.Err, e.Why)
+	}
 	return fmt.Sprintf("%s process %d: %v: rbscope needs CAP_SYS_PTRACE "+
 		"(run as root, or add --cap-add=SYS_PTRACE in a container; check /proc/sys/kernel/yama/ptrace_scope)",
 		e.Op, e.Pid, e.Err)
+}
+
+// ErrNotUserProcess is returned for a process that exists but cannot run
+// Ruby: a kernel thread, or a process without a memory map.
+type ErrNotUserProcess struct {
+	Pid int
+	Why string
+}
+
+func (e ErrNotUserProcess) Error() string {
+	return fmt.Sprintf("process %d %s, so it cannot be a Ruby process", e.Pid, e.Why)
 }
 
 func (e ErrPermission) Unwrap() error { return e.Err }
@@ -101,6 +132,44 @@ type ErrUnmapped struct {
 
 func (e ErrUnmapped) Error() string {
 	return fmt.Sprintf("address 0x%x (%d bytes) is not mapped", e.Addr, e.Len)
+}
+
+// ErrReplaced says that a file the process mapped is not the file now at
+// its path: it was replaced (or removed) on disk after the process mapped
+// it, as a package upgrade does to a running program's libraries. Reading
+// the file at the path would describe another binary than the one the
+// process runs.
+type ErrReplaced struct {
+	Pid  int    // the live process, 0 for a core file
+	Path string // the path the process mapped
+	// Why says how the difference was seen ("the mapping is marked
+	// (deleted)", "build id ... in memory, ... on disk").
+	Why string
+	// Err is why the mapped object itself could not be read instead
+	// (nil when nothing else was tried).
+	Err error
+}
+
+func (e ErrReplaced) Error() string {
+	if e.Pid <= 0 {
+		return fmt.Sprintf("%s on this machine is not the file the process mapped (%s): it was replaced on disk, "+
+			"or the core comes from another machine; pass the binary the process ran with --exe, or a copy of its files with --sysroot",
+			e.Path, e.Why)
+	}
+	msg := fmt.Sprintf("%s was replaced on disk after process %d started (%s)", filepath.Base(e.Path), e.Pid, e.Why)
+	if e.Err != nil {
+		msg += fmt.Sprintf(" and the file it mapped cannot be opened through /proc/%d/map_files (%v)", e.Pid, e.Err)
+	}
+	return msg + fmt.Sprintf("; the file now at %s is another binary, so rbscope will not read it: "+
+		"run rbscope as root (CAP_SYS_ADMIN opens the mapped file itself) or restart the process", e.Path)
+}
+
+func (e ErrReplaced) Unwrap() error { return e.Err }
+
+// IsReplaced reports whether err says a mapped file was replaced on disk.
+func IsReplaced(err error) bool {
+	var e ErrReplaced
+	return errors.As(err, &e)
 }
 
 // IsExited reports whether err says the process exited.

@@ -282,16 +282,18 @@ func (r RubyUnderTest) StartCmd(t testing.TB, cmd *exec.Cmd) *Proc {
 	return p
 }
 
-// LibRuby returns the path of this Ruby's shared library, as RbConfig
-// names it (stopping the test when this Ruby has none or it is missing).
+// LibRuby returns the path of this Ruby's shared library, as the running
+// Ruby maps it (stopping the test when this Ruby has none or it is missing).
 func (r RubyUnderTest) LibRuby(t testing.TB) string {
 	t.Helper()
 	if !r.Shared {
 		t.Fatalf("%s has no libruby: the VM is inside the executable", r.Name)
 	}
-	out, err := exec.Command(r.Exe, "-e", `print File.join(RbConfig::CONFIG["libdir"], RbConfig::CONFIG["LIBRUBY_SO"])`).Output()
+	// The file the running Ruby mapped: RbConfig's libdir is /usr/lib on
+	// Debian, where the library is in /usr/lib/x86_64-linux-gnu.
+	out, err := exec.Command(r.Exe, "-e", `print File.read("/proc/self/maps")[%r{/\S*/libruby[-.]\S*}]`).Output()
 	if err != nil {
-		t.Fatalf("%s: ask RbConfig for libruby: %v", r.Name, err)
+		t.Fatalf("%s: find the libruby it maps: %v", r.Name, err)
 	}
 	p := string(out)
 	if _, err := os.Stat(p); err != nil {

@@ -37,12 +37,8 @@ func (k SortKey) String() string {
 	return sortNames[k]
 }
 
-type fnKey struct {
-	name, path string
-}
-
 type rowKey struct {
-	fn  fnKey
+	fn  stack.Func
 	tid int // 0 in the all-threads view
 }
 
@@ -61,7 +57,7 @@ type Top struct {
 	threads     map[int]string
 	samples     int // since the start
 	win         int // in the current interval
-	seen        map[fnKey]int
+	seen        map[stack.Func]int
 	gen         int
 	errors      int
 	late        int
@@ -73,14 +69,7 @@ type Top struct {
 // NewTop returns an empty aggregator for samples taken at rate Hz.
 func NewTop(rate float64) *Top {
 	return &Top{rate: rate, all: map[rowKey]*counts{}, byThread: map[rowKey]*counts{},
-		threads: map[int]string{}, seen: map[fnKey]int{}, start: time.Now()}
-}
-
-func keyOf(f *stack.Frame) fnKey {
-	if f.Kind == stack.KindRuby || f.Kind == "" {
-		return fnKey{f.Name, f.Path}
-	}
-	return fnKey{f.Name, ""}
+		threads: map[int]string{}, seen: map[stack.Func]int{}, start: time.Now()}
 }
 
 func bump(m map[rowKey]*counts, k rowKey, own bool, total bool) {
@@ -116,7 +105,7 @@ func (t *Top) Add(samples []stack.Sample) {
 		// recurses: mark it with this sample's generation.
 		t.gen++
 		for j := range s.Frames {
-			k := keyOf(&s.Frames[j])
+			k := s.Frames[j].Func()
 			if t.seen[k] == t.gen {
 				continue
 			}
@@ -175,7 +164,7 @@ func (t *Top) Snapshot(sortBy SortKey) View {
 	rows := func(m map[rowKey]*counts) []Row {
 		out := make([]Row, 0, len(m))
 		for k, c := range m {
-			r := Row{Function: k.fn.name, Path: k.fn.path, TID: k.tid, Thread: t.threads[k.tid],
+			r := Row{Function: k.fn.Name, Path: k.fn.Path, TID: k.tid, Thread: t.threads[k.tid],
 				OwnTime: time.Duration(c.own) * period, TotalTime: time.Duration(c.total) * period}
 			if t.win > 0 {
 				r.OwnPct = 100 * float64(c.ownWin) / float64(t.win)

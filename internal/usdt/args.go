@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/rbscope/rbscope/internal/target"
 )
 
 // ArgKind says how an argument's value is obtained.
@@ -44,13 +46,6 @@ type Arg struct {
 	RegOffset int
 	// Disp is the memory displacement (ArgMem) or the constant (ArgConst).
 	Disp int64
-}
-
-// x86_64 struct pt_regs (uapi asm/ptrace.h) offsets.
-var ptRegsOffset = map[string]int{
-	"r15": 0, "r14": 8, "r13": 16, "r12": 24, "rbp": 32, "rbx": 40,
-	"r11": 48, "r10": 56, "r9": 64, "r8": 72, "rax": 80, "rcx": 88,
-	"rdx": 96, "rsi": 104, "rdi": 112, "rip": 128, "rsp": 152,
 }
 
 // regName is a 64-bit register and the width of the name that denotes it.
@@ -149,7 +144,7 @@ func ParseArg(s string) (Arg, error) {
 		if reg == "rip" {
 			return a, fmt.Errorf("%%rip as a value is not supported")
 		}
-		a.Kind, a.Reg, a.RegOffset = ArgReg, reg, ptRegsOffset[reg]
+		a.Kind, a.Reg, a.RegOffset = ArgReg, reg, regOffset(reg)
 		if a.Size == 0 {
 			a.Size = width
 		}
@@ -181,12 +176,19 @@ func ParseArg(s string) (Arg, error) {
 				return a, fmt.Errorf("bad displacement %q (symbolic displacements are not supported)", d)
 			}
 		}
-		a.Kind, a.Reg, a.RegOffset, a.Disp = ArgMem, reg, ptRegsOffset[reg], disp
+		a.Kind, a.Reg, a.RegOffset, a.Disp = ArgMem, reg, regOffset(reg), disp
 		if a.Size == 0 {
 			a.Size = 8
 		}
 	}
 	return a, nil
+}
+
+// regOffset is register reg's byte offset in struct pt_regs (laid out as
+// user_regs_struct for the registers arguments use).
+func regOffset(reg string) int {
+	off, _ := target.RegisterOffset(reg)
+	return off
 }
 
 func register(name string) (string, int, error) {

@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/rbscope/rbscope/internal/elfx"
 )
 
 // ntStapsdt is the note type of a stapsdt probe descriptor.
@@ -58,49 +60,24 @@ func ParseNotes(data []byte, order binary.ByteOrder, addrSize int) ([]Note, erro
 		return nil, fmt.Errorf("bad address size %d", addrSize)
 	}
 	var out []Note
-	for off := 0; off < len(data); {
-		if len(data)-off < 12 {
-			return out, fmt.Errorf("truncated note header at offset %d", off)
-		}
-		namesz := uint64(order.Uint32(data[off:]))
-		descsz := uint64(order.Uint32(data[off+4:]))
-		typ := order.Uint32(data[off+8:])
-		p := uint64(off + 12)
-		nameEnd := p + namesz
-		descStart := align4(nameEnd)
-		descEnd := descStart + descsz
-		if descEnd > uint64(len(data)) || descStart > uint64(len(data)) {
-			return out, fmt.Errorf("note at offset %d overruns the section", off)
-		}
-		name := data[p:nameEnd]
-		desc := data[descStart:descEnd]
-		next := align4(descEnd)
-		if next > uint64(len(data)) {
-			next = uint64(len(data))
-		}
-		off = int(next)
-		if typ != ntStapsdt || string(trimNUL(name)) != "stapsdt" {
-			continue
+	err := elfx.WalkNotes(data, order, func(en elfx.Note) error {
+		if en.Type != ntStapsdt || en.Name != "stapsdt" {
+			return nil
 		}
 		if len(out) >= maxNotes {
-			return out, fmt.Errorf("more than %d probes", maxNotes)
+			return fmt.Errorf("more than %d probes", maxNotes)
 		}
-		n, err := parseDesc(desc, order, addrSize)
+		n, err := parseDesc(en.Desc, order, addrSize)
 		if err != nil {
-			return out, fmt.Errorf("note %d: %w", len(out), err)
+			return fmt.Errorf("note %d: %w", len(out), err)
 		}
 		out = append(out, n)
+		return nil
+	})
+	if err != nil {
+		return out, err
 	}
 	return out, nil
-}
-
-func align4(x uint64) uint64 { return (x + 3) &^ 3 }
-
-func trimNUL(b []byte) []byte {
-	for len(b) > 0 && b[len(b)-1] == 0 {
-		b = b[:len(b)-1]
-	}
-	return b
 }
 
 func parseDesc(desc []byte, order binary.ByteOrder, addrSize int) (Note, error) {

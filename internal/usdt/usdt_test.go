@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -414,7 +415,7 @@ func FuzzParseArgs(f *testing.F) {
 				t.Fatalf("%q: size %d", s, a.Size)
 			}
 			if a.Kind == ArgReg || a.Kind == ArgMem {
-				if _, ok := ptRegsOffset[a.Reg]; !ok || a.RegOffset != ptRegsOffset[a.Reg] {
+				if off, ok := target.RegisterOffset(a.Reg); !ok || a.RegOffset != off {
 					t.Fatalf("%q: register %q offset %d", s, a.Reg, a.RegOffset)
 				}
 			}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// sigScript keeps 3 threads busy.
+const sigScript = `
+def busy_leaf; x = 0; 1000.times { x += 1 }; end
+def worker_loop; loop { busy_leaf }; end
+2.times { |i| Thread.new { worker_loop }.name = "worker-#{i}" }
+puts "ready"; $stdout.flush
+worker_loop
+`
+
+// taskStatus is every thread's State and TracerPid, from
+// /proc/PID/task/*/status.
+func taskStatus(t *testing.T, pid int) []procfs.Status {
+	t.Helper()
+	tids, err := procfs.Tasks(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []procfs.Status
+	for _, tid := range tids {
+		if st, err := procfs.ReadTaskStatus(pid, tid); err == nil {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// heldBy reports whether any thread of pid is stopped ('t' or 'T') or
+// traced by tracer.
+func heldBy(sts []procfs.Status, tracer int) bool {
+	for _, st := range sts {
+		if st.State == 't' || st.State == 'T' || (tracer != 0 && st.TracerPid == tracer) {
+			return true
+		}
+	}
+	return false
+}
+
+// startRecording starts a blocking rbscope record of pid at 1 kHz and
+// waits for sampling to have begun (the raw recording exists).
+func startRecording(t *testing.T, rb testutil.RubyUnderTest, pid int, dir string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(recBinary(t), "record", "--pid", strconv.Itoa(pid), "--rate", "1000", "--format", "summary",
+		"-o", filepath.Join(dir, "prof.txt"), "--raw", filepath.Join(dir, "r.gz"))
+	cmd.Env = rb.ProfilerEnv(t)
+	var se bytes.Buffer
+	cmd.Stderr = &se
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; i < 250; i++ {
+		if _, err := os.Stat(filepath.Join(dir, "r.gz")); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	return cmd, &se
+}
+
+// TestRecordSIGHUP: SIGHUP (a dropped ssh connection) ends a recording
+// like SIGTERM: exit 0, the profile written, the target running and
+// untraced.
+func TestRecordSIGHUP(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := rb.Start(t, recScript(t, sigScript))
+		dir := t.TempDir()
+		cmd, se := startRecording(t, rb, p.Pid, dir)
+		_ = cmd.Process.Signal(syscall.SIGHUP)
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rbscope after SIGHUP: %v\n%s", err, se)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "prof.txt")); err != nil || !strings.Contains(string(b), "Object#busy_leaf") {
+			t.Errorf("no profile after SIGHUP: %v\n%s", err, se)
+		}
+		if !strings.Contains(se.String(), "interrupted by hangup") {
+			t.Errorf("stderr does not say why it stopped:\n%s", se)
+		}
+		if sts := taskStatus(t, p.Pid); heldBy(sts, cmd.Process.Pid) {
+			t.Errorf("target held after rbscope exited: %+v", sts)
+		}
+	})
+}
+
+// TestRecordSIGTSTP: SIGTSTP stops rbscope only once the target is
+// resumed: while rbscope is stopped, no thread of the target is stopped
+// or traced by it (the default action, stopping rbscope mid-sample, left
+// the target frozen 17 times in 20). SIGCONT resumes sampling: the
+// recording goes on and SIGTERM then writes it.
+func TestRecordSIGTSTP(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := rb.Start(t, recScript(t, sigScript))
+		dir := t.TempDir()
+		cmd, se := startRecording(t, rb, p.Pid, dir)
+		for i := 0; i < 10; i++ {
+			_ = cmd.Process.Signal(syscall.SIGTSTP)
+			waitState(t, cmd.Process.Pid, 'T')
+			time.Sleep(20 * time.Millisecond)
+			if sts := taskStatus(t, p.Pid); heldBy(sts, cmd.Process.Pid) {
+				t.Fatalf("try %d: rbscope is stopped and holds the target: %+v", i, sts)
+			}
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+			waitState(t, cmd.Process.Pid, 'S', 'R')
+			time.Sleep(50 * time.Millisecond)
+		}
+		raw := filepath.Join(dir, "r.gz")
+		before := fileSize(raw)
+		time.Sleep(1200 * time.Millisecond) // the raw writer flushes about every second
+		if after := fileSize(raw); after <= before {
+			t.Errorf("raw recording did not grow after SIGCONT (%d -> %d bytes): sampling did not resume", before, after)
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rbscope after SIGTERM: %v\n%s", err, se)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "prof.txt")); err != nil || !strings.Contains(string(b), "Object#busy_leaf") {
+			t.Errorf("no profile: %v\n%s", err, se)
+		}
+	})
+}
+
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return -1
+	}
+	return st.Size()
+}
+
+// waitState waits up to 5 s for process pid's state to be one of want.
+func waitState(t *testing.T, pid int, want ...byte) {
+	t.Helper()
+	var st procfs.Stat
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if st, err = procfs.ReadStat(pid); err == nil && bytes.IndexByte(want, st.State) >= 0 {
+			return
+		}
+	}
+	t.Fatalf("process %d: state %q, want one of %q (%v)", pid, st.State, want, err)
+}

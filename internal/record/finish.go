@@ -1,0 +1,102 @@
+package record
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/sampler"
+)
+
+// finish closes the raw recording, prints the summary and renders the
+// profile.
+func (r *rec) finish(st sampler.Stats) error {
+	if r.child != nil && st.Exited {
+		// The sampler saw it exit (a zombie): the watcher is about to
+		// notice too.
+		select {
+		case <-r.child.Done():
+		case <-time.After(2 * time.Second):
+		}
+	}
+	if r.child.exited() {
+		r.child.reap()
+	}
+	rst := recording.Stats{Late: int64(st.Late + st.Missed), End: st.End, Errors: map[string]int64{}}
+	for k, n := range st.Errors {
+		if n > 0 {
+			rst.Errors[sampler.ErrorKind(k).String()] = int64(n)
+		}
+	}
+	if err := r.raw.Close(rst); err != nil && r.rawErr == nil {
+		r.rawErr = err
+	}
+	r.con.clear()
+	r.summarize(st)
+	if r.rawErr != nil {
+		return fmt.Errorf("write raw recording %s: %w", r.cfg.Raw, r.rawErr)
+	}
+	r.con.say("raw recording: %s", r.cfg.Raw)
+	if st.Samples == 0 {
+		return fmt.Errorf("no samples were taken (errors: %s); nothing to render", st.ErrorSummary())
+	}
+	return r.render(st)
+}
+
+// summarize says why the recording ended and what it took.
+func (r *rec) summarize(st sampler.Stats) {
+	cause := context.Cause(r.ctx)
+	exited := st.Exited || errors.Is(cause, errChildExited)
+	switch {
+	case exited && r.cfg.Launch():
+		r.con.say("%s exited%s; writing what was sampled", r.cfg.Command[0], r.child.exitNote())
+	case exited:
+		r.con.say("process %d exited; writing what was sampled", r.pid)
+	case errors.Is(cause, context.Canceled) || cause == nil:
+	case r.rawErr == nil:
+		r.con.say("%v; writing what was sampled", cause)
+	}
+	r.con.say("%d samples of %d threads in %.1fs (%d ticks, %d late, %d missed); errors: %s",
+		st.Samples, len(st.Threads), st.End.Sub(st.Start).Seconds(), st.Ticks, st.Late, st.Missed, st.ErrorSummary())
+	if cpu, ok := selfCPU(); ok && st.End.After(st.Start) {
+		r.con.say("own CPU use: %.2fs (%.1f%% of one core)", cpu.Seconds(), 100*cpu.Seconds()/st.End.Sub(st.Start).Seconds())
+	}
+	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
+		r.con.say("last error: %v", st.LastError)
+	}
+	if r.cfg.Subprocesses {
+		if sk := r.tree.Skipped(); len(sk) > 0 {
+			r.con.say("%d non-Ruby subprocesses skipped", len(sk))
+		}
+	}
+}
+
+// render reads the raw recording back and writes the profile. A torn
+// block (a full disk, say) keeps what was recorded before it.
+func (r *rec) render(st sampler.Stats) error {
+	rd, err := recording.Open(r.cfg.Raw)
+	if err != nil {
+		return fmt.Errorf("read back raw recording: %w", err)
+	}
+	defer rd.Close()
+	n, f, err := output.RenderFile(r.cfg.Format, output.Options{RateHz: r.cfg.Rate, Start: st.Start}, rd.Samples(), r.cfg.Output)
+	if derr := rd.Damage(); derr != nil {
+		r.con.say("warning: raw recording is damaged after %d samples: %v", n, derr)
+	}
+	if err != nil {
+		return fmt.Errorf("render %s: %w", r.cfg.Format, err)
+	}
+	if !output.StdoutPath(r.cfg.Output) {
+		if f.Replaced {
+			// Under sudo, the profile belongs to the user who asked
+			// for it (never a device or someone else's link target
+			// written in place).
+			chownToSudoUser(f.Path)
+		}
+		r.con.say("wrote %s (%d samples) to %s", r.cfg.Format, n, r.cfg.Output)
+	}
+	return nil
+}

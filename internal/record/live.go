@@ -1,0 +1,38 @@
+package record
+
+import (
+	"context"
+
+	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/sampler"
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// OpenLive opens the running process t.Pid as a Ruby process, for a live
+// view (top) that samples it with SampleLive. Its errors are worded as
+// every command words them (OpenError).
+func OpenLive(ctx context.Context, t Target) (*ruby.Process, error) {
+	proc, err := sampler.OpenRuby(ctx, t.Pid, ruby.Options{Version: t.RubyVersion}, 0)
+	if err != nil {
+		return nil, OpenError(t.Pid, err)
+	}
+	return proc, nil
+}
+
+// SampleLive samples proc at t.Rate until ctx ends or the process exits,
+// pausing it for each sample unless t.Nonblocking, and gives every batch
+// to sink. It runs on the calling goroutine, whose OS thread does the
+// pausing. cfg.Rate is taken from t.
+func SampleLive(ctx context.Context, proc *ruby.Process, t Target, cfg sampler.Config, sink func([]stack.Sample)) (sampler.Stats, error) {
+	ro := sampler.RubyOptions{}
+	if !t.Nonblocking {
+		pauser := target.NewThreadPauser()
+		defer pauser.Close()
+		ro.Pauser = pauser
+	}
+	src := sampler.NewRubySource(proc, ro)
+	defer src.Close()
+	cfg.Rate = t.Rate
+	return sampler.Run(ctx, src, cfg, sink)
+}

@@ -1,0 +1,315 @@
+package record
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/proctree"
+	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/sampler"
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// errChildExited ends a recording whose launched command exited.
+var errChildExited = errors.New("command exited")
+
+// rec is one run of a recording.
+type rec struct {
+	cfg    Config
+	con    *console
+	sig    *signals
+	child  *child // launch mode
+	pid    int
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	proc   *ruby.Process // nil when the root is not Ruby (--subprocesses)
+	tree   *sampler.TreeSource
+	start  time.Time
+	raw    *recording.Writer
+	rawErr error
+	sinks  []Sink
+}
+
+// Run records cfg's target until --duration ends, the process exits or a
+// stop signal arrives (StopSignals; SIGTSTP suspends the recording
+// without leaving the process paused), then writes the profile. The raw
+// recording is streamed to disk while sampling. Errors from a bad Config
+// are UsageErrors.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	r := &rec{cfg: cfg, con: newConsole(cfg.Stderr, cfg.Silent), pid: cfg.Pid}
+	if err := r.checkOutputs(); err != nil {
+		return err
+	}
+	r.ctx, r.cancel = context.WithCancelCause(ctx)
+	defer r.cancel(nil)
+	// Signals are caught before the command starts; they are handled
+	// once it has (forward needs it).
+	r.sig = watchSignals()
+	defer r.sig.close()
+	if cfg.Launch() {
+		c, err := launch(cfg.Command)
+		if err != nil {
+			return err
+		}
+		r.child, r.pid = c, c.pid
+	}
+	go r.sig.run(r.ctx, func(sig os.Signal) {
+		r.child.forward(sig)
+		r.cancel(fmt.Errorf("interrupted by %v", sig))
+	})
+	if err := r.open(); err != nil {
+		r.child.kill()
+		return err
+	}
+	st, err := r.sample()
+	if err != nil {
+		r.child.kill()
+		return err
+	}
+	err = r.finish(st)
+	r.child.settle(r.sig.signal(), r.con.say)
+	return err
+}
+
+// checkOutputs fails before anything starts when an output cannot be
+// written.
+func (r *rec) checkOutputs() error {
+	if o := r.cfg.Output; o != "" {
+		if err := output.CheckWritable(o); err != nil {
+			return fmt.Errorf("output %s is not writable: %w", o, err)
+		}
+	} else if err := output.CheckWritable("rbscope-output"); err != nil {
+		return fmt.Errorf("cannot write the output to the current directory (give --output FILE): %w", err)
+	}
+	if raw := r.cfg.Raw; raw != "" {
+		if err := os.MkdirAll(filepath.Dir(raw), 0o755); err != nil {
+			return fmt.Errorf("raw recording %s is not writable: %w", raw, err)
+		}
+		if err := output.CheckWritable(raw); err != nil {
+			return fmt.Errorf("raw recording %s is not writable: %w", raw, err)
+		}
+	}
+	return nil
+}
+
+// open finds Ruby in the target. In launch mode it waits up to
+// StartTimeout for Ruby to start, and gives up when the command exits.
+func (r *rec) open() error {
+	timeout := time.Duration(0)
+	if r.cfg.Launch() {
+		timeout = r.cfg.StartTimeout
+	}
+	openCtx, openCancel := context.WithCancel(r.ctx)
+	go func() {
+		select {
+		case <-r.child.Done():
+			openCancel()
+		case <-openCtx.Done():
+		}
+	}()
+	proc, err := sampler.OpenRuby(openCtx, r.pid, ruby.Options{Version: r.cfg.RubyVersion}, timeout)
+	openCancel()
+	if err == nil {
+		r.proc = proc
+		return nil
+	}
+	if r.child.exited() && !r.cfg.Subprocesses {
+		r.child.reap()
+		return fmt.Errorf("%s exited%s before Ruby could be read: %w", r.cfg.Command[0], r.child.exitNote(), err)
+	}
+	var perm target.ErrPermission
+	if !r.cfg.Subprocesses || target.IsExited(err) || errors.As(err, &perm) {
+		if cause := context.Cause(r.ctx); cause != nil && r.ctx.Err() != nil {
+			return cause
+		}
+		if errors.Is(err, ruby.ErrNotRuby) && r.cfg.Launch() {
+			return fmt.Errorf("process %d: %w (use --subprocesses to record its Ruby children)", r.pid, err)
+		}
+		return OpenError(r.pid, err)
+	}
+	// --subprocesses: the command itself may be a wrapper (a shell);
+	// record the Ruby processes it starts.
+	r.con.say("process %d is not Ruby (%v); recording its Ruby subprocesses", r.pid, err)
+	return nil
+}
+
+// OpenError words a failure to open process pid as a Ruby process.
+func OpenError(pid int, err error) error {
+	var nu target.ErrNotUserProcess
+	switch {
+	case errors.Is(err, ruby.ErrNotRuby):
+		return fmt.Errorf("process %d: %w", pid, err)
+	case errors.As(err, &nu):
+		return err
+	}
+	return fmt.Errorf("find the Ruby VM in process %d: %w", pid, err)
+}
+
+// command is the target's command line, for the raw header and the
+// uploader's application name.
+func (r *rec) command() []string {
+	if r.cfg.Launch() {
+		return r.cfg.Command
+	}
+	args, _ := procfs.Cmdline(r.pid)
+	return args
+}
+
+// sample runs the sampler until the recording ends. It runs on the
+// calling goroutine, whose OS thread also does the pausing.
+func (r *rec) sample() (sampler.Stats, error) {
+	ro := sampler.RubyOptions{}
+	if !r.cfg.Nonblocking {
+		// Bound to this goroutine's OS thread, which also runs the
+		// sampler: no thread hand-off per pause.
+		pauser := target.NewThreadPauser()
+		defer func() {
+			if err := pauser.Close(); err != nil {
+				r.con.say("warning: %v", err)
+			}
+		}()
+		ro.Pauser = pauser
+	}
+	r.tree = r.newTree(ro)
+	defer r.tree.Close()
+	if err := r.createRaw(); err != nil {
+		return sampler.Stats{}, err
+	}
+	r.say()
+	go func() { // a launched command that exits ends the recording
+		select {
+		case <-r.child.Done():
+			r.cancel(errChildExited)
+		case <-r.ctx.Done():
+		}
+	}()
+	if r.cfg.Sinks != nil {
+		sinks, err := r.cfg.Sinks(r.command())
+		if err != nil {
+			_ = r.raw.Close(recording.Stats{End: time.Now()})
+			return sampler.Stats{}, err
+		}
+		r.sinks = sinks
+	}
+	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, OnCPUOnly: r.cfg.OnCPU,
+		Progress: r.con.show, ProgressEvery: 250 * time.Millisecond}
+	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)
+	for _, s := range r.sinks {
+		if serr := s.Finish(); serr != nil {
+			r.con.say("warning: %v", serr)
+		}
+	}
+	if err != nil {
+		_ = r.raw.Close(recording.Stats{End: time.Now()})
+		return st, err
+	}
+	return st, nil
+}
+
+// newTree is the one source for both modes: it follows the target across
+// exec (`bundle exec`), and with --subprocesses also its descendants.
+func (r *rec) newTree(ro sampler.RubyOptions) *sampler.TreeSource {
+	rootOpened := false
+	return sampler.NewTreeSource(r.pid, r.proc, sampler.TreeOptions{
+		Ruby: ro, Open: ruby.Options{Version: r.cfg.RubyVersion}, NoChildren: !r.cfg.Subprocesses,
+		OnNewProcess: func(p int, rp *ruby.Process) {
+			switch {
+			case p != r.pid:
+				r.con.say("recording subprocess %d (Ruby %s)", p, rp.Version())
+			case rootOpened:
+				r.con.say("process %d exec'd: recording the new program (Ruby %s)", p, rp.Version())
+			default:
+				rootOpened = true
+			}
+		},
+	})
+}
+
+// add feeds one batch of samples to the raw recording and the sinks.
+func (r *rec) add(b []stack.Sample) {
+	if r.rawErr != nil {
+		return
+	}
+	for i := range b {
+		for _, s := range r.sinks {
+			s.Add(b[i])
+		}
+		if err := r.raw.Add(b[i]); err != nil {
+			r.rawErr = err
+			r.cancel(fmt.Errorf("write raw recording: %w", err))
+			return
+		}
+	}
+}
+
+// createRaw starts the raw recording.
+func (r *rec) createRaw() error {
+	r.start = time.Now()
+	if r.cfg.Raw == "" {
+		r.cfg.Raw = recording.DefaultPath(r.pid, r.start)
+	}
+	hdr := recording.Header{
+		RateHz: r.cfg.Rate, Start: r.start, RbscopeVersion: r.cfg.Version, Pids: []int{r.pid}, Command: r.command(),
+		Options: map[string]string{
+			"blocking":     strconv.FormatBool(!r.cfg.Nonblocking),
+			"on_cpu":       strconv.FormatBool(r.cfg.OnCPU),
+			"subprocesses": strconv.FormatBool(r.cfg.Subprocesses),
+		},
+	}
+	if r.proc != nil {
+		hdr.RubyVersion, hdr.LayoutSource = r.proc.Version(), r.proc.LayoutSource()
+	}
+	raw, err := recording.Create(r.cfg.Raw, hdr)
+	if err != nil {
+		return fmt.Errorf("create raw recording: %w", err)
+	}
+	r.raw = raw
+	if r.cfg.Output == "" {
+		r.cfg.Output = "rbscope-" + r.start.Format("20060102-150405") + "-" + strconv.Itoa(r.pid) + output.DefaultExtension(r.cfg.Format)
+	}
+	return nil
+}
+
+// say announces the recording.
+func (r *rec) say() {
+	what := fmt.Sprintf("process %d", r.pid)
+	if r.cfg.Launch() {
+		what = fmt.Sprintf("%s (pid %d)", strings.Join(r.cfg.Command, " "), r.pid)
+	}
+	mode := "pausing it for each sample"
+	if r.cfg.Nonblocking {
+		mode = "nonblocking"
+	}
+	r.con.say("recording %s at %g Hz (%s); raw samples to %s; Ctrl-C to stop", what, r.cfg.Rate, mode, r.cfg.Raw)
+}
+
+// selfCPU is rbscope's own CPU time (user+system) so far.
+func selfCPU() (time.Duration, bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+}
+
+// chownToSudoUser gives a file rbscope created to the user who ran sudo.
+func chownToSudoUser(path string) {
+	if cred, err := proctree.SudoCredential(); err == nil && cred != nil {
+		_ = os.Chown(path, int(cred.Uid), int(cred.Gid))
+	}
+}
