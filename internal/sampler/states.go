@@ -3,6 +3,8 @@ package sampler
 import (
 	"os"
 	"strconv"
+
+	"github.com/rbscope/rbscope/internal/procfs"
 )
 
 // refreshRuby reads the kernel state of the threads tids only (the Ruby
@@ -37,7 +39,7 @@ func (ts *taskStates) refreshRuby(tids []int) error {
 			continue
 		}
 		alive++
-		ts.cur[tid] = stateLetter(ts.buf[:k])
+		ts.cur[tid] = procfs.StateLetter(ts.buf[:k])
 	}
 	for tid, f := range ts.files {
 		if !ts.seen[tid] {
