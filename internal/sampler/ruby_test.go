@@ -156,7 +156,7 @@ func testRubySource(t *testing.T, rb testutil.RubyUnderTest) {
 			if !blocking {
 				busyMin = st.Ticks * 95 / 100
 			}
-			if st.Ticks < 50 || seen["busy"] < busyMin || seen["idle"] != st.Ticks || st.ErrorCount() != st.Errors[ErrUnmapped] {
+			if st.Ticks < 20 || seen["busy"] < busyMin || seen["idle"] != st.Ticks || st.ErrorCount() != st.Errors[ErrUnmapped] {
 				t.Fatalf("ticks %d, samples per thread %v, errors %s (%v)", st.Ticks, seen, st.ErrorSummary(), st.LastError)
 			}
 			// The busy thread competes for the GVL with the main thread
@@ -169,7 +169,8 @@ func testRubySource(t *testing.T, rb testutil.RubyUnderTest) {
 			// sleeper for interrupts once in a while.
 			idleMax := st.Ticks / 50
 			if blocking {
-				idleMax = st.Ticks / 3
+				// Seen up to 37% on a machine at load 15.
+				idleMax = st.Ticks / 2
 			}
 			if onCPU["busy"] < st.Ticks/2 || onCPU["idle"] > idleMax {
 				t.Errorf("on-CPU counts %v of %d ticks", onCPU, st.Ticks)
