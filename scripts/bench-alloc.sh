@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Measures what `rbscope alloc` costs the process it traces, against the
 # same loop untraced and under bcc's uobjnew, in one run:
-#   - 5M Object.new, 1M array literals, and 500k Object.new paced at 100
-#     per millisecond ("paced": allocation rate set by input, not CPU)
+#   - 5M Object.new, 5M array literals, 500k Object.new paced at 100 per
+#     millisecond ("paced": allocation rate set by input, not CPU), and 2M
+#     Object.new in bursts of 20,000 every 50 ms ("bursty")
 #     (internal/alloc/testdata/bench.rb)
-#   - modes: none, rbscope (exact), rbscope --sample-period 10,
-#     rbscope --duty-cycle 0.1, bcc uobjnew (if it can run here)
-#   - best of RUNS runs per mode (the machine may be shared), slowdown as a
-#     ratio to "none", per-event cost in ns, and the count error of each
-#     rbscope mode against the known number of allocations.
+#   - modes: none (untraced), default (rbscope alloc: counting windows
+#     scaled by Ruby's own allocation counter), exact (rbscope alloc
+#     --exact), bcc (uobjnew, if it can run here)
+#   - best of RUNS runs per mode (the machine may be shared): the loop's
+#     CPU time (user+system of the Ruby process: the probes' traps run in
+#     its context; far less disturbed by other load than wall time) and
+#     wall time, slowdowns as ratios to "none" in the same run, per-event
+#     cost in CPU ns, and each tracer's count error against the known
+#     number of allocations.
 # Needs root. Not part of CI. Usage: scripts/bench-alloc.sh [RUNS]
-# Environment: N_OBJ, N_ARY, N_PACED (sizes), KINDS ("objects arrays paced"), MODES ("none rbscope sampled
-# duty bcc"). bcc needs EXTRA_PACKAGES="bpfcc-tools linux-headers-amd64"
+# Environment: N_OBJ, N_ARY, N_PACED, N_BURSTY (sizes), KINDS ("objects
+# arrays paced bursty"), MODES ("none default exact bcc"; also exact_nostacks,
+# exact_persite), RUBY (the Ruby to
+# run, default ruby). bcc needs EXTRA_PACKAGES="bpfcc-tools linux-headers-amd64"
 # scripts/install-deps.sh; without headers for the running kernel, the
 # nearest Debian headers are merged into one tree for it.
 set -euo pipefail
@@ -19,8 +26,10 @@ cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
 RUNS=${1:-${RUNS:-3}}
 N_OBJ=${N_OBJ:-5000000}
-N_ARY=${N_ARY:-1000000}
+N_ARY=${N_ARY:-5000000}
 N_PACED=${N_PACED:-500000}
+N_BURSTY=${N_BURSTY:-2000000}
+RUBY=${RUBY:-ruby}
 BENCH=$PWD/internal/alloc/testdata/bench.rb
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
@@ -48,25 +57,30 @@ if command -v uobjnew >/dev/null || [ -x /usr/sbin/uobjnew ]; then
   fi
 fi
 
-# run_one MODE KIND N: prints "elapsed counted" (counted: allocations of the
-# loop's class the tracer reported, "-" if none).
+# run_one MODE KIND N: prints "wall cpu counted" (counted: allocations of
+# the loop's class the tracer reported, "-" if none).
 run_one() {
   local mode=$1 kind=$2 n=$3 class
   [ "$kind" = arrays ] && class=Array || class=Object
   local in="$WORK/in" out="$WORK/out" rep="$WORK/rep.json" log="$WORK/tracer.log"
   rm -f "$in" "$out" "$rep" "$log"
   mkfifo "$in"
-  ruby "$BENCH" "$kind" "$n" <"$in" >"$out" &
+  "$RUBY" "$BENCH" "$kind" "$n" <"$in" >"$out" &
   local rpid=$!
   exec 7>"$in"
   until grep -q ready "$out" 2>/dev/null; do sleep 0.05; done
   local tpid=""
   case $mode in
     none) ;;
-    rbscope) "$WORK/rbscope" alloc --pid $rpid --format json -o "$rep" >"$log" 2>&1 & tpid=$! ;;
-    sampled) "$WORK/rbscope" alloc --pid $rpid --format json --sample-period 10 -o "$rep" >"$log" 2>&1 & tpid=$! ;;
-    duty) "$WORK/rbscope" alloc --pid $rpid --format json --duty-cycle 0.1 -o "$rep" >"$log" 2>&1 & tpid=$! ;;
-    bcc) PYTHONUNBUFFERED=1 "$BCC" -l ruby $rpid 3600 >"$log" 2>&1 & tpid=$! ;;
+    default) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    # Where --exact's cost goes: without stack copies, with one perf-event
+    # uprobe per site instead of one uprobe_multi link.
+    exact_nostacks) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact_persite) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --per-site -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    # Job control on: a background job of a script otherwise ignores
+    # SIGINT, and uobjnew prints its counts only on Ctrl-C.
+    bcc) set -m; PYTHONUNBUFFERED=1 "$BCC" -l ruby $rpid >"$log" 2>&1 & tpid=$!; set +m ;;
   esac
   if [ -n "$tpid" ]; then
     # Attached: rbscope says so on stderr, uobjnew prints "Tracing".
@@ -81,14 +95,16 @@ run_one() {
   echo go >&7
   until grep -q elapsed "$out" 2>/dev/null; do sleep 0.05; done
   local elapsed counted="-"
-  elapsed=$(awk '/elapsed/ {print $2}' "$out")
+  elapsed=$(awk '/elapsed/ {print $2, $3}' "$out")
   if [ -n "$tpid" ]; then
-    # Background jobs of a script ignore SIGINT: rbscope catches it anyway
-    # (Go's signal.Notify), uobjnew (Python) would not, so it gets SIGTERM.
-    if [ "$mode" = bcc ]; then kill -TERM $tpid; else kill -INT $tpid; fi
+    kill -INT $tpid
     wait $tpid 2>/dev/null || true
-    if [ -s "$rep" ]; then
-      counted=$(ruby -rjson -e 'r = JSON.parse(File.read(ARGV[0])); c = r["by_class"].find { |e| e["class"] == ARGV[1] }; puts(c ? c["count"] : 0)' "$rep" "$class")
+    if [ "$mode" = bcc ]; then
+      # uobjnew prints names as Python bytes (b'Object'), builtins in
+      # lower case (array).
+      counted=$(awk -v c="$class" '{ k = $1; gsub(/^b\x27|\x27$/, "", k) } tolower(k) == tolower(c) { n = $2 } END { print n + 0 }' "$log")
+    elif [ -s "$rep" ]; then
+      counted=$(ruby -rjson -e 'r = JSON.parse(File.read(ARGV[0])); c = r["by_class"].find { |e| e["class"] == ARGV[1] }; puts("#{c ? c["count"] : 0}:#{r["scaling"]}")' "$rep" "$class")
     fi
   fi
   echo >&7; exec 7>&-
@@ -96,13 +112,14 @@ run_one() {
   echo "$elapsed $counted"
 }
 
-modes=(${MODES:-none rbscope sampled duty})
+modes=(${MODES:-none default exact})
 [ -n "$BCC" ] && [ -z "${MODES:-}" ] && modes+=(bcc)
 [ -z "$BCC" ] && [[ " ${modes[*]} " == *" bcc "* ]] && { echo "bench-alloc: uobjnew not installed" >&2; exit 1; }
 
-for kind in ${KINDS:-objects arrays paced}; do
-  case $kind in objects) n=$N_OBJ ;; arrays) n=$N_ARY ;; paced) n=$N_PACED ;; esac
-  declare -A best=() cnt=()
+echo "load before: $(uptime)"
+for kind in ${KINDS:-objects arrays paced bursty}; do
+  case $kind in objects) n=$N_OBJ ;; arrays) n=$N_ARY ;; paced) n=$N_PACED ;; bursty) n=$N_BURSTY ;; esac
+  declare -A best=() cnt=() wall=()
   for ((r = 1; r <= RUNS; r++)); do
     for m in "${modes[@]}"; do
       res=$(run_one "$m" "$kind" "$n")
@@ -111,20 +128,21 @@ for kind in ${KINDS:-objects arrays paced}; do
         best[$m]=ERROR
         continue
       fi
-      e=${res% *}; c=${res#* }
+      read -r w e c <<<"$res"
       if [ "${best[$m]:-}" != ERROR ] && { [ -z "${best[$m]:-}" ] || awk -v a="$e" -v b="${best[$m]}" 'BEGIN{exit !(a<b)}'; }; then
-        best[$m]=$e; cnt[$m]=$c
+        best[$m]=$e; wall[$m]=$w; cnt[$m]=$c
       fi
     done
   done
-  echo "== $kind: $n allocations, best of $RUNS runs"
-  printf "%-9s %10s %9s %12s %14s\n" mode seconds slowdown "ns/event" "count error"
+  echo "== $kind: $n allocations, best of $RUNS runs by CPU time ($(uptime | sed 's/.*load/load/'))"
+  printf "%-15s %8s %8s %9s %9s %10s %20s\n" mode "cpu s" "wall s" "cpu x" "wall x" "ns/event" "count error"
   for m in "${modes[@]}"; do
-    if [ "${best[$m]}" = ERROR ]; then printf "%-9s %10s\n" "$m" "failed"; continue; fi
-    awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v n="$n" -v c="${cnt[$m]:--}" 'BEGIN {
+    if [ "${best[$m]}" = ERROR ]; then printf "%-15s %8s\n" "$m" "failed"; continue; fi
+    awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v w="${wall[$m]}" -v bw="${wall[none]}" -v n="$n" -v c="${cnt[$m]:--}" 'BEGIN {
       err = "-"
-      if (c != "-") err = sprintf("%+.2f%%", 100 * (c - n) / n)
-      printf "%-9s %10.3f %8.2fx %12.0f %14s\n", m, e, e / b, 1e9 * (e - b) / n, err }'
+      if (c != "-") { split(c, p, ":"); err = sprintf("%+.2f%%", 100 * (p[1] - n) / n); if (p[2] != "" && p[2] != "exact") err = err " (" p[2] ")" }
+      printf "%-15s %8.3f %8.3f %8.2fx %8.2fx %10.0f %20s\n", m, e, w, e / b, w / bw, 1e9 * (e - b) / n, err }'
   done
-  unset best cnt
+  unset best cnt wall
 done
+echo "load after: $(uptime)"

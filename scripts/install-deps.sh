@@ -22,12 +22,21 @@ packages=(
   chromium fonts-liberation # headless browser and a font: flame graph HTML renders (output tests)
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture
   tmux                 # rbscope top is tested in a detached tmux session
+  rubocop              # a real multi-file Ruby program: scripts/bench-gc-share.sh
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the speedscope app (npm package) that the speedscope
+# output is loaded into. Any node/npm on PATH will do (machines may carry
+# NodeSource's nodejs, which bundles npm and conflicts with Debian's npm).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  for p in nodejs npm; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+fi
 if [ -n "${EXTRA_PACKAGES:-}" ]; then
   for p in $EXTRA_PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -46,3 +55,13 @@ if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
   export PATH=$PATH:/usr/local/go/bin
 fi
 command -v go >/dev/null || { echo "Go 1.26+ is needed (https://go.dev/dl)" >&2; exit 1; }
+
+# npm packages the output tests use, pinned, kept in the user cache: the
+# real speedscope app (rbscope's speedscope files are loaded into it) and
+# puppeteer-core (drives the system Chromium to drag across the flame
+# graph's timeline; it downloads no browser).
+npm_dir=${RBSCOPE_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rbscope/npm}
+if [ ! -f "$npm_dir/node_modules/speedscope/package.json" ] || [ ! -f "$npm_dir/node_modules/puppeteer-core/package.json" ]; then
+  mkdir -p "$npm_dir"
+  npm install --prefix "$npm_dir" --no-audit --no-fund --silent speedscope@1.20.0 puppeteer-core@22.15.0 >/dev/null
+fi

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,21 +17,18 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/alloc"
+	"github.com/rbscope/rbscope/internal/pyroscopetest"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
-// allocNeedRoot skips unless uprobes can be attached here.
+// allocNeedRoot stops the test (testutil.Missing) unless uprobes can be
+// attached here.
 func allocNeedRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testutil.Missing(t, "rbscope alloc needs root (CAP_SYS_ADMIN)")
-	}
-	if _, err := exec.LookPath("ruby"); err != nil {
-		testutil.Missing(t, "ruby not installed")
-	}
+	testutil.NeedRoot(t)
 	if _, err := os.Stat("/sys/bus/event_source/devices/uprobe"); err != nil {
-		testutil.Missing(t, "kernel has no uprobe PMU")
+		testutil.Missing(t, "a kernel with uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 }
 
@@ -41,13 +39,10 @@ type allocRuby struct {
 	lines chan string
 }
 
-func startAllocRuby(t *testing.T, cred *syscall.Credential, name string, args ...string) *allocRuby {
+func startAllocRuby(t *testing.T, rb testutil.RubyUnderTest, cred *syscall.Credential, name string, args ...string) *allocRuby {
 	t.Helper()
-	path, err := filepath.Abs(filepath.Join("..", "..", "internal", "alloc", "testdata", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("ruby", append([]string{path}, args...)...)
+	path := filepath.Join(testutil.RepoRoot(t), "internal", "alloc", "testdata", name)
+	cmd := rb.Command(append([]string{path}, args...)...)
 	if cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
@@ -131,127 +126,137 @@ func waitSemaphore(t *testing.T, pid int, want uint16, within time.Duration) {
 // alloc runs; the report of what it saw is printed and rbscope exits 0.
 func TestAllocTargetExits(t *testing.T) {
 	allocNeedRoot(t)
-	const n = 2500
-	p := startAllocRuby(t, nil, "exits.rb", strconv.Itoa(n))
-	p.expect(t, "ready")
-	pid := p.cmd.Process.Pid
-	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--format", "json")
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	waitSemaphore(t, pid, 1, 30*time.Second)
-	io.WriteString(p.stdin, "go\n")
-	p.expect(t, "done")
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("rbscope alloc: %v\n%s", err, errb.String())
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		const n = 2500
+		p := startAllocRuby(t, rb, nil, "exits.rb", strconv.Itoa(n))
+		p.expect(t, "ready")
+		pid := p.cmd.Process.Pid
+		cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--format", "json", "--exact")
+		cmd.Env = rb.ProfilerEnv(t)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("rbscope alloc did not stop after the target exited")
-	}
-	if !strings.Contains(errb.String(), fmt.Sprintf("process %d exited", pid)) {
-		t.Errorf("stderr does not say the process exited:\n%s", errb.String())
-	}
-	var doc struct {
-		Pid       int     `json:"pid"`
-		Duration  float64 `json:"duration_s"`
-		Estimated bool    `json:"estimated"`
-		ByClass   []struct {
-			Class string `json:"class"`
-			Count int    `json:"count"`
-		} `json:"by_class"`
-		BySite []struct {
-			Class string `json:"class"`
-			Path  string `json:"path"`
-			Line  int    `json:"line"`
-			Count int    `json:"count"`
-		} `json:"by_site"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
-		t.Fatalf("not JSON: %v\n%s", err, out.String())
-	}
-	if doc.Pid != pid || doc.Estimated || doc.Duration <= 0 {
-		t.Errorf("pid %d estimated %v duration %v", doc.Pid, doc.Estimated, doc.Duration)
-	}
-	found := false
-	for _, s := range doc.BySite {
-		if s.Class == "Leaver" {
-			found = true
-			if s.Count != n || s.Line != 7 || !strings.HasSuffix(s.Path, "/internal/alloc/testdata/exits.rb") {
-				t.Errorf("Leaver site %+v, want %d at exits.rb:7", s, n)
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		waitSemaphore(t, pid, 1, 30*time.Second)
+		io.WriteString(p.stdin, "go\n")
+		p.expect(t, "done")
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("rbscope alloc: %v\n%s", err, errb.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("rbscope alloc did not stop after the target exited")
+		}
+		if !strings.Contains(errb.String(), fmt.Sprintf("process %d exited", pid)) {
+			t.Errorf("stderr does not say the process exited:\n%s", errb.String())
+		}
+		var doc struct {
+			Pid       int     `json:"pid"`
+			Duration  float64 `json:"duration_s"`
+			Estimated bool    `json:"estimated"`
+			ByClass   []struct {
+				Class string `json:"class"`
+				Count int    `json:"count"`
+			} `json:"by_class"`
+			BySite []struct {
+				Class string `json:"class"`
+				Path  string `json:"path"`
+				Line  int    `json:"line"`
+				Count int    `json:"count"`
+			} `json:"by_site"`
+		}
+		if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+			t.Fatalf("not JSON: %v\n%s", err, out.String())
+		}
+		if doc.Pid != pid || doc.Estimated || doc.Duration <= 0 {
+			t.Errorf("pid %d estimated %v duration %v", doc.Pid, doc.Estimated, doc.Duration)
+		}
+		found := false
+		for _, s := range doc.BySite {
+			if s.Class == "Leaver" {
+				found = true
+				if s.Count != n || s.Line != 7 || !strings.HasSuffix(s.Path, "/internal/alloc/testdata/exits.rb") {
+					t.Errorf("Leaver site %+v, want %d at exits.rb:7", s, n)
+				}
 			}
 		}
-	}
-	if !found {
-		t.Errorf("no Leaver in %s", out.String())
-	}
+		if !found {
+			t.Errorf("no Leaver in %s", out.String())
+		}
+	})
 }
 
 // TestAllocSIGKILLReleasesSemaphore: when rbscope alloc is killed outright
 // the kernel drops its links, and with them the probes' semaphores.
 func TestAllocSIGKILLReleasesSemaphore(t *testing.T) {
 	allocNeedRoot(t)
-	p := startAllocRuby(t, nil, "alloc.rb", "10")
-	p.expect(t, "ready")
-	pid := p.cmd.Process.Pid
-	if got := objectSemaphore(t, pid); got != 0 {
-		t.Fatalf("semaphore %d before attaching", got)
-	}
-	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--silent")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	waitSemaphore(t, pid, 1, 30*time.Second)
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
-	waitSemaphore(t, pid, 0, 10*time.Second)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startAllocRuby(t, rb, nil, "alloc.rb", "10")
+		p.expect(t, "ready")
+		pid := p.cmd.Process.Pid
+		if got := objectSemaphore(t, pid); got != 0 {
+			t.Fatalf("semaphore %d before attaching", got)
+		}
+		cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--silent", "--exact")
+		cmd.Env = rb.ProfilerEnv(t)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		waitSemaphore(t, pid, 1, 30*time.Second)
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		waitSemaphore(t, pid, 0, 10*time.Second)
+	})
 }
 
 // TestAllocSIGTERM: SIGTERM stops rbscope alloc cleanly with a report.
 func TestAllocSIGTERM(t *testing.T) {
 	allocNeedRoot(t)
-	p := startAllocRuby(t, nil, "alloc.rb", "1000")
-	p.expect(t, "ready")
-	pid := p.cmd.Process.Pid
-	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--by", "class")
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	waitSemaphore(t, pid, 1, 30*time.Second)
-	io.WriteString(p.stdin, "go\n")
-	p.expect(t, "done")
-	time.Sleep(1200 * time.Millisecond) // at least one live line
-	cmd.Process.Signal(syscall.SIGTERM)
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("rbscope alloc after SIGTERM: %v\n%s", err, errb.String())
-	}
-	if !strings.Contains(out.String(), " 1000            0  Widget\n") {
-		t.Errorf("report by class lacks 1000 Widgets:\n%s", out.String())
-	}
-	// stderr is not a terminal: plain periodic lines.
-	if !strings.Contains(errb.String(), "allocations") || strings.Contains(errb.String(), "\x1b[") {
-		t.Errorf("live lines on a pipe:\n%q", errb.String())
-	}
-	if got := objectSemaphore(t, pid); got != 0 {
-		t.Errorf("semaphore %d after SIGTERM", got)
-	}
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startAllocRuby(t, rb, nil, "alloc.rb", "1000")
+		p.expect(t, "ready")
+		pid := p.cmd.Process.Pid
+		cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--by", "class", "--exact")
+		cmd.Env = rb.ProfilerEnv(t)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		waitSemaphore(t, pid, 1, 30*time.Second)
+		io.WriteString(p.stdin, "go\n")
+		p.expect(t, "done")
+		time.Sleep(1200 * time.Millisecond) // at least one live line
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rbscope alloc after SIGTERM: %v\n%s", err, errb.String())
+		}
+		if !strings.Contains(out.String(), " 1000            0  Widget\n") {
+			t.Errorf("report by class lacks 1000 Widgets:\n%s", out.String())
+		}
+		// stderr is not a terminal: plain periodic lines.
+		if !strings.Contains(errb.String(), "allocations") || strings.Contains(errb.String(), "\x1b[") {
+			t.Errorf("live lines on a pipe:\n%q", errb.String())
+		}
+		if got := objectSemaphore(t, pid); got != 0 {
+			t.Errorf("semaphore %d after SIGTERM", got)
+		}
+	})
 }
 
 // TestAllocNotRoot: without CAP_SYS_ADMIN the error says what to do.
 func TestAllocNotRoot(t *testing.T) {
 	allocNeedRoot(t) // root is needed to switch to another user
 	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
-	p := startAllocRuby(t, nobody, "alloc.rb", "10")
+	// Debian's Ruby: the builds live under root's home, closed to nobody.
+	p := startAllocRuby(t, testutil.SystemRuby(t), nobody, "alloc.rb", "10")
 	p.expect(t, "ready")
 	if err := os.Chmod(filepath.Dir(binPath), 0o755); err != nil {
 		t.Fatal(err)
@@ -276,52 +281,101 @@ func TestAllocBadFlags(t *testing.T) {
 	_, stderr, code = run(t, "alloc", "--pid", "1", "--format", "svg")
 	oneLineError(t, stderr, code, `unknown --format "svg"`)
 	_, stderr, code = run(t, "alloc", "--pid", "1", "--duty-cycle", "2")
-	oneLineError(t, stderr, code, "--duty-cycle 2 is not between 0 and 1")
+	oneLineError(t, stderr, code, "--duty-cycle 2 is not in (0, 1]")
+	_, stderr, code = run(t, "alloc", "--pid", "1", "--exact", "--duty-cycle", "0.5")
+	oneLineError(t, stderr, code, "--exact and --duty-cycle exclude each other")
 }
 
-// TestAllocLiveView draws the terminal view twice: the second draw moves
-// the cursor back over the first, and rates are per second since the last
-// draw.
-func TestAllocLiveView(t *testing.T) {
-	var b bytes.Buffer
-	v := newLiveView(&b, true, false)
-	r1 := &alloc.Report{Pid: 7, Duration: time.Second,
-		ByClass: []alloc.ClassCount{{Class: "Widget", Count: 100}},
-		BySite:  []alloc.SiteCount{{Class: "Widget", Path: "/app.rb", Line: 3, Count: 100}}}
-	r2 := &alloc.Report{Pid: 7, Duration: 3 * time.Second,
-		ByClass: []alloc.ClassCount{{Class: "Widget", Count: 500}, {Class: "String", Count: 40}},
-		BySite:  []alloc.SiteCount{{Class: "Widget", Path: "/app.rb", Line: 3, Count: 500}, {Class: "String", Path: "", Line: 0, Count: 40}}}
-	v.draw(r1, nil)
-	first := b.String()
-	if strings.Contains(first, "\x1b[") {
-		t.Errorf("first draw moves the cursor: %q", first)
-	}
-	if !strings.Contains(first, "         100        100  Widget\n") || !strings.Contains(first, "/app.rb:3:Widget") {
-		t.Errorf("first draw:\n%s", first)
-	}
-	b.Reset()
-	v.draw(r2, r1)
-	second := b.String()
-	// 5 lines drawn before: header, class header, 1 class, site header, 1 site.
-	if !strings.HasPrefix(second, "\x1b[5A\x1b[J") {
-		t.Errorf("second draw does not redraw in place: %q", second)
-	}
-	// Widget: 400 more in 2 s = 200/s; String: 40 new = 20/s.
-	for _, want := range []string{"         500        200  Widget\n", "          40         20  String\n", "(unknown):0:String", "540 allocations", "220/s"} {
-		if !strings.Contains(second, want) {
-			t.Errorf("second draw lacks %q:\n%s", want, second)
+// TestAllocUpload traces the stacks fixture with --upload to a real
+// Pyroscope server: the server's allocation totals (alloc_objects) equal
+// the local report's, and its stacks hold C#inner < B#middle < A#outer.
+func TestAllocUpload(t *testing.T) {
+	allocNeedRoot(t)
+	srv := pyroscopetest.Start(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startAllocRuby(t, rb, nil, "stacks.rb", "20000")
+		p.expect(t, "ready")
+		pid := p.cmd.Process.Pid
+		app := "ci-alloc-" + strings.ReplaceAll(rb.Name, ".", "_")
+		local := filepath.Join(t.TempDir(), "alloc.json")
+		start := time.Now()
+		cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--exact", "--silent", "--format", "json",
+			"-o", local, "--upload", srv.URL(), "--app-name", app)
+		cmd.Env = rb.ProfilerEnv(t)
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
 		}
-	}
-	// Not a terminal: one plain line per draw.
-	b.Reset()
-	plain := newLiveView(&b, false, false)
-	plain.draw(r2, r1)
-	if got := b.String(); got != "rbscope alloc: 3s 540 allocations, 220/s; top: Widget 500, String 40\n" {
-		t.Errorf("plain line %q", got)
-	}
-	b.Reset()
-	newLiveView(&b, false, true).draw(r2, r1)
-	if b.Len() != 0 {
-		t.Errorf("--silent drew %q", b.String())
-	}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		waitSemaphore(t, pid, 1, 30*time.Second)
+		io.WriteString(p.stdin, "go\n")
+		p.expect(t, "done")
+		cmd.Process.Signal(syscall.SIGINT)
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rbscope alloc --upload: %v\n%s", err, errb.String())
+		}
+		b, err := os.ReadFile(local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			ByClass []struct {
+				Class string `json:"class"`
+				Count int64  `json:"count"`
+			} `json:"by_class"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatal(err)
+		}
+		var total, widgets int64
+		for _, c := range doc.ByClass {
+			total += c.Count
+			if c.Class == "Widget" {
+				widgets = c.Count
+			}
+		}
+		if widgets != 20000 {
+			t.Fatalf("local report: %d Widgets, want 20000", widgets)
+		}
+		ctx := context.Background()
+		from, until := start.Add(-time.Minute), time.Now().Add(time.Minute)
+		var typeID string
+		var got pyroscopetest.Counts
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			types, err := srv.ProfileTypes(ctx, from, until)
+			for _, id := range types {
+				if strings.Contains(id, "alloc_objects") {
+					typeID = id
+				}
+			}
+			if typeID != "" {
+				got, err = srv.QueryType(ctx, typeID, pyroscopetest.AppSelector(app), from, until)
+				if err == nil && got.Total >= total {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("server: types %v, %q total %d (err %v), want %d", types, typeID, got.Total, err, total)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		t.Logf("server %s: %d allocations (%d Widgets), local report %d", typeID, got.Total, got.Self["Widget"], total)
+		if got.Total != total {
+			t.Errorf("server holds %d allocations, the local report %d", got.Total, total)
+		}
+		if got.Self["Widget"] != widgets {
+			t.Errorf("server: %d Widgets, local %d", got.Self["Widget"], widgets)
+		}
+		chained := int64(0)
+		for st, v := range got.Stacks {
+			if strings.Contains(st, "A#outer;B#middle;C#inner") {
+				chained += v
+			}
+		}
+		if chained < widgets*95/100 {
+			t.Errorf("server: %d of %d Widgets under A#outer;B#middle;C#inner", chained, widgets)
+		}
+	})
 }

@@ -6,9 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/google/pprof/profile"
 
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -99,11 +102,23 @@ func testSnapshotJSONContract(t *testing.T, rb testutil.RubyUnderTest) {
 	if len(threads) != 4 {
 		t.Fatalf("%d threads", len(threads))
 	}
+	owners := 0
 	for _, th := range threads {
 		m := th.(map[string]any)
-		for _, k := range []string{"tid", "name", "main", "gvl", "state", "frames"} {
+		for _, k := range []string{"tid", "name", "main", "gvl", "state", "activity", "frames"} {
 			if _, ok := m[k]; !ok {
 				t.Errorf("thread lacks %q: %v", k, m)
+			}
+		}
+		switch m["activity"] {
+		case "running", "gvl_wait", "blocked", "gc":
+		default:
+			t.Errorf("thread %v: activity %v", m["name"], m["activity"])
+		}
+		if m["gvl"] == true {
+			owners++
+			if fr := m["frames"].([]any); len(fr) > 0 && fr[0].(map[string]any)["name"] == "Kernel#sleep" {
+				t.Errorf("thread %v in Kernel#sleep has the GVL", m["name"])
 			}
 		}
 		for _, f := range m["frames"].([]any) {
@@ -115,8 +130,11 @@ func testSnapshotJSONContract(t *testing.T, rb testutil.RubyUnderTest) {
 			}
 		}
 	}
+	if owners > 1 {
+		t.Errorf("%d threads have the GVL", owners)
+	}
 	text, _, code := run(t, "snapshot", "--pid", strconv.Itoa(proc.Pid))
-	if code != 0 || !strings.Contains(text, `"alpha-worker"`) || !strings.Contains(text, "Outer::Inner#level3 (") {
+	if code != 0 || !strings.Contains(text, `"alpha-worker"`) || !strings.Contains(text, "Outer::Inner#level3 (") || !strings.Contains(text, "activity blocked") {
 		t.Errorf("text snapshot:\n%s", text)
 	}
 }
@@ -180,6 +198,8 @@ func testInspect(t *testing.T, rb testutil.RubyUnderTest) {
 		Ruby struct {
 			Version        string            `json:"ruby_version"`
 			LayoutSource   string            `json:"layout_source"`
+			GVLSource      string            `json:"gvl_source"`
+			GCSource       string            `json:"gc_source"`
 			AddressSources map[string]string `json:"address_sources"`
 			Binaries       []struct {
 				Path    string `json:"path"`
@@ -195,7 +215,130 @@ func testInspect(t *testing.T, rb testutil.RubyUnderTest) {
 		t.Errorf("inspect: %+v", doc)
 	}
 	wantLayoutSource(t, rb, doc.Ruby.LayoutSource)
+	// Every Ruby under test has the GVL owner and GC flags: from DWARF, or
+	// derived / found by shape for table-only builds.
+	if !strings.Contains(doc.Ruby.GVLSource, "rb_ractor_struct.threads.") || !strings.Contains(doc.Ruby.GVLSource, "waiting threads") {
+		t.Errorf("gvl_source %q", doc.Ruby.GVLSource)
+	}
+	wantGC := "scan:"
+	if rb.HasDWARF {
+		wantGC = "dwarf:"
+	}
+	if !strings.HasPrefix(doc.Ruby.GCSource, wantGC) {
+		t.Errorf("gc_source %q, want %s...", doc.Ruby.GCSource, wantGC)
+	}
+	text, _, _ := run(t, "inspect", "--pid", strconv.Itoa(proc.Pid))
+	if !strings.Contains(text, "GVL owner:     "+doc.Ruby.GVLSource) || !strings.Contains(text, "GC state:      "+doc.Ruby.GCSource) {
+		t.Errorf("text inspect lacks the GVL and GC sources:\n%s", text)
+	}
 	if doc.Ruby.AddressSources["ruby_current_vm_ptr"] == "" || doc.Ruby.AddressSources["ruby_global_symbols"] == "" {
 		t.Errorf("address sources: %v", doc.Ruby.AddressSources)
+	}
+}
+
+// TestRecordActivity: record's modes and activity outputs on a process
+// with threads in every activity (contention.rb): wall mode keeps every
+// thread with (waiting for GVL) frames on the spinners; --mode gvl keeps
+// only the GVL's owner (never the sleeper or the reader, never a GVL wait);
+// --threads roots each collapsed stack at its thread; pprof samples carry
+// the thread_name and activity labels.
+func TestRecordActivity(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, "contention.rb")
+		pid := strconv.Itoa(proc.Pid)
+		dir := t.TempDir()
+		rec := func(args ...string) string {
+			t.Helper()
+			out := filepath.Join(dir, strings.Join(args, "_")+".out")
+			_, stderr, code := run(t, append([]string{"record", "--pid", pid, "--duration", "2s", "--silent", "-o", out}, args...)...)
+			if code != 0 {
+				t.Fatalf("record %v: exit %d: %s", args, code, stderr)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(b)
+		}
+		threadsOf := func(collapsed string) map[string]int {
+			got := map[string]int{}
+			for _, l := range strings.Split(strings.TrimSpace(collapsed), "\n") {
+				if !strings.HasPrefix(l, "thread ") {
+					t.Fatalf("line not rooted at its thread: %q", l)
+				}
+				name := strings.SplitN(strings.TrimPrefix(l, "thread "), " (", 2)[0]
+				n, _ := strconv.Atoi(l[strings.LastIndex(l, " ")+1:])
+				got[name] += n
+				if strings.Contains(l, "(waiting for GVL)") {
+					got[name+" waiting"] += n
+				}
+			}
+			return got
+		}
+		wall := threadsOf(rec("--format", "collapsed", "--threads"))
+		for _, name := range []string{"spin-0", "spin-1", "reader", "sleeper"} {
+			if wall[name] == 0 {
+				t.Errorf("wall mode: no samples of %s (%v)", name, wall)
+			}
+		}
+		if wall["spin-0 waiting"]+wall["spin-1 waiting"] == 0 || wall["sleeper waiting"] != 0 {
+			t.Errorf("wall mode: GVL waits %v", wall)
+		}
+		gvl := threadsOf(rec("--format", "collapsed", "--threads", "--mode", "gvl"))
+		if gvl["spin-0"]+gvl["spin-1"] == 0 || gvl["reader"] != 0 || gvl["sleeper"] != 0 || gvl["spin-0 waiting"]+gvl["spin-1 waiting"] != 0 {
+			t.Errorf("gvl mode keeps %v, want the spinners' owned samples only", gvl)
+		}
+		p, err := profile.ParseData([]byte(rec("--format", "pprof")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		acts := map[string]int64{}
+		for _, s := range p.Sample {
+			if len(s.Label["thread_name"]) != 1 || len(s.Label["activity"]) != 1 {
+				t.Fatalf("pprof sample labels %v", s.Label)
+			}
+			acts[s.Label["thread_name"][0]+" "+s.Label["activity"][0]] += s.Value[0]
+		}
+		// Which spinner holds the GVL over two seconds is up to Ruby's
+		// scheduler: between them, both activities appear.
+		running := acts["spin-0 running"] + acts["spin-1 running"]
+		waiting := acts["spin-0 gvl_wait"] + acts["spin-1 gvl_wait"]
+		if acts["reader blocked"] == 0 || running == 0 || waiting == 0 || acts["sleeper running"] != 0 {
+			t.Errorf("pprof activity labels %v", acts)
+		}
+	})
+}
+
+// TestRecordNoGC: --no-gc leaves out the GC frames, while the summary's
+// per-thread shares still count the GC samples.
+func TestRecordNoGC(t *testing.T) {
+	testutil.NeedRoot(t)
+	rb := testutil.SystemRuby(t)
+	rb.SetProfilerEnv(t)
+	res := filepath.Join(t.TempDir(), "gc.json")
+	proc := rb.Start(t, "gcshare.rb", res, "3")
+	for _, noGC := range []bool{false, true} {
+		out := filepath.Join(t.TempDir(), "summary.txt")
+		args := []string{"record", "--pid", strconv.Itoa(proc.Pid), "--duration", "1s", "--silent", "--format", "summary", "-o", out}
+		if noGC {
+			args = append(args, "--no-gc")
+		}
+		_, stderr, code := run(t, args...)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		b, _ := os.ReadFile(out)
+		s := string(b)
+		hasFrames := strings.Contains(s, "(garbage collection)")
+		row := regexp.MustCompile(`(?m)^\s+\d+\s+[\d.]+%\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)%\s+ruby \(pid`).FindStringSubmatch(s)
+		if row == nil {
+			t.Fatalf("no activity row for the main thread:\n%s", s)
+		}
+		gc, _ := strconv.ParseFloat(row[1], 64)
+		if gc == 0 || hasFrames == noGC {
+			t.Errorf("--no-gc=%v: GC share %.1f%%, GC frames shown %v:\n%s", noGC, gc, hasFrames, s)
+		}
 	}
 }

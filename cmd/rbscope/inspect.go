@@ -74,6 +74,8 @@ func writeInspectText(w io.Writer, out inspectJSON) {
 	fmt.Fprintf(w, "Process:       %d (%s)\n", out.Pid, out.Executable)
 	fmt.Fprintf(w, "Ruby version:  %s (from %s)\n", out.Info.Version, out.Info.VersionSource)
 	fmt.Fprintf(w, "Layout:        %s\n", out.Info.LayoutSource)
+	fmt.Fprintf(w, "GVL owner:     %s\n", out.Info.GVLSource)
+	fmt.Fprintf(w, "GC state:      %s\n", out.Info.GCSource)
 	for _, b := range out.Info.Binaries {
 		fmt.Fprintf(w, "Binary:        %s\n", b.Path)
 		fmt.Fprintf(w, "  mapped at 0x%x, load bias 0x%x\n", b.Base, b.Bias)

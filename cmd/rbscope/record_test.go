@@ -460,10 +460,21 @@ func TestRecordProportions(t *testing.T) {
 				t.Errorf("%s: %.3f, want %.3f +- %.3f", what, got, want, tol)
 			}
 		}
-		within("rbscope vs the wall-clock share", gotA, wallA)
-		if quiet {
+		switch {
+		case quiet:
+			within("rbscope vs the wall-clock share", gotA, wallA)
 			within("rbscope vs the CPU share", gotA, cpuA)
-		} else {
+		case cpuPerWall >= 0.5:
+			within("rbscope vs the wall-clock share", gotA, wallA)
+		default:
+			// Preempted more than half the time: the script's own
+			// wall-clock split is as noisy as the sampling: rbscope must
+			// be near its CPU share or its wall-clock share.
+			if d := min(math.Abs(gotA-wallA), math.Abs(gotA-cpuA)); d > tol {
+				t.Errorf("rbscope %.3f is further than %.3f from both the wall-clock share %.3f and the CPU share %.3f", gotA, tol, wallA, cpuA)
+			}
+		}
+		if !quiet {
 			t.Logf("the target got %.0f%% of a CPU: CPU-share comparisons only logged", 100*cpuPerWall)
 		}
 
@@ -541,6 +552,7 @@ func TestRecordSubprocesses(t *testing.T) {
 		script := recScript(t, `
 def forked_child; x = 0; t = Time.now; x += 1 while Time.now - t < 2.5; end
 def system_parent; x = 0; t = Time.now; x += 1 while Time.now - t < 1; end
+sleep 0.01 until File.exist?(ARGV[0]) # rbscope has opened this Ruby: its raw recording exists
 pid = fork { forked_child }
 system(RbConfig.ruby, "-e", "def system_child; t = Time.now; x = 0; x += 1 while Time.now - t < 1.5; end; system_child")
 system_parent
@@ -548,7 +560,7 @@ Process.wait(pid)`)
 		dir := t.TempDir()
 		raw := filepath.Join(dir, "rec.raw.gz")
 		res := recRun(t, rb, append([]string{"record", "--subprocesses", "--rate", "50", "--format", "collapsed", "-o", filepath.Join(dir, "c.txt"),
-			"--raw", raw, "--"}, rb.Argv(script)...)...)
+			"--raw", raw, "--"}, rb.Argv(script, raw)...)...)
 		if res.err != nil {
 			t.Fatalf("record: %v\n%s", res.err, res.stderr)
 		}
@@ -629,12 +641,13 @@ func TestRecordFollowsExec(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		recBinary(t)
 		script := recScript(t, `
-def before_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 2.5; end # time to attach first
+def before_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 1; end
+sleep 0.01 until File.exist?(ARGV[0]) # rbscope has opened this Ruby: its raw recording exists
 before_exec
 exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Time.now - t < 1.5; end; after_exec")`)
 		dir := t.TempDir()
 		raw := filepath.Join(dir, "rec.raw.gz")
-		res := recRun(t, rb, append([]string{"record", "--rate", "100", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw, "--"}, rb.Argv(script)...)...)
+		res := recRun(t, rb, append([]string{"record", "--rate", "100", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw, "--"}, rb.Argv(script, raw)...)...)
 		if res.err != nil {
 			t.Fatalf("record: %v\n%s", res.err, res.stderr)
 		}
@@ -647,9 +660,9 @@ exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Tim
 				}
 			}
 		}
-		// 2.5 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
+		// 1 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
 		// what is checked is that both programs are sampled.
-		if n["Object#before_exec"] < 10 || n["Object#after_exec"] < 15 {
+		if n["Object#before_exec"] < 5 || n["Object#after_exec"] < 10 {
 			t.Errorf("samples by method %v; stderr:\n%s", n, res.stderr)
 		}
 		if !strings.Contains(res.stderr, "exec'd") {

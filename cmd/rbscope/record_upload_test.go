@@ -26,7 +26,7 @@ func TestRecordUpload(t *testing.T) {
 		dir := t.TempDir()
 		raw := filepath.Join(dir, "rec.raw.gz")
 		start := time.Now()
-		res := recRun(t, rb, "record", "--pid", strconv.Itoa(proc.Pid), "--duration", "4s", "--nonblocking",
+		res := recRun(t, rb, "record", "--pid", strconv.Itoa(proc.Pid), "--duration", "6s", "--nonblocking",
 			"--upload", srv.URL(), "--app-name", app, "--tag", "suite=cli", "--upload-interval", "2s",
 			"--raw", raw, "--format", "collapsed", "--output", filepath.Join(dir, "out.txt"))
 		stderr := res.stderr

@@ -12,11 +12,14 @@ import (
 	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/stack"
 )
 
 type reportOpts struct {
 	input, format, output, title string
 	lines                        bool
+	threads, noGC                bool
+	mode                         string
 	top                          int
 	up                           uploadOpts
 }
@@ -66,6 +69,9 @@ Formats:
 	f.StringVar(&o.title, "title", "", "profile title (default: rbscope and the recorded command)")
 	f.BoolVar(&o.lines, "lines", false, "collapsed: name frames \"name (path:line)\"")
 	f.IntVar(&o.top, "top", 0, "summaries: show only the first N rows (0: all)")
+	f.BoolVar(&o.threads, "threads", false, "collapsed: root each stack at \"thread NAME (TID)\"")
+	f.StringVar(&o.mode, "mode", "wall", "keep only the samples of this mode: wall (all), cpu (running or in GC), gvl (the GVL's owner)")
+	f.BoolVar(&o.noGC, "no-gc", false, "leave out the GC pseudo-frames")
 	o.up.register(f)
 	rootCmd.AddCommand(cmd)
 }
@@ -116,6 +122,10 @@ func runReport(stderr io.Writer, o reportOpts) error {
 	if o.top < 0 {
 		return usage("--top %d: must be 0 (all) or more", o.top)
 	}
+	mode, err := stack.ParseMode(o.mode)
+	if err != nil {
+		return usage("--mode: %v", err)
+	}
 	rd, err := recording.Open(o.input)
 	if err != nil {
 		return fmt.Errorf("read recording: %w", err)
@@ -126,14 +136,14 @@ func runReport(stderr io.Writer, o reportOpts) error {
 	if o.title != "" {
 		opts.Title = o.title
 	}
-	opts.Lines, opts.Top = o.lines, o.top
+	opts.Lines, opts.Top, opts.Threads = o.lines, o.top, o.threads
 
 	out := o.output
 	if out == "" {
 		out = reportPath(o.input, o.format)
 	}
 	// A recording cut short is rendered up to where it was cut.
-	n, f, err := output.RenderFile(o.format, opts, rd.Samples(), out)
+	n, f, err := output.RenderFile(o.format, opts, filterSamples(rd.Samples(), mode, o.noGC), out)
 	if err != nil {
 		return fmt.Errorf("render %s: %w", o.format, err)
 	}
@@ -153,4 +163,27 @@ func runReport(stderr io.Writer, o reportOpts) error {
 		fmt.Fprintf(stderr, "wrote %s (%d samples) to %s\n", o.format, n, out)
 	}
 	return nil
+}
+
+// filterSamples drops the samples mode does not keep and, with noGC, the
+// GC pseudo-frames.
+func filterSamples(next func() (stack.Sample, error), mode stack.Mode, noGC bool) func() (stack.Sample, error) {
+	if mode == stack.ModeWall && !noGC {
+		return next
+	}
+	return func() (stack.Sample, error) {
+		for {
+			s, err := next()
+			if err != nil {
+				return s, err
+			}
+			if !mode.Keeps(&s) {
+				continue
+			}
+			if noGC {
+				s.Frames = stack.WithoutGC(s.Frames)
+			}
+			return s, nil
+		}
+	}
 }

@@ -53,7 +53,7 @@ func heldBy(sts []procfs.Status, tracer int) bool {
 }
 
 // startRecording starts a blocking rbscope record of pid at 1 kHz and
-// waits for sampling to have begun (the raw recording exists).
+// waits for sampling to have begun.
 func startRecording(t *testing.T, rb testutil.RubyUnderTest, pid int, dir string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	cmd := exec.Command(recBinary(t), "record", "--pid", strconv.Itoa(pid), "--rate", "1000", "--format", "summary",
@@ -65,13 +65,18 @@ func startRecording(t *testing.T, rb testutil.RubyUnderTest, pid int, dir string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for i := 0; i < 250; i++ {
-		if _, err := os.Stat(filepath.Join(dir, "r.gz")); err == nil {
+	// Sampling has begun once the raw recording holds a first block
+	// (512 samples, or a second's worth) past its header.
+	raw, header := filepath.Join(dir, "r.gz"), int64(-1)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		n := fileSize(raw)
+		if header < 0 && n > 0 {
+			header = n
+		}
+		if header > 0 && n > header {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(300 * time.Millisecond)
 	return cmd, &se
 }
 
@@ -146,12 +151,14 @@ func fileSize(path string) int64 {
 	return st.Size()
 }
 
-// waitState waits up to 5 s for process pid's state to be one of want.
+// waitState waits up to 15 s for process pid's state to be one of want
+// (a sample in progress, which SIGTSTP waits for, can take seconds on a
+// loaded machine).
 func waitState(t *testing.T, pid int, want ...byte) {
 	t.Helper()
 	var st procfs.Stat
 	var err error
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
 		if st, err = procfs.ReadStat(pid); err == nil && bytes.IndexByte(want, st.State) >= 0 {
 			return
 		}

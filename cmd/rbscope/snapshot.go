@@ -114,6 +114,7 @@ func runSnapshot(w io.Writer, o snapshotOpts) error {
 	if err != nil {
 		return fmt.Errorf("read stacks of process %d: %w", t.Pid(), err)
 	}
+	completeActivities(t, threads)
 	for i := range threads {
 		if threads[i].Frames == nil {
 			threads[i].Frames = []stack.Frame{}
@@ -139,11 +140,18 @@ func writeThread(w io.Writer, th stack.Thread) {
 		tags = append(tags, "has GVL")
 	}
 	tags = append(tags, th.State)
+	if th.Activity != "" {
+		tags = append(tags, "activity "+th.Activity)
+	}
 	fmt.Fprintf(w, "\nThread %d %q (%s)\n", th.TID, th.Name, strings.Join(tags, ", "))
 	if len(th.Frames) == 0 {
 		fmt.Fprintln(w, "    (no Ruby frames)")
 	}
 	for _, f := range th.Frames {
+		if f.IsPseudo() {
+			fmt.Fprintf(w, "    %s\n", f.Name)
+			continue
+		}
 		loc := f.Path
 		if f.Line > 0 {
 			loc = fmt.Sprintf("%s:%d", f.Path, f.Line)
@@ -152,5 +160,30 @@ func writeThread(w io.Writer, th stack.Thread) {
 			loc = "(unknown)"
 		}
 		fmt.Fprintf(w, "    %s (%s)\n", f.Name, loc)
+	}
+}
+
+// completeActivities asks the kernel about the threads whose activity
+// Ruby's state could not tell (see ruby.KernelActivity).
+func completeActivities(t target.Target, threads []stack.Thread) {
+	need := false
+	for i := range threads {
+		if threads[i].Activity == stack.ActivityUnknown {
+			need = true
+		}
+	}
+	if !need {
+		return
+	}
+	osThreads, err := t.Threads()
+	if err != nil {
+		return
+	}
+	states := make(map[int]byte, len(osThreads))
+	for _, ot := range osThreads {
+		states[ot.TID] = ot.State
+	}
+	for i := range threads {
+		ruby.KernelActivity(&threads[i], states[threads[i].TID])
 	}
 }

@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"bufio"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,22 +16,16 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/link"
+
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
-const libruby = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"
-
-// needBPF skips unless the test can attach uprobes.
+// needBPF stops the test (testutil.Missing) unless it can attach uprobes.
 func needBPF(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testutil.Missing(t, "attaching uprobes needs root (CAP_SYS_ADMIN)")
-	}
-	if _, err := exec.LookPath("ruby"); err != nil {
-		testutil.Missing(t, "ruby not installed")
-	}
+	testutil.NeedRoot(t)
 	if _, err := os.Stat("/sys/bus/event_source/devices/uprobe"); err != nil {
-		testutil.Missing(t, "kernel has no uprobe PMU")
+		testutil.Missing(t, "a kernel with uprobes (CONFIG_UPROBE_EVENTS)")
 	}
 }
 
@@ -41,18 +36,21 @@ type rubyProc struct {
 	out   *bufio.Reader
 }
 
-func startRuby(t testing.TB, args ...string) *rubyProc {
+// startRuby runs rb on args; the test's own environment is set up for
+// rbscope to profile rb (rb.SetProfilerEnv).
+func startRuby(t testing.TB, rb testutil.RubyUnderTest, args ...string) *rubyProc {
 	t.Helper()
-	return startRubyEnv(t, nil, args...)
+	return startRubyEnv(t, rb, nil, args...)
 }
 
 // startRubyEnv is startRuby with extra environment variables.
-func startRubyEnv(t testing.TB, env []string, args ...string) *rubyProc {
+func startRubyEnv(t testing.TB, rb testutil.RubyUnderTest, env []string, args ...string) *rubyProc {
 	t.Helper()
-	cmd := exec.Command("ruby", args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
-	}
+	// rb.SetProfilerEnv, for benchmarks too.
+	t.Setenv("RBSCOPE_DEBUG_ROOT", rb.DebugRoot)
+	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
+	cmd := rb.Command(args...)
+	cmd.Env = append(os.Environ(), env...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -115,11 +113,11 @@ func script(t testing.TB, name string) string {
 	return p
 }
 
-func attachOrSkip(t testing.TB, pid int, opts Options) *Tracker {
+func attachOrMissing(t testing.TB, pid int, opts Options) *Tracker {
 	t.Helper()
 	tr, err := Attach(pid, opts)
 	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes) {
-		testutil.Missing(t, "cannot attach here: %v", err)
+		testutil.Missing(t, "a kernel that lets rbscope attach uprobes: %v", err)
 	}
 	if err != nil {
 		t.Fatalf("Attach: %v", err)
@@ -148,18 +146,20 @@ func siteCount(r *Report, class, path string, line int) uint64 {
 
 func TestExactCounts(t *testing.T) {
 	needBPF(t)
-	t.Run("uprobe_multi", func(t *testing.T) { exactCounts(t, false) })
-	t.Run("per_site", func(t *testing.T) { exactCounts(t, true) })
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		t.Run("uprobe_multi", func(t *testing.T) { exactCounts(t, rb, false) })
+		t.Run("per_site", func(t *testing.T) { exactCounts(t, rb, true) })
+	})
 }
 
-func exactCounts(t *testing.T, perSite bool) {
+func exactCounts(t *testing.T, rb testutil.RubyUnderTest, perSite bool) {
 	forcePerSite = perSite
 	defer func() { forcePerSite = false }()
 	const n = 3000
-	p := startRuby(t, script(t, "alloc.rb"), fmt.Sprint(n))
+	p := startRuby(t, rb, script(t, "alloc.rb"), fmt.Sprint(n))
 	work := script(t, "work.rb")
 	p.expect(t, "ready")
-	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
+	tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true})
 	if tr.multi == perSite {
 		testutil.Missing(t, "uprobe_multi=%v, want %v (kernel before 6.6?)", tr.multi, !perSite)
 	}
@@ -188,21 +188,34 @@ func exactCounts(t *testing.T, perSite bool) {
 		class string
 		line  int
 		want  uint64
+		alt   uint64 // another count Ruby's probes give on some builds
 	}{
-		{"Widget", 9, n},
-		{"Gadget", 10, 2 * n},
-		{"Outer::Inner", 11, n / 2},
-		{"Array", 12, n},
-		{"String", 13, n},
-		{"Hash", 14, n / 4},
+		{"Widget", 9, n, 0},
+		{"Gadget", 10, 2 * n, 0},
+		{"Outer::Inner", 11, n / 2, 0},
+		{"Array", 12, n, 0},
+		{"String", 13, n, 0},
+		// {a: 1}: YJIT-compiled code makes the hash without the
+		// interpreter's newhash instruction, which holds the probe: only
+		// the calls before YJIT compiles the block are reported.
+		{"Hash", 14, n / 4, 0},
 		// "s#{i}": the result and i.to_s, except for 0..9 whose to_s
-		// Ruby does not allocate (memory_profiler agrees).
-		{"String", 15, 2*n - 10},
+		// Ruby does not allocate (memory_profiler agrees on Debian's
+		// Ruby); Ruby 3.3 builds the interpolated result without firing
+		// string__create, so only the to_s strings are reported there.
+		{"String", 15, 2*n - 10, n - 10},
 		// Array.new(3): one object__create("Array"); the allocator's own
 		// array__create site is not attached, so no double count.
-		{"Array", 16, n / 10},
+		{"Array", 16, n / 10, 0},
 	} {
-		if got := siteCount(r, c.class, work, c.line); got != c.want {
+		got := siteCount(r, c.class, work, c.line)
+		if c.class == "Hash" && rb.YJIT {
+			if got == 0 || got > c.want {
+				t.Errorf("%s:%d:%s: %d allocations under YJIT, want 1 to %d", work, c.line, c.class, got, c.want)
+			}
+			continue
+		}
+		if got != c.want && (c.alt == 0 || got != c.alt) {
 			t.Errorf("%s:%d:%s: %d allocations, want %d", work, c.line, c.class, got, c.want)
 		}
 	}
@@ -231,11 +244,12 @@ func logReport(t *testing.T, r *Report) {
 // location must agree within 2%.
 func TestAgreesWithMemoryProfiler(t *testing.T) {
 	needBPF(t)
-	if err := exec.Command("ruby", "-e", "require 'memory_profiler'").Run(); err != nil {
-		testutil.Missing(t, "memory_profiler not installed (Debian ruby-memory-profiler)")
+	rb := testutil.SystemRuby(t)
+	if err := rb.Command("-e", "require 'memory_profiler'").Run(); err != nil {
+		testutil.Missing(t, "memory_profiler (Debian ruby-memory-profiler)")
 	}
 	const n = 4000
-	out, err := exec.Command("ruby", script(t, "memprof.rb"), fmt.Sprint(n)).Output()
+	out, err := rb.Command(script(t, "memprof.rb"), fmt.Sprint(n)).Output()
 	if err != nil {
 		t.Fatalf("memprof.rb: %v", err)
 	}
@@ -250,9 +264,9 @@ func TestAgreesWithMemoryProfiler(t *testing.T) {
 		t.Fatalf("memory_profiler saw only %v", truth.ByLocation)
 	}
 
-	p := startRuby(t, script(t, "alloc.rb"), fmt.Sprint(n))
+	p := startRuby(t, rb, script(t, "alloc.rb"), fmt.Sprint(n))
 	p.expect(t, "ready")
-	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
+	tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true})
 	p.send(t)
 	p.expect(t, "done")
 	r, err := tr.Snapshot()
@@ -286,94 +300,100 @@ func TestAgreesWithMemoryProfiler(t *testing.T) {
 // close to the truth.
 func TestSampled(t *testing.T) {
 	needBPF(t)
-	const n, period = 20000, 10
-	p := startRuby(t, script(t, "alloc.rb"), fmt.Sprint(n))
-	p.expect(t, "ready")
-	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{SamplePeriod: period})
-	p.send(t)
-	p.expect(t, "done")
-	r, err := tr.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !r.Estimated || r.Scale != period {
-		t.Errorf("estimated=%v scale=%v, want true, %d", r.Estimated, r.Scale, period)
-	}
-	// Binomial sampling: relative standard deviation sqrt(period/count),
-	// 2.2% for 20000; allow 5 standard deviations.
-	for class, want := range map[string]uint64{"Widget": n, "Gadget": 2 * n, "Array": n + n/10} {
-		got := classCount(r, class)
-		if d := float64(got)/float64(want) - 1; d > 0.12 || d < -0.12 {
-			t.Errorf("class %s: estimated %d, true %d", class, got, want)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		const n, period = 20000, 10
+		p := startRuby(t, rb, script(t, "alloc.rb"), fmt.Sprint(n))
+		p.expect(t, "ready")
+		tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true, SamplePeriod: period})
+		p.send(t)
+		p.expect(t, "done")
+		r, err := tr.Snapshot()
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if r.Counted*5 > r.Events || r.Counted*20 < r.Events {
-		t.Errorf("counted %d of %d events with period %d", r.Counted, r.Events, period)
-	}
+		if !r.Estimated || r.Scale != period {
+			t.Errorf("estimated=%v scale=%v, want true, %d", r.Estimated, r.Scale, period)
+		}
+		// Binomial sampling: relative standard deviation sqrt(period/count),
+		// 2.2% for 20000; allow 5 standard deviations.
+		for class, want := range map[string]uint64{"Widget": n, "Gadget": 2 * n, "Array": n + n/10} {
+			got := classCount(r, class)
+			if d := float64(got)/float64(want) - 1; d > 0.12 || d < -0.12 {
+				t.Errorf("class %s: estimated %d, true %d", class, got, want)
+			}
+		}
+		if r.Counted*5 > r.Events || r.Counted*20 < r.Events {
+			t.Errorf("counted %d of %d events with period %d", r.Counted, r.Events, period)
+		}
+	})
 }
 
 // TestThreads attaches to a process that has run for a while and counts
 // allocations made by four threads at once.
 func TestThreads(t *testing.T) {
 	needBPF(t)
-	const n = 5000
-	path := script(t, "threads.rb")
-	p := startRuby(t, path, fmt.Sprint(n))
-	p.expect(t, "ready")
-	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
-	p.send(t)
-	p.expect(t, "done")
-	r, err := tr.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, class := range []string{"Alpha", "Beta", "Gamma", "Delta"} {
-		if got := siteCount(r, class, path, 14+i); got != n {
-			t.Errorf("%s:%d:%s = %d, want %d", path, 14+i, class, got, n)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		const n = 5000
+		path := script(t, "threads.rb")
+		p := startRuby(t, rb, path, fmt.Sprint(n))
+		p.expect(t, "ready")
+		tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true})
+		p.send(t)
+		p.expect(t, "done")
+		r, err := tr.Snapshot()
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	// The 50,000 objects made before attaching are not counted.
-	if got := classCount(r, "Object"); got != 0 {
-		t.Errorf("%d Objects counted from before the attach", got)
-	}
-	if t.Failed() {
-		logReport(t, r)
-	}
+		for i, class := range []string{"Alpha", "Beta", "Gamma", "Delta"} {
+			if got := siteCount(r, class, path, 14+i); got != n {
+				t.Errorf("%s:%d:%s = %d, want %d", path, 14+i, class, got, n)
+			}
+		}
+		// The 50,000 objects made before attaching are not counted.
+		if got := classCount(r, "Object"); got != 0 {
+			t.Errorf("%d Objects counted from before the attach", got)
+		}
+		if t.Failed() {
+			logReport(t, r)
+		}
+	})
 }
 
 // TestTwoSessions traces two Ruby processes at once: each tracker counts
 // only its own process (the probes are on the same libruby).
 func TestTwoSessions(t *testing.T) {
 	needBPF(t)
-	p1 := startRuby(t, script(t, "alloc.rb"), "1000")
-	p2 := startRuby(t, script(t, "alloc.rb"), "3000")
-	p1.expect(t, "ready")
-	p2.expect(t, "ready")
-	tr1 := attachOrSkip(t, p1.cmd.Process.Pid, Options{})
-	tr2 := attachOrSkip(t, p2.cmd.Process.Pid, Options{})
-	p1.send(t)
-	p2.send(t)
-	p1.expect(t, "done")
-	p2.expect(t, "done")
-	r1, err := tr1.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r2, err := tr2.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := classCount(r1, "Widget"); got != 1000 {
-		t.Errorf("session 1 counted %d Widgets, want 1000", got)
-	}
-	if got := classCount(r2, "Widget"); got != 3000 {
-		t.Errorf("session 2 counted %d Widgets, want 3000", got)
-	}
-	// Closing one session leaves the other attached.
-	tr1.Close()
-	if got := semaphore(t, p2.cmd.Process.Pid, tr2.Plan()); got == 0 {
-		t.Errorf("session 2's semaphore dropped to 0 when session 1 closed")
-	}
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p1 := startRuby(t, rb, script(t, "alloc.rb"), "1000")
+		p2 := startRuby(t, rb, script(t, "alloc.rb"), "3000")
+		p1.expect(t, "ready")
+		p2.expect(t, "ready")
+		tr1 := attachOrMissing(t, p1.cmd.Process.Pid, Options{Exact: true})
+		tr2 := attachOrMissing(t, p2.cmd.Process.Pid, Options{Exact: true})
+		p1.send(t)
+		p2.send(t)
+		p1.expect(t, "done")
+		p2.expect(t, "done")
+		r1, err := tr1.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2, err := tr2.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := classCount(r1, "Widget"); got != 1000 {
+			t.Errorf("session 1 counted %d Widgets, want 1000", got)
+		}
+		if got := classCount(r2, "Widget"); got != 3000 {
+			t.Errorf("session 2 counted %d Widgets, want 3000", got)
+		}
+		// Closing one session leaves the other attached.
+		tr1.Close()
+		if got := semaphore(t, p2.cmd.Process.Pid, tr2.Plan()); got == 0 {
+			t.Errorf("session 2's semaphore dropped to 0 when session 1 closed")
+		}
+	})
 }
 
 // semaphore reads object__create's semaphore in process pid.
@@ -389,41 +409,55 @@ func semaphore(t *testing.T, pid int, plan *Plan) uint16 {
 // TestSemaphoreReleasedOnClose checks the kernel's semaphore handling.
 func TestSemaphoreReleasedOnClose(t *testing.T) {
 	needBPF(t)
-	p := startRuby(t, script(t, "alloc.rb"), "10")
-	p.expect(t, "ready")
-	plan, err := planOf(p.cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := semaphore(t, p.cmd.Process.Pid, plan); got != 0 {
-		t.Fatalf("semaphore %d before attaching", got)
-	}
-	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
-	if got := semaphore(t, p.cmd.Process.Pid, plan); got != 1 {
-		t.Errorf("semaphore %d while attached, want 1", got)
-	}
-	tr.Close()
-	if got := semaphore(t, p.cmd.Process.Pid, plan); got != 0 {
-		t.Errorf("semaphore %d after Close, want 0", got)
-	}
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startRuby(t, rb, script(t, "alloc.rb"), "10")
+		p.expect(t, "ready")
+		plan, err := planOf(p.cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := semaphore(t, p.cmd.Process.Pid, plan); got != 0 {
+			t.Fatalf("semaphore %d before attaching", got)
+		}
+		tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true})
+		if got := semaphore(t, p.cmd.Process.Pid, plan); got != 1 {
+			t.Errorf("semaphore %d while attached, want 1", got)
+		}
+		tr.Close()
+		if got := semaphore(t, p.cmd.Process.Pid, plan); got != 0 {
+			t.Errorf("semaphore %d after Close, want 0", got)
+		}
+	})
 }
 
 // TestProbeBusy holds object__create with a different semaphore offset,
 // as a foreign tracer might: Attach must say so.
 func TestProbeBusy(t *testing.T) {
 	needBPF(t)
+	rb := testutil.SystemRuby(t)
 	// The foreign probe goes on a private copy of libruby: uprobes are
 	// per inode, so tests of other packages attaching to the system
 	// libruby at the same time are not disturbed, nor disturb this one.
+	libruby := sharedLibruby(t, rb)
 	lib, err := os.ReadFile(libruby)
 	if err != nil {
-		testutil.Missing(t, "no libruby to copy: %v", err)
+		t.Fatalf("read libruby to copy: %v", err)
 	}
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, filepath.Base(libruby)), lib, 0o755); err != nil {
+	// The copy goes under the name the loader looks for: the SONAME.
+	ef, err := elf.Open(libruby)
+	if err != nil {
 		t.Fatal(err)
 	}
-	p := startRubyEnv(t, []string{"LD_LIBRARY_PATH=" + dir}, script(t, "alloc.rb"), "10")
+	sonames, err := ef.DynString(elf.DT_SONAME)
+	ef.Close()
+	if err != nil || len(sonames) == 0 {
+		t.Fatalf("SONAME of %s: %v", libruby, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, sonames[0]), lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := startRubyEnv(t, rb, []string{"LD_LIBRARY_PATH=" + dir}, script(t, "alloc.rb"), "10")
 	p.expect(t, "ready")
 	pid := p.cmd.Process.Pid
 	plan, err := planOf(pid)
@@ -447,7 +481,7 @@ func TestProbeBusy(t *testing.T) {
 	}
 	var foreign allocObjects
 	if err := spec.LoadAndAssign(&foreign, nil); err != nil {
-		testutil.Missing(t, "cannot load the foreign program: %v", err)
+		t.Fatalf("load the foreign program: %v", err)
 	}
 	defer foreign.Close()
 	ex, err := link.OpenExecutable(plan.HostPath)
@@ -459,13 +493,23 @@ func TestProbeBusy(t *testing.T) {
 		t.Fatalf("set up the foreign probe: %v", err)
 	}
 	defer l.Close()
-	_, err = Attach(pid, Options{})
+	_, err = Attach(pid, Options{Exact: true})
 	if !errors.Is(err, ErrProbeBusy) {
 		t.Fatalf("Attach with the probe held elsewhere: %v, want ErrProbeBusy", err)
 	}
 	if !strings.Contains(err.Error(), "another tracer (bcc?) holds this probe") {
 		t.Errorf("error %q does not say what happened", err)
 	}
+}
+
+// sharedLibruby returns the path of the libruby rb maps.
+func sharedLibruby(t *testing.T, rb testutil.RubyUnderTest) string {
+	t.Helper()
+	out, err := rb.Command("-e", `print File.readlines("/proc/self/maps").map { |l| l.split[5] }.compact.find { |p| p.include?("libruby") }`).Output()
+	if err != nil || len(out) == 0 {
+		t.Fatalf("find the libruby %s maps: %v %q", rb.Name, err, out)
+	}
+	return string(out)
 }
 
 // TestNoProbes: a process without Ruby has nothing to attach to.
@@ -486,41 +530,43 @@ func TestNoProbes(t *testing.T) {
 // the Ruby walker: classes only, no file:line.
 func TestSymbolsFallback(t *testing.T) {
 	needBPF(t)
-	const n = 2000
-	p := startRuby(t, script(t, "alloc.rb"), fmt.Sprint(n))
-	p.expect(t, "ready")
-	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{ForceSymbols: true})
-	if tr.Plan().Mode != "symbols" {
-		t.Fatalf("mode %q", tr.Plan().Mode)
-	}
-	p.send(t)
-	p.expect(t, "done")
-	r, err := tr.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for class, want := range map[string]uint64{"Widget": n, "Gadget": 2 * n, "Outer::Inner": n / 2} {
-		if got := classCount(r, class); got != want {
-			t.Errorf("class %s: %d, want %d", class, got, want)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		const n = 2000
+		p := startRuby(t, rb, script(t, "alloc.rb"), fmt.Sprint(n))
+		p.expect(t, "ready")
+		tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true, ForceSymbols: true})
+		if tr.Plan().Mode != "symbols" {
+			t.Fatalf("mode %q", tr.Plan().Mode)
 		}
-	}
-	// Builtins: within 2% (alloc.rb's own handshake allocates a few).
-	for class, want := range map[string]uint64{"String": 3*n - 10, "Array": n + n/10, "Hash": n / 4} {
-		got := classCount(r, class)
-		if d := float64(got)/float64(want) - 1; d > 0.02 || d < -0.02 {
-			t.Errorf("class %s: %d, want %d", class, got, want)
+		p.send(t)
+		p.expect(t, "done")
+		r, err := tr.Snapshot()
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	for _, s := range r.BySite {
-		if s.Path != "" || s.Line != 0 {
-			t.Errorf("symbols mode reported a site %s:%d", s.Path, s.Line)
+		for class, want := range map[string]uint64{"Widget": n, "Gadget": 2 * n, "Outer::Inner": n / 2} {
+			if got := classCount(r, class); got != want {
+				t.Errorf("class %s: %d, want %d", class, got, want)
+			}
 		}
-	}
-	if t.Failed() {
-		for _, c := range r.ByClass {
-			t.Logf("%d %s", c.Count, c.Class)
+		// Builtins: within 2% (alloc.rb's own handshake allocates a few).
+		for class, want := range map[string]uint64{"String": 3*n - 10, "Array": n + n/10, "Hash": n / 4} {
+			got := classCount(r, class)
+			if d := float64(got)/float64(want) - 1; d > 0.02 || d < -0.02 {
+				t.Errorf("class %s: %d, want %d", class, got, want)
+			}
 		}
-	}
+		for _, s := range r.BySite {
+			if s.Path != "" || s.Line != 0 {
+				t.Errorf("symbols mode reported a site %s:%d", s.Path, s.Line)
+			}
+		}
+		if t.Failed() {
+			for _, c := range r.ByClass {
+				t.Logf("%d %s", c.Count, c.Class)
+			}
+		}
+	})
 }
 
 // TestDutyCycle: attached half of every 200 ms, the probes' semaphore is
@@ -528,92 +574,102 @@ func TestSymbolsFallback(t *testing.T) {
 // elapsed/attached time.
 func TestDutyCycle(t *testing.T) {
 	needBPF(t)
-	p := startRuby(t, script(t, "alloc.rb"), "10")
-	p.expect(t, "ready")
-	pid := p.cmd.Process.Pid
-	tr := attachOrSkip(t, pid, Options{DutyCycle: 0.5, DutyWindow: 200 * time.Millisecond})
-	seen := map[uint16]bool{}
-	start := time.Now()
-	deadline := start.Add(5 * time.Second)
-	for time.Now().Before(deadline) && (!(seen[0] && seen[1]) || time.Since(start) < 1200*time.Millisecond) {
-		seen[semaphore(t, pid, tr.Plan())] = true
-		time.Sleep(10 * time.Millisecond)
-	}
-	if !seen[0] || !seen[1] {
-		t.Errorf("semaphore values seen in 5s: %v, want both 0 and 1", seen)
-	}
-	r, err := tr.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !r.Estimated || r.Scale < 1.5 || r.Scale > 3 {
-		t.Errorf("estimated %v scale %v, want true and about 2", r.Estimated, r.Scale)
-	}
-	tr.Close()
-	if got := semaphore(t, pid, tr.Plan()); got != 0 {
-		t.Errorf("semaphore %d after Close", got)
-	}
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startRuby(t, rb, script(t, "alloc.rb"), "10")
+		p.expect(t, "ready")
+		pid := p.cmd.Process.Pid
+		tr := attachOrMissing(t, pid, Options{DutyCycle: 0.5, DutyWindow: 200 * time.Millisecond})
+		seen := map[uint16]bool{}
+		start := time.Now()
+		deadline := start.Add(5 * time.Second)
+		for time.Now().Before(deadline) && (!(seen[0] && seen[1]) || time.Since(start) < 1200*time.Millisecond) {
+			seen[semaphore(t, pid, tr.Plan())] = true
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !seen[0] || !seen[1] {
+			t.Errorf("semaphore values seen in 5s: %v, want both 0 and 1", seen)
+		}
+		r, err := tr.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Scaled by time (half the time attached, off periods of random
+		// length) unless Ruby's counter
+		// was found; then by its growth, whatever it is for an idle
+		// process.
+		if !r.Estimated || (r.Scaling == "time" && (r.Scale < 1.3 || r.Scale > 4)) || (r.Scaling != "time" && r.Scaling != "counter") {
+			t.Errorf("estimated %v scaling %s scale %v, want an estimate scaled about 2 by time, or by the counter", r.Estimated, r.Scaling, r.Scale)
+		}
+		tr.Close()
+		if got := semaphore(t, pid, tr.Plan()); got != 0 {
+			t.Errorf("semaphore %d after Close", got)
+		}
+	})
 }
 
 // TestNoLeakedFDs: Close releases every map, program, link and file.
 func TestNoLeakedFDs(t *testing.T) {
 	needBPF(t)
-	p := startRuby(t, script(t, "alloc.rb"), "10")
-	p.expect(t, "ready")
-	count := func() int {
-		ents, err := os.ReadDir("/proc/self/fd")
-		if err != nil {
-			t.Fatal(err)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startRuby(t, rb, script(t, "alloc.rb"), "10")
+		p.expect(t, "ready")
+		count := func() int {
+			ents, err := os.ReadDir("/proc/self/fd")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(ents)
 		}
-		return len(ents)
-	}
-	before := count()
-	for i := 0; i < 3; i++ {
-		tr := attachOrSkip(t, p.cmd.Process.Pid, Options{DutyCycle: 0.5, DutyWindow: 50 * time.Millisecond})
-		time.Sleep(120 * time.Millisecond)
-		if _, err := tr.Snapshot(); err != nil {
-			t.Fatal(err)
+		before := count()
+		for i := 0; i < 3; i++ {
+			tr := attachOrMissing(t, p.cmd.Process.Pid, Options{DutyCycle: 0.5, DutyWindow: 50 * time.Millisecond})
+			time.Sleep(120 * time.Millisecond)
+			if _, err := tr.Snapshot(); err != nil {
+				t.Fatal(err)
+			}
+			if err := tr.Close(); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := tr.Close(); err != nil {
-			t.Fatal(err)
+		if after := count(); after != before {
+			t.Errorf("%d file descriptors open before, %d after three attach/close cycles", before, after)
 		}
-	}
-	if after := count(); after != before {
-		t.Errorf("%d file descriptors open before, %d after three attach/close cycles", before, after)
-	}
+	})
 }
 
 // TestAnonymousClasses: objects of anonymous classes are counted under one
 // name, and no name is read from reused memory.
 func TestAnonymousClasses(t *testing.T) {
 	needBPF(t)
-	path := script(t, "anon.rb")
-	p := startRuby(t, path)
-	p.expect(t, "ready")
-	tr := attachOrSkip(t, p.cmd.Process.Pid, Options{})
-	p.send(t)
-	p.expect(t, "done")
-	r, err := tr.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := siteCount(r, AnonymousClass, path, 9); got != 1500 {
-		t.Errorf("%s at line 9: %d, want 1500", AnonymousClass, got)
-	}
-	if got := siteCount(r, "Named", path, 10); got != 700 {
-		t.Errorf("Named at line 10: %d, want 700", got)
-	}
-	for _, c := range r.ByClass {
-		for _, ch := range c.Class {
-			if ch < ' ' || ch > '~' {
-				t.Errorf("class name %q is not printable", c.Class)
-				break
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		path := script(t, "anon.rb")
+		p := startRuby(t, rb, path)
+		p.expect(t, "ready")
+		tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true})
+		p.send(t)
+		p.expect(t, "done")
+		r, err := tr.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := siteCount(r, AnonymousClass, path, 9); got != 1500 {
+			t.Errorf("%s at line 9: %d, want 1500", AnonymousClass, got)
+		}
+		if got := siteCount(r, "Named", path, 10); got != 700 {
+			t.Errorf("Named at line 10: %d, want 700", got)
+		}
+		for _, c := range r.ByClass {
+			for _, ch := range c.Class {
+				if ch < ' ' || ch > '~' {
+					t.Errorf("class name %q is not printable", c.Class)
+					break
+				}
 			}
 		}
-	}
-	if t.Failed() {
-		logReport(t, r)
-	}
+		if t.Failed() {
+			logReport(t, r)
+		}
+	})
 }
 
 // TestOtherMountNamespace: the target sees a different libruby (another
@@ -621,19 +677,22 @@ func TestAnonymousClasses(t *testing.T) {
 // /proc/PID/root, the probes land on the file the target really maps.
 func TestOtherMountNamespace(t *testing.T) {
 	needBPF(t)
+	rb := testutil.SystemRuby(t)
+	rb.SetProfilerEnv(t)
 	if _, err := exec.LookPath("unshare"); err != nil {
-		testutil.Missing(t, "unshare not installed (util-linux)")
+		testutil.Missing(t, "unshare (util-linux)")
 	}
+	libruby := sharedLibruby(t, rb)
 	lib, err := os.ReadFile(libruby)
 	if err != nil {
-		testutil.Missing(t, "no libruby: %v", err)
+		t.Fatalf("read libruby: %v", err)
 	}
 	copyPath := filepath.Join(t.TempDir(), "libruby-copy.so")
 	if err := os.WriteFile(copyPath, lib, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	rb := script(t, "alloc.rb")
-	shell := fmt.Sprintf("mount --bind %s %s && exec ruby %s 1000", copyPath, libruby, rb)
+	rbScript := script(t, "alloc.rb")
+	shell := fmt.Sprintf("mount --bind %s %s && exec %s %s 1000", copyPath, libruby, rb.Exe, rbScript)
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", shell)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -662,7 +721,7 @@ func TestOtherMountNamespace(t *testing.T) {
 	if hostSt.Ino == targetSt.Ino {
 		testutil.Missing(t, "the bind mount did not give the target another libruby")
 	}
-	tr := attachOrSkip(t, pid, Options{})
+	tr := attachOrMissing(t, pid, Options{Exact: true})
 	p.send(t)
 	p.expect(t, "done")
 	r, err := tr.Snapshot()

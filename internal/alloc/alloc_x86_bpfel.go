@@ -54,20 +54,50 @@ type allocSiteKey struct {
 	Kind uint32
 }
 
+type allocStackEvent struct {
+	_      structs.HostLayout
+	Ec     uint64
+	Cfp    uint64
+	Vs     uint64
+	Cls    uint64
+	File   uint64
+	Bytes  uint64
+	Line   uint32
+	Kind   uint32
+	Tid    uint32
+	CfLen  uint32
+	VsLen  uint32
+	Pad    uint32
+	EcData [512]uint8
+	Cf     [8192]uint8
+	Vsd    [16384]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	allocMapClasses         = "classes"
-	allocMapGcStart         = "gc_start"
-	allocMapPendingNew      = "pending_new"
-	allocMapProbeSpecs      = "probe_specs"
-	allocMapSites           = "sites"
-	allocMapStats           = "stats"
-	allocProgRubyAlloc      = "ruby_alloc"
-	allocProgRubyAllocMulti = "ruby_alloc_multi"
-	allocVarSamplePeriod    = "sample_period"
-	allocVarTargetTgid      = "target_tgid"
+	allocMapClasses          = "classes"
+	allocMapGate             = "gate"
+	allocMapGcStart          = "gc_start"
+	allocMapPendingNew       = "pending_new"
+	allocMapProbeSpecs       = "probe_specs"
+	allocMapSites            = "sites"
+	allocMapStacks           = "stacks"
+	allocMapStats            = "stats"
+	allocProgRubyAlloc       = "ruby_alloc"
+	allocProgRubyAllocMulti  = "ruby_alloc_multi"
+	allocVarSamplePeriod     = "sample_period"
+	allocVarStackPeriod      = "stack_period"
+	allocVarStkCfpSp         = "stk_cfp_sp"
+	allocVarStkEcCfp         = "stk_ec_cfp"
+	allocVarStkEcVmStack     = "stk_ec_vm_stack"
+	allocVarStkEcVmStackSize = "stk_ec_vm_stack_size"
+	allocVarStkMainRactor    = "stk_main_ractor"
+	allocVarStkRunningEc     = "stk_running_ec"
+	allocVarStkVm            = "stk_vm"
+	allocVarTargetTgid       = "target_tgid"
+	allocVarUnusedStackEvent = "unused_stack_event"
 )
 
 // loadAlloc returns the embedded CollectionSpec for alloc.
@@ -121,10 +151,12 @@ type allocProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocMapSpecs struct {
 	Classes    *ebpf.MapSpec `ebpf:"classes"`
+	Gate       *ebpf.MapSpec `ebpf:"gate"`
 	GcStart    *ebpf.MapSpec `ebpf:"gc_start"`
 	PendingNew *ebpf.MapSpec `ebpf:"pending_new"`
 	ProbeSpecs *ebpf.MapSpec `ebpf:"probe_specs"`
 	Sites      *ebpf.MapSpec `ebpf:"sites"`
+	Stacks     *ebpf.MapSpec `ebpf:"stacks"`
 	Stats      *ebpf.MapSpec `ebpf:"stats"`
 }
 
@@ -132,8 +164,17 @@ type allocMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocVariableSpecs struct {
-	SamplePeriod *ebpf.VariableSpec `ebpf:"sample_period"`
-	TargetTgid   *ebpf.VariableSpec `ebpf:"target_tgid"`
+	SamplePeriod     *ebpf.VariableSpec `ebpf:"sample_period"`
+	StackPeriod      *ebpf.VariableSpec `ebpf:"stack_period"`
+	StkCfpSp         *ebpf.VariableSpec `ebpf:"stk_cfp_sp"`
+	StkEcCfp         *ebpf.VariableSpec `ebpf:"stk_ec_cfp"`
+	StkEcVmStack     *ebpf.VariableSpec `ebpf:"stk_ec_vm_stack"`
+	StkEcVmStackSize *ebpf.VariableSpec `ebpf:"stk_ec_vm_stack_size"`
+	StkMainRactor    *ebpf.VariableSpec `ebpf:"stk_main_ractor"`
+	StkRunningEc     *ebpf.VariableSpec `ebpf:"stk_running_ec"`
+	StkVm            *ebpf.VariableSpec `ebpf:"stk_vm"`
+	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
+	UnusedStackEvent *ebpf.VariableSpec `ebpf:"unused_stack_event"`
 }
 
 // allocObjects contains all objects after they have been loaded into the kernel.
@@ -157,20 +198,24 @@ func (o *allocObjects) Close() error {
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocMaps struct {
 	Classes    *ebpf.Map `ebpf:"classes"`
+	Gate       *ebpf.Map `ebpf:"gate"`
 	GcStart    *ebpf.Map `ebpf:"gc_start"`
 	PendingNew *ebpf.Map `ebpf:"pending_new"`
 	ProbeSpecs *ebpf.Map `ebpf:"probe_specs"`
 	Sites      *ebpf.Map `ebpf:"sites"`
+	Stacks     *ebpf.Map `ebpf:"stacks"`
 	Stats      *ebpf.Map `ebpf:"stats"`
 }
 
 func (m *allocMaps) Close() error {
 	return _AllocClose(
 		m.Classes,
+		m.Gate,
 		m.GcStart,
 		m.PendingNew,
 		m.ProbeSpecs,
 		m.Sites,
+		m.Stacks,
 		m.Stats,
 	)
 }
@@ -179,8 +224,17 @@ func (m *allocMaps) Close() error {
 //
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocVariables struct {
-	SamplePeriod *ebpf.Variable `ebpf:"sample_period"`
-	TargetTgid   *ebpf.Variable `ebpf:"target_tgid"`
+	SamplePeriod     *ebpf.Variable `ebpf:"sample_period"`
+	StackPeriod      *ebpf.Variable `ebpf:"stack_period"`
+	StkCfpSp         *ebpf.Variable `ebpf:"stk_cfp_sp"`
+	StkEcCfp         *ebpf.Variable `ebpf:"stk_ec_cfp"`
+	StkEcVmStack     *ebpf.Variable `ebpf:"stk_ec_vm_stack"`
+	StkEcVmStackSize *ebpf.Variable `ebpf:"stk_ec_vm_stack_size"`
+	StkMainRactor    *ebpf.Variable `ebpf:"stk_main_ractor"`
+	StkRunningEc     *ebpf.Variable `ebpf:"stk_running_ec"`
+	StkVm            *ebpf.Variable `ebpf:"stk_vm"`
+	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`
+	UnusedStackEvent *ebpf.Variable `ebpf:"unused_stack_event"`
 }
 
 // allocPrograms contains all programs after they have been loaded into the kernel.

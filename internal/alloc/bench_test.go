@@ -1,6 +1,10 @@
 package alloc
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/rbscope/rbscope/internal/testutil"
+)
 
 // BenchmarkSnapshot measures one refresh: batch-reading the site and
 // class maps and resolving names (cached after the first refresh), for
@@ -8,9 +12,9 @@ import "testing"
 // go test -run XXX -bench Snapshot ./internal/alloc
 func BenchmarkSnapshot(b *testing.B) {
 	needBPF(b)
-	p := startRuby(b, script(b, "alloc.rb"), "1000")
+	p := startRuby(b, testutil.SystemRuby(b), script(b, "alloc.rb"), "1000")
 	p.expect(b, "ready")
-	tr := attachOrSkip(b, p.cmd.Process.Pid, Options{})
+	tr := attachOrMissing(b, p.cmd.Process.Pid, Options{Exact: true})
 	p.send(b)
 	p.expect(b, "done")
 	b.ResetTimer()

@@ -1,5 +1,6 @@
 // Package alloc counts a running Ruby process's object allocations, by
-// class and by file:line, with eBPF — without touching the process's code.
+// class, by file:line and by Ruby stack, with eBPF — without touching the
+// process's code.
 //
 // It attaches one small eBPF program (bpf/alloc.bpf.c, compiled by bpf2go
 // and committed) to Ruby's USDT probes ruby:object__create, array__create,
@@ -13,16 +14,46 @@
 // of the exported allocation functions (rb_wb_protected_newobj_of, ...),
 // which give the class but not the allocating file:line.
 //
-// Counting is exact by default. Sampling (1 in N events, in the kernel)
-// and a duty cycle (attached for part of each second) trade precision for
-// overhead; reports made that way are marked Estimated.
+// # Modes
 //
-// Cost: every probe hit is a breakpoint trap, 1.0-1.2 µs on the
-// development VM when idle (scripts/bench-alloc.sh; 2-7 µs under load),
-// within 10-30% of bcc's uobjnew, which records no file:line. The trap, not the eBPF program, dominates, so in-kernel
-// sampling keeps estimates unbiased but barely lowers the overhead; only
-// the duty cycle does. Duty-cycle estimates scale by wall time, so they
-// are accurate for steady workloads that are not themselves allocation-
-// bound, and biased low for tight allocation loops, which run slower
-// exactly while the probes are attached.
+// Every probe hit is a breakpoint trap (about a microsecond), and Ruby
+// builds a source location for every event once the semaphore is set, so
+// an allocation-bound loop runs 10-20 times slower while the probes are
+// attached, whatever the eBPF program does. The default mode therefore
+// attaches them in short windows (DefaultDutyCycle of every
+// DefaultDutyWindow, at a random phase) and scales the counts by Ruby's
+// own allocation counter — the number GC.stat(:total_allocated_objects)
+// returns — read from the process when each window opens and closes: the
+// windows give the distribution, the counter the total. Unlike scaling by
+// time, this stays unbiased however much the probes slow the target, on
+// tight, paced and bursty loads alike. A gate in the program (a one-entry
+// map) makes the counted events and the counter's growth cover exactly
+// the same span: attaching and detaching take milliseconds, during which
+// the probes fire uncounted.
+//
+// The counter's address comes from DWARF (rb_vm_t.objspace, then
+// rb_objspace_t.total_allocated_objects, or the sum over size_pools[] on
+// 3.2+). Without DWARF (Debian's stripped libruby) it is found by
+// calibration: among the words at the start of every block rb_vm_t points
+// to, the one that never decreases and grows in every window by at least
+// the number of heap objects the probes counted in it, by the least
+// margin. The check goes on for every later window; a counter that fails
+// it is dropped and the estimate falls back to scaling by time
+// (Report.Scaling says which, Report.CounterSource where the counter came
+// from). symbol__create is left out of the check: it also fires for
+// static symbols, which are no heap objects.
+//
+// Exact mode (Options.Exact, `rbscope alloc --exact`) keeps the probes
+// attached and counts every event.
+//
+// # Stacks
+//
+// One in StackPeriod counted events copies, into a ring buffer, the
+// running thread's execution context (vm->ractor.main_ractor->
+// threads.running_ec: the allocating thread holds the GVL), its control
+// frames and the top of its VM value stack. User space walks that copy
+// with rbscope's walker (package ruby) through an overlay target that
+// serves the copied ranges and reads everything else (iseqs, method
+// entries, names) live. Each class's estimated count is split over its
+// sampled stacks.
 package alloc

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -69,11 +70,11 @@ func TestGeneratedUpToDate(t *testing.T) {
 		testutil.Missing(t, "compiles the eBPF program")
 	}
 	if _, err := exec.LookPath("clang"); err != nil {
-		testutil.Missing(t, "clang not installed: cannot regenerate the eBPF object")
+		testutil.Missing(t, "clang (scripts/install-deps.sh): regenerates the eBPF object")
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		testutil.Missing(t, "go not on PATH")
+		testutil.Missing(t, "go on PATH")
 	}
 	dir := t.TempDir()
 	args := append([]string{"tool", "bpf2go", "-output-dir", dir}, generateArgs(t)...)

@@ -217,10 +217,16 @@ func planBinary(path, host string, forceSymbols bool) (*Plan, error) {
 			byName[s.Name] = s
 		}
 	}
+	_, haveEC := byName["rb_ec_wb_protected_newobj_of"]
 	for _, fn := range newobjFuncs {
 		s, ok := byName[fn.name]
 		if !ok {
 			continue
+		}
+		if fn.name == "rb_wb_protected_newobj_of" && !haveEC {
+			// Ruby 3.3 folded rb_ec_wb_protected_newobj_of into it:
+			// (ec, klass, flags, size), klass second.
+			fn.reg = "rsi"
 		}
 		off, err := usdt.VaddrToOffset(f, s.Value)
 		if err != nil {

@@ -8,28 +8,44 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
+
+	"github.com/rbscope/rbscope/internal/stack"
 )
 
 // jsonReport is the machine contract of `rbscope alloc --format json`.
 type jsonReport struct {
-	Pid       int          `json:"pid"`
-	DurationS float64      `json:"duration_s"`
-	Estimated bool         `json:"estimated"`
-	ByClass   []ClassCount `json:"by_class"`
-	BySite    []SiteCount  `json:"by_site"`
+	Pid       int     `json:"pid"`
+	DurationS float64 `json:"duration_s"`
+	Estimated bool    `json:"estimated"`
+	// Scaling, RubyAllocated, Attached and CounterSource: see Report.
+	Scaling       string       `json:"scaling"`
+	Scale         float64      `json:"scale"`
+	RubyAllocated uint64       `json:"ruby_allocated,omitempty"`
+	Attached      float64      `json:"attached_fraction"`
+	CounterSource string       `json:"counter_source,omitempty"`
+	ByClass       []ClassCount `json:"by_class"`
+	BySite        []SiteCount  `json:"by_site"`
+	TopStacks     []StackCount `json:"top_stacks,omitempty"`
 }
 
 // WriteJSON writes r as
-// {"pid", "duration_s", "estimated", "by_class": [{"class", "count",
-// "bytes"}], "by_site": [{"class", "path", "line", "count"}]},
-// both lists sorted by count, descending. top > 0 keeps the first top
-// entries of each list.
+// {"pid", "duration_s", "estimated", "scaling", "scale",
+// "ruby_allocated" (when known), "attached_fraction", "counter_source"
+// (when not exact), "by_class": [{"class", "count", "bytes"}],
+// "by_site": [{"class", "path", "line", "count"}], "top_stacks" (when
+// stacks were sampled): [{"class", "count", "bytes", "frames": [{"name",
+// "path", "line", "kind"}], "samples"}]}, the lists sorted by count,
+// descending. top > 0 keeps the first top entries of each list.
+// "scaling" is "exact", "counter" or "time" (see Report.Scaling).
 func (r *Report) WriteJSON(w io.Writer, top int) error {
 	j := jsonReport{
 		Pid:       r.Pid,
 		DurationS: float64(r.Duration.Round(time.Millisecond)) / float64(time.Second),
 		Estimated: r.Estimated,
+		Scaling:   r.Scaling, Scale: r.Scale, RubyAllocated: r.RubyAllocated,
+		Attached: r.Attached, CounterSource: r.CounterSource,
 		ByClass:   limit(r.ByClass, top),
+		TopStacks: limit(r.Stacks, topStacks(top)),
 		BySite:    limit(r.BySite, top),
 	}
 	if j.ByClass == nil {
@@ -44,6 +60,14 @@ func (r *Report) WriteJSON(w io.Writer, top int) error {
 		return fmt.Errorf("write JSON: %w", err)
 	}
 	return nil
+}
+
+// topStacks is how many stacks the text and JSON views show.
+func topStacks(top int) int {
+	if top > 0 && top < 10 {
+		return top
+	}
+	return 10
 }
 
 func limit[T any](s []T, top int) []T {
@@ -67,6 +91,12 @@ func (r *Report) WriteText(w io.Writer, by string, top int) error {
 		est = fmt.Sprintf(" (estimated: counts scaled by %.3g)", r.Scale)
 	}
 	fmt.Fprintf(&b, "# rbscope alloc: pid %d, %.1fs, %d allocations%s\n", r.Pid, r.Duration.Seconds(), total, est)
+	switch r.Scaling {
+	case "counter":
+		fmt.Fprintf(&b, "# counted %.1f%% of the time, scaled by Ruby's own allocation counter (%d objects allocated in all)\n", 100*r.Attached, r.RubyAllocated)
+	case "time":
+		fmt.Fprintf(&b, "# counted %.1f%% of the time, scaled by time: biased low if the program is allocation-bound (%s)\n", 100*r.Attached, r.CounterSource)
+	}
 	if r.Mode == "symbols" {
 		b.WriteString("# this Ruby has no USDT probes: classes only, no file:line\n")
 	}
@@ -88,6 +118,17 @@ func (r *Report) WriteText(w io.Writer, by string, top int) error {
 		}
 	default:
 		return fmt.Errorf("unknown grouping %q (want class or line)", by)
+	}
+	if len(r.Stacks) > 0 {
+		fmt.Fprintf(&b, "# top allocation stacks (%d sampled stacks, innermost first)\n", r.StackSamples)
+		for _, st := range limit(r.Stacks, topStacks(top)) {
+			fmt.Fprintf(&b, "%10d %s\n", st.Count, st.Class)
+			for _, f := range st.Frames {
+				fmt.Fprintf(&b, "%10s   %s (%s:%d)\n", "", f.Name, sitePath(f.Path), f.Line)
+			}
+		}
+	} else if r.StackError != "" {
+		fmt.Fprintf(&b, "# %s\n", r.StackError)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -116,6 +157,9 @@ func (r *Report) Profile() (*profile.Profile, error) {
 	}
 	if r.Estimated {
 		p.Comments = append(p.Comments, fmt.Sprintf("estimated: counts scaled by %.3g", r.Scale))
+	}
+	if len(r.Stacks) > 0 {
+		return r.stackProfile(p)
 	}
 	funcs := map[[2]string]*profile.Function{}
 	for _, s := range r.BySite {
@@ -150,4 +194,73 @@ func (r *Report) WritePprof(w io.Writer) error {
 		return fmt.Errorf("write profile: %w", err)
 	}
 	return nil
+}
+
+// stackProfile fills p with one sample per allocation stack: the class as
+// the innermost frame (a function named after it), then the Ruby frames.
+func (r *Report) stackProfile(p *profile.Profile) (*profile.Profile, error) {
+	funcs := map[[2]string]*profile.Function{}
+	locs := map[[3]string]*profile.Location{}
+	loc := func(name, path string, line int) *profile.Location {
+		k := [3]string{name, path, fmt.Sprint(line)}
+		if l := locs[k]; l != nil {
+			return l
+		}
+		fk := [2]string{name, path}
+		fn := funcs[fk]
+		if fn == nil {
+			fn = &profile.Function{ID: uint64(len(p.Function) + 1), Name: name, SystemName: name, Filename: path}
+			funcs[fk] = fn
+			p.Function = append(p.Function, fn)
+		}
+		l := &profile.Location{ID: uint64(len(p.Location) + 1), Line: []profile.Line{{Function: fn, Line: int64(line)}}}
+		locs[k] = l
+		p.Location = append(p.Location, l)
+		return l
+	}
+	withStacks := map[string]bool{}
+	for _, st := range r.Stacks {
+		withStacks[st.Class] = true
+	}
+	// Classes no sampled stack caught keep their count, under the class
+	// alone, so that the profile's total is the report's.
+	for _, c := range r.ByClass {
+		if !withStacks[c.Class] && c.Count > 0 {
+			p.Sample = append(p.Sample, &profile.Sample{
+				Location: []*profile.Location{loc(c.Class, "", 0)},
+				Value:    []int64{int64(c.Count), int64(c.Bytes)},
+				Label:    map[string][]string{"class": {c.Class}},
+			})
+		}
+	}
+	for _, st := range r.Stacks {
+		ls := []*profile.Location{loc(st.Class, "", 0)}
+		for _, f := range st.Frames {
+			ls = append(ls, loc(f.Name, f.Path, f.Line))
+		}
+		p.Sample = append(p.Sample, &profile.Sample{
+			Location: ls,
+			Value:    []int64{int64(st.Count), int64(st.Bytes)},
+			Label:    map[string][]string{"class": {st.Class}},
+		})
+	}
+	if err := p.CheckValid(); err != nil {
+		return nil, fmt.Errorf("build profile: %w", err)
+	}
+	return p, nil
+}
+
+// StackSamplesList returns the sampled allocation stacks as samples (one per
+// sampled stack, the class as the innermost frame), for the flame graph,
+// speedscope and collapsed writers: their counts are stack samples,
+// proportional to the allocations.
+func (r *Report) StackSamplesList() []stack.Sample {
+	var out []stack.Sample
+	for _, st := range r.Stacks {
+		frames := append([]stack.Frame{{Name: st.Class, Kind: stack.KindCFunc}}, st.Frames...)
+		for i := uint64(0); i < st.Samples; i++ {
+			out = append(out, stack.Sample{Pid: r.Pid, Frames: frames})
+		}
+	}
+	return out
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
+
+	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -21,6 +23,8 @@ func sampleReport() *Report {
 		Duration: 2500 * time.Millisecond,
 		Mode:     "usdt",
 		Scale:    1,
+		Scaling:  "exact",
+		Attached: 1,
 		ByClass: []ClassCount{
 			{Class: "String", Count: 300, Bytes: 4096},
 			{Class: "Widget", Count: 200},
@@ -49,6 +53,7 @@ func TestWriteJSON(t *testing.T) {
 	}
 	want := map[string]any{
 		"pid": 4242.0, "duration_s": 2.5, "estimated": false,
+		"scaling": "exact", "scale": 1.0, "attached_fraction": 1.0,
 		"by_class": []any{
 			map[string]any{"class": "String", "count": 300.0, "bytes": 4096.0},
 			map[string]any{"class": "Array", "count": 200.0, "bytes": 1600.0},
@@ -68,7 +73,7 @@ func TestWriteJSON(t *testing.T) {
 	}
 	// Key order as documented.
 	s := b.String()
-	order := []string{`"pid"`, `"duration_s"`, `"estimated"`, `"by_class"`, `"by_site"`}
+	order := []string{`"pid"`, `"duration_s"`, `"estimated"`, `"scaling"`, `"by_class"`, `"by_site"`}
 	last := -1
 	for _, k := range order {
 		i := strings.Index(s, k)
@@ -167,7 +172,7 @@ func TestPprof(t *testing.T) {
 	// go tool pprof reads it.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		testutil.Missing(t, "go not on PATH")
+		testutil.Missing(t, "go on PATH")
 	}
 	f := filepath.Join(t.TempDir(), "alloc.pb.gz")
 	if err := os.WriteFile(f, b.Bytes(), 0o644); err != nil {
@@ -183,3 +188,60 @@ func TestPprof(t *testing.T) {
 }
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// TestStackViews: the text and JSON views add the top stacks to class and
+// site; the pprof profile has one sample per stack plus the classes no
+// stack caught, and its total is the report's.
+func TestStackViews(t *testing.T) {
+	r := sampleReport()
+	r.StackSamples = 30
+	r.Stacks = []StackCount{
+		{Class: "Widget", Count: 150, Samples: 20, Frames: []stack.Frame{
+			{Name: "C#inner", Path: "/abs/app.rb", Line: 3, Kind: stack.KindRuby},
+			{Name: "B#middle", Path: "/abs/app.rb", Line: 7, Kind: stack.KindRuby},
+		}},
+		{Class: "Widget", Count: 50, Samples: 10, Frames: []stack.Frame{{Name: "<main>", Path: "/abs/app.rb", Line: 9, Kind: stack.KindRuby}}},
+	}
+	var b bytes.Buffer
+	if err := r.WriteText(&b, "line", 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"# top allocation stacks (30 sampled stacks", "       150 Widget\n", "C#inner (/abs/app.rb:3)", "/abs/app.rb:8:Widget"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("text lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	if err := r.WriteJSON(&b, 0); err != nil {
+		t.Fatal(err)
+	}
+	var j struct {
+		TopStacks []struct {
+			Class  string `json:"class"`
+			Count  int    `json:"count"`
+			Frames []struct {
+				Name string `json:"name"`
+			} `json:"frames"`
+		} `json:"top_stacks"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &j); err != nil {
+		t.Fatal(err)
+	}
+	if len(j.TopStacks) != 2 || j.TopStacks[0].Count != 150 || j.TopStacks[0].Frames[1].Name != "B#middle" {
+		t.Errorf("top_stacks %+v", j.TopStacks)
+	}
+	p, err := r.Profile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, s := range p.Sample {
+		total += s.Value[0]
+	}
+	if total != 700 { // 300 String + 200 Array (no stacks) + 200 Widget
+		t.Errorf("profile total %d, want 700", total)
+	}
+	if n := len(p.Sample); n != 4 {
+		t.Errorf("%d samples, want 2 stacks + String + Array", n)
+	}
+}

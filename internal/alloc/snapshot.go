@@ -21,6 +21,7 @@ const (
 	statGCMarkCount
 	statGCSweepNS
 	statGCSweepCount
+	statObjects
 )
 
 // AnonymousClass names the objects of anonymous classes (Class.new),
@@ -64,6 +65,21 @@ type Report struct {
 	Mode string `json:"-"`
 	// Scale is the factor raw counts were multiplied by.
 	Scale float64 `json:"-"`
+	// Scaling says how Scale was found: "exact" (every event counted,
+	// Scale is the sample period), "counter" (counting windows scaled by
+	// Ruby's own allocation counter: unbiased however much the probes
+	// slow the target), "time" (windows scaled by wall time, when the
+	// counter could not be found: biased low on allocation-bound loops).
+	Scaling string `json:"-"`
+	// RubyAllocated is Ruby's own count of the objects allocated while
+	// rbscope counted (GC.stat(:total_allocated_objects) growth, which
+	// includes internal objects no probe reports); 0 when unknown.
+	RubyAllocated uint64 `json:"-"`
+	// CounterSource says where Ruby's counter was read from, or why it
+	// was not.
+	CounterSource string `json:"-"`
+	// Attached is the fraction of the time the probes were counting.
+	Attached float64 `json:"-"`
 	// Events is the number of allocation probe hits the kernel saw
 	// (before sampling), Counted how many were counted.
 	Events, Counted uint64 `json:"-"`
@@ -77,6 +93,13 @@ type Report struct {
 	GCMark, GCSweep   time.Duration `json:"-"`
 	GCMarks, GCSweeps uint64        `json:"-"`
 	UnreadableNames   uint64        `json:"-"`
+	// Stacks are the Ruby stacks of sampled allocations, counts scaled
+	// to the class totals; StackSamples how many were copied,
+	// StackErrors how many could not be walked, StackError why (or why
+	// there are none).
+	Stacks                    []StackCount `json:"-"`
+	StackSamples, StackErrors uint64       `json:"-"`
+	StackError                string       `json:"-"`
 }
 
 // Snapshot reads the kernel's counters and returns the cumulative report.
@@ -91,18 +114,20 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 		now = tr.end
 	}
 	r := &Report{Pid: tr.pid, Duration: now.Sub(tr.start), Mode: tr.plan.Mode}
-	scale := float64(tr.opts.SamplePeriod)
-	if tr.opts.DutyCycle > 0 && tr.opts.DutyCycle < 1 {
-		on := tr.onTotal
+	scale, how, rubyTotal := tr.scaling(now, r.Duration)
+	r.Scale, r.Scaling, r.RubyAllocated = scale, how, rubyTotal
+	r.Estimated = how != "exact" || scale != 1
+	if tr.counter != nil {
+		r.CounterSource = tr.counter.source
+	} else {
+		r.CounterSource = tr.counterNote
+	}
+	if on := tr.onTotal; r.Duration > 0 {
 		if tr.attached {
 			on += now.Sub(tr.onSince)
 		}
-		if on > 0 {
-			scale *= float64(r.Duration) / float64(on)
-		}
+		r.Attached = float64(on) / float64(r.Duration)
 	}
-	r.Scale = scale
-	r.Estimated = scale != 1
 
 	stats, err := readStats(tr.maps.Stats)
 	if err != nil {
@@ -175,6 +200,8 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 		r.BySite = append(r.BySite, *s)
 	}
 	sortReport(r)
+	r.Stacks = tr.scaledStacks(r.ByClass)
+	r.StackSamples, r.StackErrors, r.StackError = tr.stacks.total, tr.stacks.walkErrors, tr.stacks.lastErr
 	return r, nil
 }
 

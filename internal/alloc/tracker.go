@@ -9,8 +9,11 @@ import (
 	"sync"
 	"time"
 
+	"math/rand/v2"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/rbscope/rbscope/internal/ruby"
@@ -33,19 +36,39 @@ var (
 	ErrUnsupportedArch = errors.New("rbscope alloc supports x86_64 only")
 )
 
+// Default duty cycle: the probes are attached for DefaultDutyCycle of
+// every DefaultDutyWindow (at a random phase). A tight allocation loop
+// runs 10-20 times slower while attached, so this costs it a few percent.
+const (
+	DefaultDutyCycle  = 0.03
+	DefaultDutyWindow = 100 * time.Millisecond
+)
+
 // Options tunes Attach.
 type Options struct {
+	// Exact keeps the probes attached and counts every event. Otherwise
+	// (the default) they are attached in short windows and the counts are
+	// scaled by Ruby's own allocation counter (see Report.Scaling).
+	Exact bool
 	// SamplePeriod counts one in SamplePeriod events (chosen at random, in
 	// the kernel) and scales counts by it. 0 or 1 counts every event.
 	SamplePeriod uint32
-	// DutyCycle attaches the probes for this fraction of every DutyWindow
-	// and scales counts by elapsed/attached time. 0 or >= 1: always.
+	// DutyCycle is the fraction of every DutyWindow the probes are
+	// attached when not Exact (default DefaultDutyCycle; >= 1: always).
 	DutyCycle float64
-	// DutyWindow is the duty-cycle period (default 1s).
+	// DutyWindow is the duty-cycle period (default DefaultDutyWindow).
 	DutyWindow time.Duration
 	// ForceSymbols uses the allocation-function fallback even when the
 	// binary has USDT probes.
 	ForceSymbols bool
+	// StackPeriod copies the Ruby stack of one in StackPeriod counted
+	// allocations (0: DefaultStackPeriod, or DefaultExactStackPeriod when
+	// Exact). NoStacks copies none.
+	StackPeriod uint32
+	NoStacks    bool
+	// PerSite attaches one perf-event uprobe per site even where the
+	// kernel has uprobe_multi links (to compare their costs).
+	PerSite bool
 	// ClassName resolves a klass VALUE to its name (the fallback mode
 	// counts klass pointers). Nil: names are shown as addresses.
 	ClassName func(klass uint64) (string, error)
@@ -75,6 +98,24 @@ type Tracker struct {
 	end      time.Time // when Stop detached
 	names    *names
 	dutyErr  error
+
+	rb *ruby.Process // opened once, for the counter and class names
+	// Ruby's allocation counter: counter (once known), cal (while it is
+	// being found), counterStart its value when counting began,
+	// counterOn its growth inside counting windows, winCounter its value
+	// when the current window opened, winEvents the events then.
+	counter      *rubyCounter
+	cal          *calibration
+	counterNote  string
+	counterStart uint64
+	counterEnd   uint64
+	counterOn    uint64
+	winCounter   uint64
+	winEvents    uint64
+
+	stacks    stackAgg
+	stackRd   *ringbuf.Reader
+	stackDone chan struct{}
 }
 
 // Attach loads the program and attaches it to the Ruby process pid.
@@ -107,7 +148,16 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 		opts.SamplePeriod = 1
 	}
 	if opts.DutyWindow <= 0 {
-		opts.DutyWindow = time.Second
+		opts.DutyWindow = DefaultDutyWindow
+	}
+	if opts.DutyCycle <= 0 {
+		opts.DutyCycle = DefaultDutyCycle
+	}
+	if opts.DutyCycle >= 1 {
+		opts.Exact = true
+	}
+	if err := checkKernel(); err != nil {
+		return nil, err
 	}
 	spec, err := loadAlloc()
 	if err != nil {
@@ -119,11 +169,28 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	if err := spec.Variables[allocVarSamplePeriod].Set(opts.SamplePeriod); err != nil {
 		return nil, fmt.Errorf("set sample period: %w", err)
 	}
+	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts}
+	tr.findCounter()
+	stackPeriod := uint32(0)
+	if tr.rb != nil && !opts.NoStacks {
+		stackPeriod = opts.StackPeriod
+		if stackPeriod == 0 {
+			stackPeriod = DefaultStackPeriod
+			if opts.Exact {
+				stackPeriod = DefaultExactStackPeriod
+			}
+		}
+		if err := tr.stackVars(spec, stackPeriod); err != nil {
+			tr.stacks.lastErr = fmt.Sprintf("no allocation stacks: %v", err)
+			stackPeriod = 0
+			spec.Variables[allocVarStackPeriod].Set(uint32(0))
+		}
+	}
 	cn := opts.ClassName
 	if cn == nil && plan.Mode == "symbols" {
-		cn = rubyClassNames(t)
+		cn = tr.rubyClassNames()
 	}
-	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts, names: newNames(t, cn)}
+	tr.names = newNames(t, cn)
 	// Memory is charged to the cgroup on current kernels; the memlock
 	// rlimit is not raised (that would need CAP_SYS_RESOURCE).
 	if err := spec.LoadAndAssign(&tr.maps, nil); err != nil {
@@ -156,7 +223,16 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 		tr.maps.Close()
 		return nil, err
 	}
-	if opts.DutyCycle > 0 && opts.DutyCycle < 1 {
+	if stackPeriod > 0 {
+		rd, err := ringbuf.NewReader(tr.maps.Stacks)
+		if err != nil {
+			tr.stacks.lastErr = fmt.Sprintf("no allocation stacks: open ring buffer: %v", err)
+		} else {
+			tr.stackRd, tr.stackDone = rd, make(chan struct{})
+			go tr.readStacks(rd, tr.stackDone)
+		}
+	}
+	if !opts.Exact {
 		tr.stop = make(chan struct{})
 		tr.done = make(chan struct{})
 		go tr.dutyLoop()
@@ -169,7 +245,7 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 // perf-event uprobes costs the kernel an RCU grace period each.
 func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 	opts := &ebpf.CollectionOptions{MapReplacements: tr.mapReplacements()}
-	if !forcePerSite {
+	if !forcePerSite && !tr.opts.PerSite && haveUprobeMulti() {
 		var multi struct {
 			Prog *ebpf.Program `ebpf:"ruby_alloc_multi"`
 		}
@@ -184,9 +260,9 @@ func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 			if errors.Is(err, ErrPermission) {
 				return err
 			}
-			// Otherwise (EINVAL from a kernel without uprobe_multi, or a
-			// probe held by another tracer) the per-site path below
-			// attaches or names the failing site precisely.
+			// Otherwise (a probe held by another tracer, say) the
+			// per-site path below attaches or names the failing site
+			// precisely.
 		}
 	}
 	var single struct {
@@ -214,6 +290,8 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapClasses:    tr.maps.Classes,
 		allocMapStats:      tr.maps.Stats,
 		allocMapGcStart:    tr.maps.GcStart,
+		allocMapGate:       tr.maps.Gate,
+		allocMapStacks:     tr.maps.Stacks,
 	}
 }
 
@@ -271,7 +349,7 @@ func (tr *Tracker) attach() error {
 		tr.links = links
 	}
 	tr.attached = true
-	tr.onSince = time.Now()
+	tr.openWindow()
 	return nil
 }
 
@@ -293,11 +371,8 @@ func closeLinks(links []link.Link) {
 }
 
 func (tr *Tracker) detach() {
-	// The attached period ends when detaching starts: closing the links
-	// takes tens of milliseconds, which would otherwise count as attached
-	// time and bias duty-cycle estimates low.
 	if tr.attached {
-		tr.onTotal += time.Since(tr.onSince)
+		tr.closeWindow()
 	}
 	closeLinks(tr.links)
 	tr.links = nil
@@ -307,12 +382,28 @@ func (tr *Tracker) detach() {
 func (tr *Tracker) dutyLoop() {
 	defer close(tr.done)
 	on := time.Duration(float64(tr.opts.DutyWindow) * tr.opts.DutyCycle)
-	off := tr.opts.DutyWindow - on
 	for {
-		select {
-		case <-tr.stop:
-			return
-		case <-time.After(on):
+		// A random phase, so that windows cannot alias with a periodic
+		// workload.
+		off := time.Duration(float64(tr.opts.DutyWindow-on) * (0.5 + rand.Float64()))
+		// While the counter is being found, each window is cut in
+		// checkpoints: every one is a test of the candidates, so that a
+		// short run still gets enough of them.
+		steps := 1
+		if tr.calibrating() {
+			steps = max(1, min(calSteps, int(on/calStepMin)))
+		}
+		for i := 0; i < steps; i++ {
+			select {
+			case <-tr.stop:
+				return
+			case <-time.After(on / time.Duration(steps)):
+			}
+			if i < steps-1 {
+				tr.mu.Lock()
+				tr.checkpoint()
+				tr.mu.Unlock()
+			}
 		}
 		tr.mu.Lock()
 		tr.detach()
@@ -357,6 +448,12 @@ func (tr *Tracker) Stop() {
 	tr.mu.Lock()
 	tr.detach()
 	tr.end = time.Now()
+	if tr.counter != nil {
+		// The total runs to the end, not to the last window's close.
+		if v, err := tr.counter.read(); err == nil {
+			tr.counterEnd = v
+		}
+	}
 	tr.mu.Unlock()
 }
 
@@ -371,6 +468,12 @@ func (tr *Tracker) Close() error {
 		return nil
 	}
 	tr.closed = true
+	if tr.stackRd != nil {
+		tr.mu.Unlock()
+		tr.stackRd.Close()
+		<-tr.stackDone
+		tr.mu.Lock()
+	}
 	if tr.prog != nil {
 		tr.prog.Close()
 	}
@@ -431,19 +534,13 @@ func classifyAttach(err error, pid int, s Site) error {
 	return fmt.Errorf("%s: %w", where, err)
 }
 
-// rubyClassNames resolves klass VALUEs through the Ruby walker, opened on
-// first use.
-func rubyClassNames(t target.Target) func(uint64) (string, error) {
-	var p *ruby.Process
-	var openErr error
+// rubyClassNames resolves klass VALUEs through the Ruby walker.
+func (tr *Tracker) rubyClassNames() func(uint64) (string, error) {
 	return func(klass uint64) (string, error) {
-		if p == nil && openErr == nil {
-			p, openErr = ruby.Open(t, ruby.Options{})
+		if tr.rb == nil {
+			return "", fmt.Errorf("locate the Ruby VM: %s", tr.counterNote)
 		}
-		if openErr != nil {
-			return "", openErr
-		}
-		return p.ClassName(klass)
+		return tr.rb.ClassName(klass)
 	}
 }
 

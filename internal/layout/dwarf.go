@@ -28,13 +28,16 @@ var WantedStructs = []string{
 	// Beyond them.
 	"rb_symbols_t", "st_table", "st_table_entry", "rb_id_table",
 	"succ_index_table", "succ_dict_block",
+	// GC state (gc.c; gc/default.c from 3.4).
+	"rb_objspace",
 }
 
 // NeededStructs lists the structs a DWARF extraction for Ruby version v
 // must find before it can stop reading: those of the built-in table
 // nearest to v (what the walker reads, and what that Ruby series is known
 // to define), plus rb_classext_struct, whose class path the walker reads
-// from Ruby 2.0 on although some tables omit it. Structs a version does
+// from Ruby 2.0 on although some tables omit it, and rb_objspace (the GC
+// flags). Structs a version does
 // not define are left out, so that extraction stops at the unit that
 // completes the set instead of reading every unit of the file looking for
 // them. For a version without a table it returns WantedStructs.
@@ -47,6 +50,10 @@ func NeededStructs(v string) []string {
 	if p := parseVersion(v); len(p) >= 2 && p[0] >= 2 && !tab.Has("rb_classext_struct", "") {
 		names = append(names, "rb_classext_struct")
 	}
+	// The GC state (rb_objspace, in gc.c, which links before vm.c in
+	// Ruby's builds: asking for it rarely lengthens the walk) is in no
+	// table.
+	names = append(names, "rb_objspace")
 	sort.Strings(names)
 	return names
 }

@@ -12,7 +12,8 @@ import (
 // collapsed writes Brendan Gregg's folded stacks: one line per distinct
 // stack, frames outermost first separated by ";", then a space and the
 // number of samples. Frames are "name", or "name (path:line)" with
-// Options.Lines (C and GC frames without a path stay "name"). A ";" or
+// Options.Lines (C and pseudo-frames without a path stay "name"); with
+// Options.Threads each stack starts with "thread NAME (TID)". A ";" or
 // newline inside a name becomes ":" or " " so lines stay parseable. Lines
 // are sorted by stack text.
 type collapsed struct {
@@ -32,7 +33,7 @@ var foldReplacer = strings.NewReplacer(";", ":", "\n", " ", "\r", " ")
 
 func (c *collapsed) label(f stack.Frame) string {
 	l := foldReplacer.Replace(f.Name)
-	if c.o.Lines && f.Path != "" && f.Kind != stack.KindCFunc && f.Kind != stack.KindGC {
+	if c.o.Lines && f.Path != "" && f.Kind != stack.KindCFunc && !f.IsPseudo() {
 		l += " (" + foldReplacer.Replace(f.Path) + ":" + strconv.Itoa(f.Line) + ")"
 	}
 	return l
@@ -43,6 +44,13 @@ func (c *collapsed) Add(s stack.Sample) {
 		return
 	}
 	c.buf = c.buf[:0]
+	if c.o.Threads {
+		c.buf = append(c.buf, "thread "...)
+		c.buf = append(c.buf, foldReplacer.Replace(s.ThreadName)...)
+		c.buf = append(c.buf, " ("...)
+		c.buf = strconv.AppendInt(c.buf, int64(s.TID), 10)
+		c.buf = append(c.buf, ");"...)
+	}
 	for i := len(s.Frames) - 1; i >= 0; i-- {
 		if i != len(s.Frames)-1 {
 			c.buf = append(c.buf, ';')

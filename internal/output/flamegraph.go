@@ -7,6 +7,7 @@ import (
 	"html/template"
 	"io"
 	"slices"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
 )
@@ -25,10 +26,33 @@ var flamegraphTmpl = template.Must(template.New("flamegraph").Parse(flamegraphHT
 // file, samples and percentage; click zooms into a frame (click the root
 // or press Escape to zoom out); the search box (a regular expression, or
 // Ctrl-F) highlights matching frames and shows the share of samples they
-// cover. The URL fragment can preset both: page.html#s=fib&z=%3Cmain%3E.
+// cover. A thread selector and an activity filter (running, gvl_wait,
+// blocked, gc) narrow the graph to some samples; a timeline shows one lane
+// per thread coloured by activity over time, and dragging across it
+// selects a time range that the graph then shows alone (click to clear).
+// The URL fragment can preset all of these:
+// page.html#s=fib&z=%3Cmain%3E&th=4243&act=gvl_wait&r=1000-2500 (r in
+// milliseconds from the first sample).
 type flamegraph struct {
 	counter
-	root *fgNode
+	root    *fgNode
+	samples []fgSample
+	threads map[threadID]int
+	thList  []fgThread
+}
+
+// fgSample is one sample for the page's filters: when, which thread, what
+// activity, and the tree node its stack ends at.
+type fgSample struct {
+	t      time.Time
+	thread int
+	act    string
+	leaf   *fgNode
+}
+
+type fgThread struct {
+	id   threadID
+	name string
 }
 
 type fgNode struct {
@@ -36,10 +60,11 @@ type fgNode struct {
 	kind        string
 	total, self int
 	kids        map[stack.Func]*fgNode
+	id          int // pre-order index in the page's tree
 }
 
 func newFlamegraph(o Options) Writer {
-	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}}
+	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}, threads: map[threadID]int{}}
 }
 
 func (fg *flamegraph) Add(s stack.Sample) {
@@ -63,14 +88,32 @@ func (fg *flamegraph) Add(s stack.Sample) {
 		n = c
 	}
 	n.self++
+	id := threadID{s.Pid, s.TID}
+	ti, ok := fg.threads[id]
+	if !ok {
+		ti = len(fg.thList)
+		fg.threads[id] = ti
+		fg.thList = append(fg.thList, fgThread{id: id})
+	}
+	if s.ThreadName != "" {
+		fg.thList[ti].name = s.ThreadName
+	}
+	fg.samples = append(fg.samples, fgSample{t: s.Time, thread: ti, act: s.Activity, leaf: n})
 }
 
 // fgData is the page's data: a string table and the tree as nested arrays
 // [name, file, kind, total, self, children...], all indexes into Strings
-// except total and self.
+// except total and self; the threads as [pid, tid, name]; and the samples
+// as one flat array of quadruples [milliseconds since the first sample,
+// thread index, activity (index into Strings), node] where node numbers
+// the tree's nodes in pre-order (the root is 0, then each child's subtree
+// in the order listed).
 type fgData struct {
 	Strings []string `json:"strings"`
 	Root    []any    `json:"root"`
+	Threads [][3]any `json:"threads"`
+	Samples []int64  `json:"samples"`
+	Period  float64  `json:"period"` // ms per sample, 0 when unknown
 }
 
 func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
@@ -84,8 +127,11 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 		d.Strings = append(d.Strings, s)
 		return ids[s]
 	}
+	next := 0
 	var enc func(n *fgNode) []any
 	enc = func(n *fgNode) []any {
+		n.id = next
+		next++
 		a := []any{str(n.key.Name), str(n.key.Path), str(n.kind), n.total, n.self}
 		kids := make([]*fgNode, 0, len(n.kids))
 		for _, c := range n.kids {
@@ -100,6 +146,24 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 		return a
 	}
 	d.Root = enc(fg.root)
+	d.Threads = make([][3]any, len(fg.thList))
+	for i, t := range fg.thList {
+		d.Threads[i] = [3]any{t.id.pid, t.id.tid, str(t.name)}
+	}
+	first := fg.first
+	d.Samples = make([]int64, 0, 4*len(fg.samples))
+	for _, s := range fg.samples {
+		ms := int64(0)
+		if !s.t.IsZero() && !first.IsZero() {
+			ms = s.t.Sub(first).Milliseconds()
+		}
+		act := s.act
+		if act == "" {
+			act = stack.ActivityUnknown
+		}
+		d.Samples = append(d.Samples, ms, int64(s.thread), int64(str(act)), int64(s.leaf.id))
+	}
+	d.Period = float64(fg.period()) / float64(time.Millisecond)
 	// html/template escapes the title for HTML and encodes the data as
 	// JSON safe inside its <script type="application/json">.
 	cw := &countingWriter{w: w}

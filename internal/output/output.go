@@ -7,6 +7,11 @@
 // Samples without frames (a thread that ran no Ruby code when sampled) are
 // skipped by every format; the summaries report how many.
 //
+// Every format carries each sample's thread and activity (running,
+// gvl_wait, blocked, gc): the pseudo-frames "(garbage collection)",
+// "(marking)", "(sweeping)" and "(waiting for GVL)" are ordinary innermost
+// frames (kinds gc and gvl), and formats with labels or threads say more.
+//
 // Function identity is stack.Frame.Func: a Ruby frame's function is its name and path; a C or
 // GC frame's function is its name alone, because its path is its caller's
 // (Array#each called from two files is one function).
@@ -16,12 +21,14 @@
 //	flamegraph       self-contained HTML page: search, click to zoom, tooltips
 //	speedscope       speedscope JSON, one sampled profile per thread
 //	pprof            gzipped profile.proto: samples/count, cpu/nanoseconds,
-//	                 labels thread, tid, pid
+//	                 labels thread, thread_name, activity, tid, pid
 //	callgrind        callgrind format, event Samples, recursion-safe
 //	                 inclusive costs
 //	collapsed        folded stacks "outer;inner count"; Options.Lines adds
-//	                 " (path:line)" to Ruby frames
-//	summary          self and total % by function, Options.Top rows
+//	                 " (path:line)" to Ruby frames, Options.Threads roots
+//	                 each stack at "thread NAME (TID)"
+//	summary          self and total % by function, Options.Top rows, then
+//	                 each thread's activity shares
 //	summary-by-line  the same by path:line
 package output
 
@@ -62,6 +69,9 @@ type Options struct {
 	Lines bool
 	// Top limits the summaries to the first Top rows; 0 means all.
 	Top int
+	// Threads roots each collapsed stack at "thread NAME (TID)" (py-spy's
+	// convention).
+	Threads bool
 }
 
 type format struct {

@@ -15,7 +15,8 @@ import (
 // samples/count and cpu/nanoseconds (count times the period, 1e9/rate),
 // one function per function identity (name, file; start line 0 because
 // the walker does not report it), one location per function and line, and
-// per sample the labels thread (name), tid and pid (numeric). Samples with
+// per sample the labels thread and thread_name (the thread's name), activity
+// (running, gvl_wait, blocked, gc; absent when unknown), tid and pid (numeric). Samples with
 // the same stack and thread are merged.
 type pprofOut struct {
 	counter
@@ -86,6 +87,8 @@ func (p *pprofOut) Add(s stack.Sample) {
 	p.key = append(p.key, '/')
 	p.key = append(p.key, s.ThreadName...)
 	p.key = append(p.key, 0)
+	p.key = append(p.key, s.Activity...)
+	p.key = append(p.key, 0)
 	p.locBuf = p.locBuf[:0]
 	for i := range s.Frames {
 		l := p.locs.get(s.Frames[i])
@@ -100,8 +103,11 @@ func (p *pprofOut) Add(s stack.Sample) {
 	smp := &profile.Sample{
 		Location: slices.Clone(p.locBuf),
 		Value:    []int64{1, 0},
-		Label:    map[string][]string{"thread": {s.ThreadName}},
+		Label:    map[string][]string{"thread": {s.ThreadName}, "thread_name": {s.ThreadName}},
 		NumLabel: map[string][]int64{"tid": {int64(s.TID)}, "pid": {int64(s.Pid)}},
+	}
+	if s.Activity != "" {
+		smp.Label["activity"] = []string{s.Activity}
 	}
 	p.samples[string(p.key)] = smp
 	p.prof.Sample = append(p.prof.Sample, smp)

@@ -20,13 +20,16 @@ import (
 // samples with the row anywhere in the stack (once per sample, however
 // deep the recursion). A function row is "name (path)" for Ruby frames and
 // "name" for C and GC frames; a line row is "path:line" of the frame (a C
-// frame's is its caller's), or the name for a frame without a path.
+// frame's is its caller's), or the name for a frame without a path. After
+// the rows, a table gives each thread's share of samples by activity
+// (running, gvl_wait, blocked, gc), when the samples carry activities.
 type summary struct {
 	counter
 	byLine bool
 	labels *memo[stack.Frame, *row]
 	rows   *memo[string, *row]
 	gen    int
+	acts   activityTally
 }
 
 type row struct {
@@ -63,6 +66,7 @@ func (s *summary) row(f stack.Frame) *row {
 }
 
 func (s *summary) Add(smp stack.Sample) {
+	s.acts.add(&smp)
 	if !s.note(&smp) {
 		return
 	}
@@ -114,5 +118,6 @@ func (s *summary) WriteTo(w io.Writer) (int64, error) {
 	for _, r := range rows {
 		cw.printf("%8.2f %8.2f %8d %8d  %s\n", pct(r.self), pct(r.total), r.self, r.total, r.label)
 	}
+	s.acts.write(cw)
 	return cw.n, cw.err
 }

@@ -73,7 +73,10 @@ type Sink interface {
 type Config struct {
 	Target
 	Duration time.Duration // stop after this long; 0: until stopped
-	OnCPU    bool          // keep only samples of threads on a CPU
+	OnCPU    bool          // --on-cpu: the same as Mode cpu
+	Mode     stack.Mode    // which samples to keep: wall (""), cpu, gvl
+	NoGC     bool          // leave out the GC pseudo-frames
+	Threads  bool          // collapsed: root each stack at its thread
 	Format   string        // output format (output.Formats)
 	Output   string        // output path; "": rbscope-<time>-<pid>.<ext>
 	Raw      string        // raw recording path; "": the cache directory
@@ -100,5 +103,23 @@ func (c Config) Validate() error {
 	if _, err := output.New(c.Format, output.Options{}); err != nil {
 		return UsageError{err}
 	}
+	if _, err := c.SampleMode(); err != nil {
+		return err
+	}
 	return nil
+}
+
+// SampleMode is Mode, with OnCPU as another name for Mode cpu.
+func (c Config) SampleMode() (stack.Mode, error) {
+	mode, err := stack.ParseMode(string(c.Mode))
+	if err != nil {
+		return "", Usagef("--mode: %v", err)
+	}
+	if c.OnCPU {
+		if mode != stack.ModeWall && mode != stack.ModeCPU {
+			return "", Usagef("--on-cpu is --mode cpu: it contradicts --mode %s", mode)
+		}
+		mode = stack.ModeCPU
+	}
+	return mode, nil
 }

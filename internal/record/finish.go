@@ -61,7 +61,7 @@ func (r *rec) summarize(st sampler.Stats) {
 	}
 	r.con.say("%d samples of %d threads in %.1fs (%d ticks, %d late, %d missed); errors: %s",
 		st.Samples, len(st.Threads), st.End.Sub(st.Start).Seconds(), st.Ticks, st.Late, st.Missed, st.ErrorSummary())
-	if cpu, ok := selfCPU(); ok && st.End.After(st.Start) {
+	if cpu, ok := selfCPU(); ok && st.End.Sub(st.Start) >= 100*time.Millisecond {
 		r.con.say("own CPU use: %.2fs (%.1f%% of one core)", cpu.Seconds(), 100*cpu.Seconds()/st.End.Sub(st.Start).Seconds())
 	}
 	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
@@ -82,7 +82,7 @@ func (r *rec) render(st sampler.Stats) error {
 		return fmt.Errorf("read back raw recording: %w", err)
 	}
 	defer rd.Close()
-	n, f, err := output.RenderFile(r.cfg.Format, output.Options{RateHz: r.cfg.Rate, Start: st.Start}, rd.Samples(), r.cfg.Output)
+	n, f, err := output.RenderFile(r.cfg.Format, output.Options{RateHz: r.cfg.Rate, Start: st.Start, Threads: r.cfg.Threads}, rd.Samples(), r.cfg.Output)
 	if derr := rd.Damage(); derr != nil {
 		r.con.say("warning: raw recording is damaged after %d samples: %v", n, derr)
 	}

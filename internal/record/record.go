@@ -173,7 +173,7 @@ func (r *rec) command() []string {
 // sample runs the sampler until the recording ends. It runs on the
 // calling goroutine, whose OS thread also does the pausing.
 func (r *rec) sample() (sampler.Stats, error) {
-	ro := sampler.RubyOptions{}
+	ro := sampler.RubyOptions{NoGC: r.cfg.NoGC}
 	if !r.cfg.Nonblocking {
 		// Bound to this goroutine's OS thread, which also runs the
 		// sampler: no thread hand-off per pause.
@@ -206,7 +206,8 @@ func (r *rec) sample() (sampler.Stats, error) {
 		}
 		r.sinks = sinks
 	}
-	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, OnCPUOnly: r.cfg.OnCPU,
+	mode, _ := r.cfg.SampleMode() // checked by Validate
+	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode,
 		Progress: r.con.show, ProgressEvery: 250 * time.Millisecond}
 	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)
 	for _, s := range r.sinks {
@@ -224,18 +225,20 @@ func (r *rec) sample() (sampler.Stats, error) {
 // newTree is the one source for both modes: it follows the target across
 // exec (`bundle exec`), and with --subprocesses also its descendants.
 func (r *rec) newTree(ro sampler.RubyOptions) *sampler.TreeSource {
-	rootOpened := false
+	// A process seen again has exec'd (the root under `bundle exec`, a
+	// forked copy of Ruby running system's command). The tree announces
+	// an already opened root at once: that one goes unsaid.
+	seen := map[int]bool{}
 	return sampler.NewTreeSource(r.pid, r.proc, sampler.TreeOptions{
 		Ruby: ro, Open: ruby.Options{Version: r.cfg.RubyVersion}, NoChildren: !r.cfg.Subprocesses,
 		OnNewProcess: func(p int, rp *ruby.Process) {
 			switch {
+			case seen[p]:
+				r.con.say("process %d exec'd: recording the new program (Ruby %s)", p, rp.Version())
 			case p != r.pid:
 				r.con.say("recording subprocess %d (Ruby %s)", p, rp.Version())
-			case rootOpened:
-				r.con.say("process %d exec'd: recording the new program (Ruby %s)", p, rp.Version())
-			default:
-				rootOpened = true
 			}
+			seen[p] = true
 		},
 	})
 }
@@ -267,7 +270,9 @@ func (r *rec) createRaw() error {
 		RateHz: r.cfg.Rate, Start: r.start, RbscopeVersion: r.cfg.Version, Pids: []int{r.pid}, Command: r.command(),
 		Options: map[string]string{
 			"blocking":     strconv.FormatBool(!r.cfg.Nonblocking),
-			"on_cpu":       strconv.FormatBool(r.cfg.OnCPU),
+			"on_cpu":       strconv.FormatBool(r.cfg.OnCPU || r.cfg.Mode == stack.ModeCPU),
+			"mode":         string(r.cfg.Mode),
+			"no_gc":        strconv.FormatBool(r.cfg.NoGC),
 			"subprocesses": strconv.FormatBool(r.cfg.Subprocesses),
 		},
 	}

@@ -381,7 +381,9 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 			Pid:        t.Pid,
 			TID:        t.TID,
 			ThreadName: t.Name,
-			OnCPU:      flags&1 != 0,
+			OnCPU:      flags&flagOnCPU != 0,
+			Activity:   activityOf(flags),
+			GVL:        flags&flagGVL != 0,
 			Frames:     frames,
 		}
 		if t.Samples == 0 {

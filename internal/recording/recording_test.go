@@ -63,6 +63,8 @@ func sampleN(i int) stack.Sample {
 		TID:        tid,
 		ThreadName: name,
 		OnCPU:      i%2 == 0,
+		Activity:   append([]string{""}, stack.Activities...)[i%(len(stack.Activities)+1)],
+		GVL:        i%3 == 0,
 		Frames:     frames,
 	}
 }

@@ -263,10 +263,7 @@ func (w *Writer) Add(s stack.Sample) error {
 	w.buf = binary.AppendVarint(w.buf, ns-w.prevNanos)
 	w.prevNanos = ns
 	w.buf = binary.AppendUvarint(w.buf, tid)
-	var flags byte
-	if s.OnCPU {
-		flags |= 1
-	}
+	flags := sampleFlags(&s)
 	w.buf = append(w.buf, flags)
 	w.buf = binary.AppendUvarint(w.buf, uint64(len(ids)))
 	for _, id := range ids {
@@ -380,4 +377,41 @@ func DefaultPath(pid int, t time.Time) string {
 	}
 	name := "rbscope-" + t.Format("20060102-150405") + "-" + strconv.Itoa(pid) + ".raw.gz"
 	return filepath.Join(dir, name)
+}
+
+// A sample's flags byte: bit 0 on a CPU, bits 1-3 the activity (0 when
+// unknown, as in recordings made before activities existed), bit 4 the
+// GVL's owner.
+const (
+	flagOnCPU    = 1
+	flagActShift = 1
+	flagActMask  = 7
+	flagGVL      = 1 << 4
+)
+
+// activityCodes numbers the activities in the flags byte (0: none).
+var activityCodes = []string{"", stack.ActivityRunning, stack.ActivityGVLWait, stack.ActivityBlocked, stack.ActivityGC, stack.ActivityUnknown}
+
+func sampleFlags(s *stack.Sample) byte {
+	var flags byte
+	if s.OnCPU {
+		flags |= flagOnCPU
+	}
+	for i, a := range activityCodes {
+		if a == s.Activity {
+			flags |= byte(i) << flagActShift
+			break
+		}
+	}
+	if s.GVL {
+		flags |= flagGVL
+	}
+	return flags
+}
+
+func activityOf(flags byte) string {
+	if i := int(flags>>flagActShift) & flagActMask; i < len(activityCodes) {
+		return activityCodes[i]
+	}
+	return stack.ActivityUnknown
 }

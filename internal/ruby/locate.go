@@ -139,11 +139,13 @@ func (p *Process) currentThread() (uint64, error) {
 
 // threadRef is one Ruby thread found in the VM.
 type threadRef struct {
-	addr   uint64
-	main   bool
-	gvl    bool
-	ractor uint64
-	tb     []byte // the rb_thread_t, when already read
+	addr uint64
+	main bool
+	gvl  bool
+	// waiting: in the GVL's wait list
+	waiting bool
+	ractor  uint64
+	tb      []byte // the rb_thread_t, when already read
 
 	// Read by prefetch for the whole tick (see tick.go).
 	eb         []byte  // the execution context's head
@@ -221,8 +223,10 @@ func (p *Process) threadList() ([]threadRef, error) {
 			}
 			mainTh := o.ractorThreadsMain.u64(b)
 			runEC := o.ractorRunningEC.u64(b)
+			owner, ownerKnown := p.ownerFrom(b, false)
 			// Follow the list through the thread structs themselves (the
 			// list node is inside rb_thread_t), keeping each struct.
+			first := len(out)
 			head := ra + o.ractorThreadsSet.off
 			node := le64(b, o.ractorThreadsSet.off)
 			for i := 0; node != head; i++ {
@@ -235,12 +239,15 @@ func (p *Process) threadList() ([]threadRef, error) {
 					return nil, fmt.Errorf("read thread at 0x%x: %w", th, err)
 				}
 				ref := threadRef{addr: th, main: th == mainTh, ractor: ra, tb: tb}
-				if runEC != 0 && o.thEC.ok && o.thEC.u64(tb) == runEC {
+				if ownerKnown {
+					ref.gvl = owner != 0 && th == owner
+				} else if runEC != 0 && o.thEC.ok && o.thEC.u64(tb) == runEC {
 					ref.gvl = true
 				}
 				out = append(out, ref)
 				node = le64(tb, o.thLTNode.off)
 			}
+			p.markWaiters(ra, b, out[first:])
 		}
 		return out, nil
 	case p.ver >= v(2, 2, 0):
@@ -254,10 +261,13 @@ func (p *Process) threadList() ([]threadRef, error) {
 			return nil, fmt.Errorf("read VM: %w", err)
 		}
 		mainTh := o.vmMainThread.u64(b)
+		if owner, ok := p.ownerFrom(b, true); ok {
+			cur = owner
+		}
 		var out []threadRef
 		err = p.walkList(vm+o.vmLivingThreads.off, func(node uint64) error {
 			th := node - o.thVMLTNode.off
-			out = append(out, threadRef{addr: th, main: th == mainTh, gvl: th == cur})
+			out = append(out, threadRef{addr: th, main: th == mainTh, gvl: cur != 0 && th == cur})
 			return nil
 		})
 		if err != nil {

@@ -69,6 +69,10 @@ type Info struct {
 	Addresses      map[string]uint64 `json:"addresses"`
 	AddressSources map[string]string `json:"address_sources"`
 	LayoutSource   string            `json:"layout_source"`
+	// GVLSource says where GVL ownership is read from; GCSource where the
+	// GC flags are (dwarf, scan, or none with the reason).
+	GVLSource string `json:"gvl_source"`
+	GCSource  string `json:"gc_source"`
 }
 
 // Process is a Ruby process whose VM has been located.
@@ -81,6 +85,7 @@ type Process struct {
 	ver     int
 	lay     *layout.Layout
 	o       offsets
+	act     activityOffsets
 	info    Info
 
 	syms []symSource
@@ -142,6 +147,7 @@ func Open(t target.Target, opts Options) (*Process, error) {
 		return nil, err
 	}
 	p.ensureGCCount()
+	p.resolveActivity()
 	return p, nil
 }
 

@@ -97,12 +97,19 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 		p.fallbackEpoch++
 		p.epoch = 1<<63 | p.fallbackEpoch
 	}
+	// The same facts threadList derives from the ractor and threads.
 	mainTh := o.ractorThreadsMain.u64(rb)
 	runEC := o.ractorRunningEC.u64(rb)
+	owner, ownerKnown := p.ownerFrom(rb, false)
 	for i := range refs {
 		refs[i].main = refs[i].addr == mainTh
-		refs[i].gvl = runEC != 0 && o.thEC.ok && o.thEC.u64(refs[i].tb) == runEC
+		if ownerKnown {
+			refs[i].gvl = owner != 0 && refs[i].addr == owner
+		} else {
+			refs[i].gvl = runEC != 0 && o.thEC.ok && o.thEC.u64(refs[i].tb) == runEC
+		}
 	}
+	p.markWaiters(p.knownRactor, rb, refs)
 	return refs, true
 }
 

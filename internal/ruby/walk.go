@@ -45,6 +45,8 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 	p.prefetch(refs)
 	out := make([]stack.Thread, 0, len(refs))
 	refreshed := false
+	gc := p.readGC()
+	ownerKnown := p.act.owner.ok
 	for _, ref := range refs {
 		th, err := p.thread(ref)
 		if err != nil {
@@ -59,6 +61,7 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 			th.Error = fmt.Sprintf("read thread 0x%x: %v", ref.addr, err)
 			th.Frames = nil
 		}
+		p.setActivity(&th, ownerKnown, ref.waiting, gc)
 		if th.Name == "" && th.TID != 0 {
 			// A thread without a Ruby name takes its native name; the
 			// /proc listing is read only when a new thread needs it.

@@ -34,6 +34,8 @@ type RubyOptions struct {
 	// sample). Nil reads the running process (nonblocking mode). When it
 	// is also a ThreadPauser, only the threads that run Ruby are stopped.
 	Pauser Pauser
+	// NoGC leaves out the GC pseudo-frames (the samples keep activity gc).
+	NoGC bool
 }
 
 // RubySource samples every Ruby thread of one process.
@@ -42,6 +44,7 @@ type RubySource struct {
 	pid    int
 	pauser Pauser
 	states *taskStates
+	noGC   bool
 	out    []stack.Sample
 	// rubyTIDs are the Ruby threads of the last sample, the ones a
 	// ThreadPauser stops (empty: stop every thread).
@@ -57,7 +60,7 @@ func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 	// Stacks of a paused target are read once; of a running one, read
 	// twice and compared (torn reads are detected, never emitted).
 	p.SetStopped(opts.Pauser != nil)
-	return &RubySource{p: p, pid: pid, pauser: opts.Pauser, states: newTaskStates(pid)}
+	return &RubySource{p: p, pid: pid, pauser: opts.Pauser, noGC: opts.NoGC, states: newTaskStates(pid)}
 }
 
 // Process is the Ruby process sampled.
@@ -93,13 +96,21 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error})
 			continue
 		}
+		kstate := s.states.state(th.TID)
+		ruby.KernelActivity(th, kstate)
+		frames := th.Frames
+		if s.noGC {
+			frames = stack.WithoutGC(frames)
+		}
 		s.out = append(s.out, stack.Sample{
 			Time:       now,
 			Pid:        s.pid,
 			TID:        th.TID,
 			ThreadName: th.Name,
-			OnCPU:      s.states.state(th.TID) == 'R',
-			Frames:     th.Frames,
+			OnCPU:      kstate == 'R',
+			Activity:   th.Activity,
+			GVL:        th.GVL,
+			Frames:     frames,
 		})
 	}
 	if failed != nil {

@@ -62,6 +62,9 @@ type Config struct {
 	Jitter float64
 	// OnCPUOnly drops samples of threads that were not running on a CPU.
 	OnCPUOnly bool
+	// Mode drops the samples a mode does not keep (stack.Mode.Keeps);
+	// "" and wall keep all.
+	Mode stack.Mode
 	// Progress, when set, is called on the sampler's goroutine about every
 	// ProgressEvery with the statistics so far.
 	Progress      func(Stats)
@@ -125,7 +128,7 @@ type Stats struct {
 	Rate       float64
 	Ticks      int // ticks on which the source was called
 	Samples    int // thread samples delivered (after filtering)
-	Filtered   int // thread samples dropped by OnCPUOnly
+	Filtered   int // thread samples dropped by OnCPUOnly or Mode
 	Late       int // ticks sampled more than one period after their deadline
 	Missed     int // ticks skipped because the sampler was behind
 	Errors     [numErrorKinds]int
@@ -269,7 +272,7 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 			kept = kept[:0]
 			for i := range samples {
 				s := &samples[i]
-				if cfg.OnCPUOnly && !s.OnCPU {
+				if (cfg.OnCPUOnly && !s.OnCPU) || !cfg.Mode.Keeps(s) {
 					st.Filtered++
 					continue
 				}

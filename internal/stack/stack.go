@@ -3,14 +3,102 @@
 // samples.
 package stack
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Frame kinds.
 const (
 	KindRuby  = "ruby"  // an iseq frame (method, block, <main>, ...)
 	KindCFunc = "cfunc" // a C-function frame (Array#each)
-	KindGC    = "gc"    // the synthetic "(garbage collection)" frame
+	KindGC    = "gc"    // the pseudo-frames "(garbage collection)", "(marking)", "(sweeping)"
+	KindGVL   = "gvl"   // the pseudo-frame "(waiting for GVL)"
 )
+
+// Pseudo-frame names (stackprof's convention for GC).
+const (
+	FrameGC         = "(garbage collection)"
+	FrameMarking    = "(marking)"
+	FrameSweeping   = "(sweeping)"
+	FrameCompacting = "(compacting)"
+	FrameGVLWait    = "(waiting for GVL)"
+)
+
+// Activities: why a thread is where it is at one moment.
+const (
+	// ActivityRunning: the thread holds the GVL, executing Ruby or C.
+	ActivityRunning = "running"
+	// ActivityGVLWait: runnable, waiting for the GVL.
+	ActivityGVLWait = "gvl_wait"
+	// ActivityBlocked: the GVL released (IO, sleep, Mutex, Queue,
+	// ConditionVariable, a C extension's blocking region).
+	ActivityBlocked = "blocked"
+	// ActivityGC: the thread is running the garbage collector.
+	ActivityGC = "gc"
+	// ActivityUnknown: neither Ruby's state nor the kernel's could tell.
+	ActivityUnknown = "unknown"
+)
+
+// Activities lists the activities in display order.
+var Activities = []string{ActivityRunning, ActivityGVLWait, ActivityBlocked, ActivityGC, ActivityUnknown}
+
+// IsPseudo reports whether f is a pseudo-frame (GC or GVL wait) rather
+// than a Ruby or C frame.
+func (f Frame) IsPseudo() bool { return f.Kind == KindGC || f.Kind == KindGVL }
+
+// WithoutGC returns frames without their GC pseudo-frames (--no-gc),
+// reusing the slice when there are none.
+func WithoutGC(frames []Frame) []Frame {
+	i := 0
+	for i < len(frames) && frames[i].Kind == KindGC {
+		i++
+	}
+	return frames[i:]
+}
+
+// Mode selects which samples a recording keeps.
+type Mode string
+
+// Modes.
+const (
+	// ModeWall keeps every sample (wall-clock time).
+	ModeWall Mode = "wall"
+	// ModeCPU keeps the samples of threads running Ruby or C code or GC.
+	ModeCPU Mode = "cpu"
+	// ModeGVL keeps the samples of the thread that holds the GVL.
+	ModeGVL Mode = "gvl"
+)
+
+// ParseMode parses "wall", "cpu" or "gvl" ("" is wall).
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case "", ModeWall:
+		return ModeWall, nil
+	case ModeCPU, ModeGVL:
+		return Mode(s), nil
+	}
+	return "", fmt.Errorf("unknown mode %q: want wall, cpu or gvl", s)
+}
+
+// Keeps reports whether a recording in mode m keeps sample s. A sample
+// whose activity is unknown falls back to the kernel's view (OnCPU) in
+// cpu mode.
+func (m Mode) Keeps(s *Sample) bool {
+	switch m {
+	case ModeCPU:
+		switch s.Activity {
+		case ActivityRunning, ActivityGC:
+			return true
+		case "", ActivityUnknown:
+			return s.OnCPU
+		}
+		return false
+	case ModeGVL:
+		return s.GVL
+	}
+	return true
+}
 
 // Frame is one stack frame.
 type Frame struct {
@@ -37,12 +125,15 @@ func (f *Frame) Func() Func {
 
 // Thread is one Ruby thread's stack at one moment.
 type Thread struct {
-	TID    int     `json:"tid"`   // Linux thread id, 0 when unknown
-	Name   string  `json:"name"`  // Ruby thread name, else the native name
-	Main   bool    `json:"main"`  // the process's main thread
-	GVL    bool    `json:"gvl"`   // its execution context is the running one
-	State  string  `json:"state"` // Ruby status: running, stopped, killed, ...
-	Frames []Frame `json:"frames"`
+	TID   int    `json:"tid"`   // Linux thread id, 0 when unknown
+	Name  string `json:"name"`  // Ruby thread name, else the native name
+	Main  bool   `json:"main"`  // the process's main thread
+	GVL   bool   `json:"gvl"`   // it owns the GVL (read from the lock itself)
+	State string `json:"state"` // Ruby status: running, stopped, killed, ...
+	// Activity is why the thread is where it is: ActivityRunning,
+	// ActivityGVLWait, ActivityBlocked, ActivityGC or ActivityUnknown.
+	Activity string  `json:"activity"`
+	Frames   []Frame `json:"frames"`
 	// Error, when set, says why the stack stops early (frames past it could
 	// not be read, as in a core file that lacks part of the memory).
 	Error string `json:"error,omitempty"`
@@ -55,5 +146,7 @@ type Sample struct {
 	TID        int
 	ThreadName string
 	OnCPU      bool    // the thread was running on a CPU (kernel state R)
+	Activity   string  // ActivityRunning, ...; "" in recordings that predate it
+	GVL        bool    // the thread owned the GVL
 	Frames     []Frame // innermost first
 }

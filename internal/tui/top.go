@@ -45,6 +45,9 @@ type rowKey struct {
 type counts struct {
 	own, total       int // since the start
 	ownWin, totalWin int // in the current interval
+	// samples of the interval with the function on the stack whose
+	// thread was waiting for the GVL, or running GC
+	gvlWin, gcWin int
 }
 
 // Top aggregates samples for the live view. It is safe for concurrent
@@ -64,19 +67,26 @@ type Top struct {
 	lastErr     string
 	start       time.Time
 	lastSamples time.Time
+	acts        map[string]int // samples of the interval by activity
 }
 
 // NewTop returns an empty aggregator for samples taken at rate Hz.
 func NewTop(rate float64) *Top {
 	return &Top{rate: rate, all: map[rowKey]*counts{}, byThread: map[rowKey]*counts{},
-		threads: map[int]string{}, seen: map[stack.Func]int{}, start: time.Now()}
+		threads: map[int]string{}, seen: map[stack.Func]int{}, start: time.Now(), acts: map[string]int{}}
 }
 
-func bump(m map[rowKey]*counts, k rowKey, own bool, total bool) {
+func bump(m map[rowKey]*counts, k rowKey, own bool, total bool, activity string) {
 	c := m[k]
 	if c == nil {
 		c = &counts{}
 		m[k] = c
+	}
+	switch activity {
+	case stack.ActivityGVLWait:
+		c.gvlWin++
+	case stack.ActivityGC:
+		c.gcWin++
 	}
 	if own {
 		c.own++
@@ -96,6 +106,9 @@ func (t *Top) Add(samples []stack.Sample) {
 	for i := range samples {
 		s := &samples[i]
 		t.samples++
+		if s.Activity != "" {
+			t.acts[s.Activity]++
+		}
 		t.win++
 		t.lastSamples = s.Time
 		if s.ThreadName != "" || t.threads[s.TID] == "" {
@@ -110,8 +123,8 @@ func (t *Top) Add(samples []stack.Sample) {
 				continue
 			}
 			t.seen[k] = t.gen
-			bump(t.all, rowKey{fn: k}, j == 0, true)
-			bump(t.byThread, rowKey{fn: k, tid: s.TID}, j == 0, true)
+			bump(t.all, rowKey{fn: k}, j == 0, true, s.Activity)
+			bump(t.byThread, rowKey{fn: k, tid: s.TID}, j == 0, true, s.Activity)
 		}
 	}
 }
@@ -126,14 +139,19 @@ func (t *Top) SetStatus(errors, late int, lastErr string) {
 
 // Row is one line of the table.
 type Row struct {
-	Function  string // "Foo#bar"
-	Path      string // iseq path ("" for C functions)
-	TID       int    // 0 in the all-threads view
-	Thread    string
-	OwnPct    float64 // percent of the interval's samples
-	TotalPct  float64
-	OwnTime   time.Duration // since the start
-	TotalTime time.Duration
+	Function string // "Foo#bar"
+	Path     string // iseq path ("" for C functions)
+	TID      int    // 0 in the all-threads view
+	Thread   string
+	OwnPct   float64 // percent of the interval's samples
+	// GVLWaitPct and GCPct are the shares of the interval's samples with
+	// the function on the stack while its thread waited for the GVL or
+	// ran GC.
+	GVLWaitPct float64
+	GCPct      float64
+	TotalPct   float64
+	OwnTime    time.Duration // since the start
+	TotalTime  time.Duration
 }
 
 // View is one frame of the live view.
@@ -148,6 +166,9 @@ type View struct {
 	LastError  string
 	Elapsed    time.Duration
 	Sort       SortKey
+	// Activities are the interval's shares of samples by activity
+	// (percent), empty when the samples carry none.
+	Activities map[string]float64
 }
 
 // Snapshot returns the current view (both the all-threads and the
@@ -169,15 +190,24 @@ func (t *Top) Snapshot(sortBy SortKey) View {
 			if t.win > 0 {
 				r.OwnPct = 100 * float64(c.ownWin) / float64(t.win)
 				r.TotalPct = 100 * float64(c.totalWin) / float64(t.win)
+				r.GVLWaitPct = 100 * float64(c.gvlWin) / float64(t.win)
+				r.GCPct = 100 * float64(c.gcWin) / float64(t.win)
 			}
 			out = append(out, r)
-			c.ownWin, c.totalWin = 0, 0
+			c.ownWin, c.totalWin, c.gvlWin, c.gcWin = 0, 0, 0, 0
 		}
 		SortRows(out, sortBy)
 		return out
 	}
 	v.Rows = rows(t.all)
 	v.ThreadRows = rows(t.byThread)
+	if len(t.acts) > 0 && t.win > 0 {
+		v.Activities = map[string]float64{}
+		for a, n := range t.acts {
+			v.Activities[a] = 100 * float64(n) / float64(t.win)
+		}
+	}
+	clear(t.acts)
 	t.win = 0
 	return v
 }
@@ -274,6 +304,10 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 	}
 	line(status, bold)
 	line(fmt.Sprintf("Samples: %d (%d this interval)  Threads: %d  Errors: %d  Late: %d", v.Samples, v.Interval, v.Threads, v.Errors, v.Late), "")
+	if v.Activities != nil {
+		line(fmt.Sprintf("Threads: running %.1f%%  GVL wait %.1f%%  blocked %.1f%%  GC %.1f%%",
+			v.Activities[stack.ActivityRunning], v.Activities[stack.ActivityGVLWait], v.Activities[stack.ActivityBlocked], v.Activities[stack.ActivityGC]), "")
+	}
 	help := "q quit  t threads  1-4 sort  space pause"
 	if v.LastError != "" && v.Errors > 0 {
 		help = "last error: " + v.LastError
@@ -285,7 +319,12 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 			cols[i] = "[" + cols[i] + "]"
 		}
 	}
+	// The GVL-wait and GC columns appear when the samples carry activities.
+	acts := v.Activities != nil
 	head := fmt.Sprintf("%7s %7s %10s %10s  ", cols[0], cols[1], cols[2], cols[3])
+	if acts {
+		head = fmt.Sprintf("%7s %7s %10s %10s %7s %7s  ", cols[0], cols[1], cols[2], cols[3], "%GVLw", "%GC")
+	}
 	if perThread {
 		head += fmt.Sprintf("%-16s ", "Thread")
 	}
@@ -296,9 +335,15 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 		list = v.ThreadRows
 	}
 	rows := height - 5
+	if v.Activities != nil {
+		rows--
+	}
 	for i := 0; i < len(list) && i < rows; i++ {
 		r := list[i]
 		s := fmt.Sprintf("%6.2f%% %6.2f%% %9.2fs %9.2fs  ", r.OwnPct, r.TotalPct, r.OwnTime.Seconds(), r.TotalTime.Seconds())
+		if acts {
+			s = fmt.Sprintf("%6.2f%% %6.2f%% %9.2fs %9.2fs %6.2f%% %6.2f%%  ", r.OwnPct, r.TotalPct, r.OwnTime.Seconds(), r.TotalTime.Seconds(), r.GVLWaitPct, r.GCPct)
+		}
 		if perThread {
 			name := r.Thread
 			if name == "" {

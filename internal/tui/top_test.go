@@ -111,3 +111,40 @@ func TestRender(t *testing.T) {
 		t.Errorf("%d lines for a 6-line terminal", n)
 	}
 }
+
+// TestActivityColumns: samples with activities give the GVL-wait and GC
+// columns and the activity line.
+func TestActivityColumns(t *testing.T) {
+	top := NewTop(100)
+	root := fr("<main>", "/x/main.rb")
+	wait := stack.Frame{Name: stack.FrameGVLWait, Kind: stack.KindGVL}
+	gc := stack.Frame{Name: stack.FrameGC, Kind: stack.KindGC}
+	top.Add([]stack.Sample{
+		{TID: 1, ThreadName: "a", Activity: stack.ActivityRunning, Frames: []stack.Frame{fr("A#spin", "/x/a.rb"), root}},
+		{TID: 2, ThreadName: "b", Activity: stack.ActivityGVLWait, Frames: []stack.Frame{wait, fr("A#spin", "/x/a.rb"), root}},
+		{TID: 3, ThreadName: "c", Activity: stack.ActivityGC, Frames: []stack.Frame{gc, fr("B#alloc", "/x/b.rb"), root}},
+		{TID: 4, ThreadName: "d", Activity: stack.ActivityBlocked, Frames: []stack.Frame{fr("Kernel#sleep", ""), root}},
+	})
+	v := top.Snapshot(SortTotalPct)
+	var spin, main Row
+	for _, r := range v.Rows {
+		switch r.Function {
+		case "A#spin":
+			spin = r
+		case "<main>":
+			main = r
+		}
+	}
+	if spin.TotalPct != 50 || spin.GVLWaitPct != 25 || spin.GCPct != 0 || main.GVLWaitPct != 25 || main.GCPct != 25 {
+		t.Errorf("A#spin %+v, <main> %+v", spin, main)
+	}
+	if v.Activities[stack.ActivityRunning] != 25 || v.Activities[stack.ActivityBlocked] != 25 {
+		t.Errorf("activities %v", v.Activities)
+	}
+	out := Render(Header{Pid: 1, Rate: 100}, v, true, 140, 20, false)
+	for _, want := range []string{"%GVLw", "%GC", "GVL wait 25.0%", "GC 25.0%", stack.FrameGVLWait} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+}

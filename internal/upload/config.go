@@ -193,7 +193,7 @@ func validateTag(k, v string) error {
 		}
 	}
 	switch k {
-	case "__name__", "service_name", "pid", "thread_name":
+	case "__name__", "service_name", "pid", "thread_name", "activity":
 		return fmt.Errorf("tag name %q is reserved", k)
 	}
 	if v == "" {

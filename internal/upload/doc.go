@@ -4,7 +4,7 @@
 // An Uploader cuts the samples it is given into fixed intervals (10s by
 // default, aligned to the wall clock), turns each interval into a gzip'd
 // pprof profile (CPU sample types, the sampling period, labels pid,
-// thread_name and hostname plus the user's tags) and pushes it to
+// thread_name, activity and hostname plus the user's tags) and pushes it to
 // Pyroscope's native ingest API:
 //
 //	POST <url>/ingest?name=<app>{k=v,...}&from=<unix>&until=<unix>

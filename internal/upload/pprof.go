@@ -65,8 +65,8 @@ func encodeProfile(iv interval, rate int) (data []byte, n int, err error) {
 	return buf.Bytes(), n, nil
 }
 
-// relabel turns the pprof writer's labels (thread; numeric pid, tid) into
-// Pyroscope series labels (pid, thread_name).
+// relabel turns the pprof writer's labels (thread, activity; numeric pid,
+// tid) into Pyroscope series labels (pid, thread_name, activity).
 func relabel(p *profile.Profile) {
 	for _, s := range p.Sample {
 		var pid, tid int64
@@ -83,9 +83,14 @@ func relabel(p *profile.Profile) {
 		if thread == "" && tid != 0 {
 			thread = "tid-" + strconv.FormatInt(tid, 10)
 		}
+		act := s.Label["activity"]
 		s.Label = map[string][]string{"pid": {strconv.FormatInt(pid, 10)}}
 		if thread != "" {
 			s.Label["thread_name"] = []string{thread}
+		}
+		if len(act) > 0 && act[0] != "" {
+			// running, gvl_wait, blocked, gc: a fleet can chart GVL wait.
+			s.Label["activity"] = act[:1]
 		}
 		s.NumLabel, s.NumUnit = nil, nil
 	}

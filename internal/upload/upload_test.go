@@ -58,7 +58,12 @@ func synth(t0 time.Time, i int) stack.Sample {
 		which = 2
 	}
 	st := synthStacks[which]
+	act := stack.ActivityRunning
+	if st.frames[0].Name == "Kernel#sleep" {
+		act = stack.ActivityBlocked
+	}
 	return stack.Sample{
+		Activity:   act,
 		Time:       t0.Add(time.Duration(i) * 10 * time.Millisecond),
 		Pid:        4242,
 		TID:        st.tid,
@@ -97,6 +102,7 @@ func TestEncodeProfile(t *testing.T) {
 	}
 	self := map[string]int64{}
 	threads := map[string]int64{}
+	acts := map[string]int64{}
 	for _, s := range p.Sample {
 		self[s.Location[0].Line[0].Function.Name] += s.Value[0]
 		if s.Value[1] != s.Value[0]*10_000_000 {
@@ -109,6 +115,10 @@ func TestEncodeProfile(t *testing.T) {
 			t.Errorf("numeric labels left: %v", s.NumLabel)
 		}
 		threads[strings.Join(s.Label["thread_name"], ",")] += s.Value[0]
+		acts[strings.Join(s.Label["activity"], ",")] += s.Value[0]
+	}
+	if acts[stack.ActivityRunning] != 90 || acts[stack.ActivityBlocked] != 10 {
+		t.Errorf("activity labels %v, want running 90, blocked 10", acts)
 	}
 	want := map[string]int64{"Integer#times": 60, "Object#light": 30, "Kernel#sleep": 10}
 	for k, v := range want {

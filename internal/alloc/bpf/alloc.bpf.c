@@ -48,6 +48,10 @@ enum stat {
 	STAT_GC_MARK_COUNT = 6,
 	STAT_GC_SWEEP_NS = 7,
 	STAT_GC_SWEEP_COUNT = 8,
+	STAT_STACKS = 10,      /* stacks captured */
+	STAT_STACKS_LOST = 11, /* stacks the ring buffer had no room for */
+	STAT_OBJECTS = 9,      /* events that are heap objects: not symbol__create,
+				  which also fires for static symbols (IDs) */
 	STAT_MAX = 16,
 };
 
@@ -90,6 +94,51 @@ struct counter {
 const volatile __u32 target_tgid = 0;
 const volatile __u32 sample_period = 1;
 
+/* Allocation stacks: one in stack_period counted events (0: none) copies
+ * the Ruby stack of the allocating thread for user space, which names its
+ * frames with rbscope's walker reading the copy instead of the live
+ * (already changed) memory. The running thread's execution context is
+ * vm->ractor.main_ractor->threads.running_ec: the allocating thread holds
+ * the GVL. Offsets come from the same layout the walker uses. */
+const volatile __u32 stack_period = 0;
+const volatile __u64 stk_vm = 0;
+const volatile __u32 stk_main_ractor = 0;
+const volatile __u32 stk_running_ec = 0;
+const volatile __u32 stk_ec_vm_stack = 0;
+const volatile __u32 stk_ec_vm_stack_size = 8;
+const volatile __u32 stk_ec_cfp = 16;
+const volatile __u32 stk_cfp_sp = 8;
+
+#define EC_MAX 512
+#define CF_MAX 8192
+#define VS_MAX 16384
+
+struct stack_event {
+	__u64 ec;   /* address of the execution context (EC_MAX bytes copied) */
+	__u64 cfp;  /* address of the innermost control frame (cf_len bytes copied) */
+	__u64 vs;   /* address of the copied top of the VM value stack (vs_len bytes) */
+	__u64 cls;  /* as in site_key */
+	__u64 file;
+	__u64 bytes;
+	__u32 line;
+	__u32 kind;
+	__u32 tid;
+	__u32 cf_len;
+	__u32 vs_len;
+	__u32 pad;
+	__u8 ec_data[EC_MAX];
+	__u8 cf[CF_MAX];
+	__u8 vsd[VS_MAX];
+};
+
+/* Keeps the type in BTF for bpf2go. */
+const struct stack_event *unused_stack_event __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+} stacks SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_SPECS);
@@ -120,6 +169,19 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
+/* gate[0] != 0: count allocation events. User space opens the gate after
+ * attaching and reading Ruby's own allocation counter, and closes it before
+ * reading the counter again and detaching, so that the events counted and
+ * the counter's growth cover exactly the same window (attaching and
+ * detaching take milliseconds, during which the probes fire but are not
+ * counted). Exact mode leaves it open. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} gate SEC(".maps");
+
 /* Start times of the GC phase in progress: [0] mark, [1] sweep. Ruby's
  * GC runs one phase at a time per process, but may migrate CPUs. */
 struct {
@@ -148,6 +210,31 @@ static __always_inline void stat_add(__u32 slot, __u64 v)
 		*p += v;
 }
 
+/* reg reads the register at byte offset off of pt_regs. The context is
+ * read directly, one constant offset per case (the verifier refuses a
+ * variable offset into it): no helper call per argument. Each load is
+ * written in assembly so that the compiler cannot fold the cases back
+ * into one load at ctx + off. */
+#define REG_CASE(o)                                                            \
+	case o:                                                                \
+		asm volatile("%0 = *(u64 *)(%1 + " #o ")" : "=r"(x) : "r"(ctx)); \
+		break;
+
+static __always_inline int reg(struct pt_regs *ctx, __u16 off, __u64 *v)
+{
+	__u64 x = 0;
+	switch (off) {
+	REG_CASE(0) REG_CASE(8) REG_CASE(16) REG_CASE(24) REG_CASE(32)
+	REG_CASE(40) REG_CASE(48) REG_CASE(56) REG_CASE(64) REG_CASE(72)
+	REG_CASE(80) REG_CASE(88) REG_CASE(96) REG_CASE(104) REG_CASE(112)
+	REG_CASE(128) REG_CASE(152)
+	default:
+		return -1;
+	}
+	*v = x;
+	return 0;
+}
+
 static __always_inline int read_arg(struct pt_regs *ctx, const struct arg_spec *a, __u64 *out)
 {
 	__u64 v = 0;
@@ -158,15 +245,11 @@ static __always_inline int read_arg(struct pt_regs *ctx, const struct arg_spec *
 		v = a->val;
 		break;
 	case ARG_REG:
-		if (a->reg_off > PT_REGS_SIZE - 8)
-			return -1;
-		if (bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + a->reg_off))
+		if (reg(ctx, a->reg_off, &v))
 			return -1;
 		break;
 	case ARG_MEM:
-		if (a->reg_off > PT_REGS_SIZE - 8)
-			return -1;
-		if (bpf_probe_read_kernel(&v, sizeof(v), (void *)ctx + a->reg_off))
+		if (reg(ctx, a->reg_off, &v))
 			return -1;
 		if (bpf_probe_read_user(&v, sizeof(v), (void *)(v + a->val)))
 			return -1;
@@ -234,6 +317,67 @@ static __always_inline int bump(void *map, const void *key, __u64 bytes)
 	return -1; /* the map is full */
 }
 
+static __always_inline __u64 read_u64(__u64 addr)
+{
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+/* capture copies the allocating thread's Ruby stack into the ring buffer. */
+static __always_inline void capture(const struct site_key *sk, __u64 bytes)
+{
+	__u64 ractor = read_u64(stk_vm + stk_main_ractor);
+	__u64 ec = read_u64(ractor + stk_running_ec);
+	if (!ec)
+		return;
+	struct stack_event *e = bpf_ringbuf_reserve(&stacks, sizeof(*e), 0);
+	if (!e) {
+		stat_add(STAT_STACKS_LOST, 1);
+		return;
+	}
+	e->ec = ec;
+	e->cls = sk->cls;
+	e->file = sk->file;
+	e->line = sk->line;
+	e->kind = sk->kind;
+	e->bytes = bytes;
+	e->tid = (__u32)bpf_get_current_pid_tgid();
+	bpf_probe_read_user(e->ec_data, EC_MAX, (void *)ec);
+	__u64 vm_stack = read_u64(ec + stk_ec_vm_stack);
+	__u64 size = read_u64(ec + stk_ec_vm_stack_size);
+	__u64 cfp = read_u64(ec + stk_ec_cfp);
+	__u64 end = vm_stack + size * 8;
+	e->cfp = cfp;
+	e->cf_len = 0;
+	e->vs_len = 0;
+	if (cfp > vm_stack && cfp < end) {
+		__u64 n = end - cfp;
+		if (n > CF_MAX)
+			n = CF_MAX;
+		n &= 2 * CF_MAX - 1;
+		if (n > CF_MAX)
+			n = CF_MAX;
+		if (!bpf_probe_read_user(e->cf, n, (void *)cfp))
+			e->cf_len = n;
+		/* The top of the value stack, where the inner frames'
+		 * environments are. */
+		__u64 sp = read_u64(cfp + stk_cfp_sp);
+		if (sp > vm_stack && sp <= cfp) {
+			__u64 from = sp > vm_stack + VS_MAX ? sp - VS_MAX : vm_stack;
+			__u64 m = sp - from;
+			m &= 2 * VS_MAX - 1;
+			if (m > VS_MAX)
+				m = VS_MAX;
+			e->vs = from;
+			if (!bpf_probe_read_user(e->vsd, m, (void *)from))
+				e->vs_len = m;
+		}
+	}
+	stat_add(STAT_STACKS, 1);
+	bpf_ringbuf_submit(e, 0);
+}
+
 static __always_inline int handle(struct pt_regs *ctx)
 {
 	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != target_tgid)
@@ -248,6 +392,11 @@ static __always_inline int handle(struct pt_regs *ctx)
 		gc_phase(kind);
 		return 0;
 	}
+
+	__u32 zero = 0;
+	__u32 *open = bpf_map_lookup_elem(&gate, &zero);
+	if (!open || !*open)
+		return 0;
 
 	__u64 a0 = 0, a1 = 0, a2 = 0;
 	if (read_arg(ctx, &spec->args[0], &a0) || read_arg(ctx, &spec->args[1], &a1) ||
@@ -272,6 +421,8 @@ static __always_inline int handle(struct pt_regs *ctx)
 	}
 
 	stat_add(STAT_EVENTS, 1);
+	if (kind != KIND_SYMBOL)
+		stat_add(STAT_OBJECTS, 1);
 	if (sample_period > 1 && bpf_get_prandom_u32() % sample_period != 0)
 		return 0;
 	stat_add(STAT_SAMPLED, 1);
@@ -320,6 +471,8 @@ static __always_inline int handle(struct pt_regs *ctx)
 		if (bump(&classes, &ck, bytes))
 			stat_add(STAT_CLASSES_FULL, 1);
 	}
+	if (stack_period && bpf_get_prandom_u32() % stack_period == 0)
+		capture(&sk, bytes);
 	return 0;
 }
 

@@ -1,0 +1,140 @@
+package alloc
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+// memTarget is a process image in a map of 8-byte words, for the
+// calibration and overlay tests (what they read is plain memory).
+type memTarget struct {
+	target.Target
+	words map[uint64]uint64
+	maps  []target.Mapping
+}
+
+func (m *memTarget) ReadAt(p []byte, addr uint64) error {
+	for i := 0; i < len(p); i += 8 {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], m.words[addr+uint64(i)])
+		copy(p[i:], b[:])
+	}
+	return nil
+}
+
+func (m *memTarget) ReadBatch(reqs []target.Read) error {
+	for _, r := range reqs {
+		m.ReadAt(r.Buf, r.Addr)
+	}
+	return nil
+}
+
+func (m *memTarget) Mappings() ([]target.Mapping, error) { return m.maps, nil }
+
+// TestCalibration: among the words the VM points to, calibration picks the
+// one that grows by at least the counted events in every window by the
+// least margin, not a faster clock, nor a counter that sometimes grows
+// less (freed objects), nor a constant.
+func TestCalibration(t *testing.T) {
+	const vm, objspace, other = 0x10000, 0x20000, 0x30000
+	m := &memTarget{words: map[uint64]uint64{}, maps: []target.Mapping{{Start: 0x10000, End: 0x40000, Perms: "rw-p"}}}
+	m.words[vm+8] = objspace
+	m.words[vm+16] = other
+	m.words[vm+24] = 7 // not a pointer
+	const counter = objspace + 0x18
+	m.words[counter] = 1_000_000
+	m.words[objspace+0x20] = 5 // constant
+	m.words[other] = 1 << 30   // clock: grows by far more
+	m.words[other+8] = 900_000 // freed: sometimes less than the events
+	cal, err := newCalibration(m, vm, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cal.regions) != 2 {
+		t.Fatalf("%d regions, want 2", len(cal.regions))
+	}
+	cal.open()
+	var found *rubyCounter
+	var start, grown uint64
+	windows := []struct{ events, internal, freed uint64 }{{1500, 20, 1600}, {1200, 10, 900}, {1300, 15, 1400}}
+	var want uint64
+	for i, w := range windows {
+		m.words[counter] += w.events + w.internal
+		m.words[other] += 1 << 20
+		m.words[other+8] += w.freed
+		want += w.events + w.internal
+		c, s, g, _ := cal.close(cal.read(), w.events, w.events)
+		if c != nil {
+			found, start, grown = c, s, g
+			t.Logf("window %d: %s", i, c.source)
+			break
+		}
+	}
+	if found == nil {
+		t.Fatal("no counter found")
+	}
+	if len(found.addrs) != 1 || found.addrs[0] != counter {
+		t.Errorf("chose %x, want %x", found.addrs, counter)
+	}
+	if start != 1_000_000 || grown != want {
+		t.Errorf("start %d grown %d, want 1000000 and %d", start, grown, want)
+	}
+
+	// A process whose counter grows less than the events (the probes
+	// count something Ruby does not): no candidate is left.
+	m.words[counter] = 1_000_000
+	cal, _ = newCalibration(m, vm, 64)
+	cal.open()
+	for i := 0; i < 3 && !cal.failed(); i++ {
+		m.words[counter] += 100
+		m.words[other] += 1 << 20
+		cal.close(cal.read(), 5000, 5000)
+	}
+	if !cal.failed() {
+		t.Errorf("calibration kept %d candidates for a counter that cannot be there", len(cal.cands))
+	}
+}
+
+// TestOverlay: reads inside a copied range come from the copy, reads
+// across one are patched, the rest is live.
+func TestOverlay(t *testing.T) {
+	m := &memTarget{words: map[uint64]uint64{0x1000: 1, 0x1008: 2, 0x1010: 3, 0x1018: 4}}
+	cp := make([]byte, 16)
+	binary.LittleEndian.PutUint64(cp, 20)
+	binary.LittleEndian.PutUint64(cp[8:], 30)
+	ov := &overlay{Target: m, ranges: []ovRange{{0x1008, cp}}}
+	read := func(addr uint64, n int) []uint64 {
+		b := make([]byte, 8*n)
+		if err := ov.ReadAt(b, addr); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]uint64, n)
+		for i := range out {
+			out[i] = binary.LittleEndian.Uint64(b[8*i:])
+		}
+		return out
+	}
+	for _, c := range []struct {
+		addr uint64
+		n    int
+		want string
+	}{
+		{0x1008, 2, "[20 30]"},
+		{0x1000, 4, "[1 20 30 4]"},
+		{0x1018, 1, "[4]"},
+	} {
+		if got := fmt.Sprint(read(c.addr, c.n)); got != c.want {
+			t.Errorf("read %x×%d = %s, want %s", c.addr, c.n, got, c.want)
+		}
+	}
+	b1, b2 := make([]byte, 8), make([]byte, 16)
+	if err := ov.ReadBatch([]target.Read{{Addr: 0x1010, Buf: b1}, {Addr: 0x1000, Buf: b2}}); err != nil {
+		t.Fatal(err)
+	}
+	if binary.LittleEndian.Uint64(b1) != 30 || binary.LittleEndian.Uint64(b2[8:]) != 20 || binary.LittleEndian.Uint64(b2) != 1 {
+		t.Errorf("batch: %v %v", b1, b2)
+	}
+}

@@ -1,0 +1,134 @@
+package alloc
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// RunConfig is one `rbscope alloc` session.
+type RunConfig struct {
+	Pid      int
+	Options  Options
+	Duration time.Duration // 0: until ctx ends or the process exits
+	// Interval is how often OnReport is called (default 1s).
+	Interval time.Duration
+	// Log receives one-line notices (attached, exited); nil: none.
+	Log io.Writer
+	// OnReport is called every Interval with the cumulative report and
+	// the previous one (nil the first time): the live view.
+	OnReport func(r, prev *Report)
+}
+
+// Run attaches to the process, counts until ctx is done, Duration has
+// passed or the process exits, detaches and returns the final report.
+func Run(ctx context.Context, cfg RunConfig) (*Report, error) {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	logf := func(format string, args ...any) {
+		if cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, "rbscope alloc: "+format+"\n", args...)
+		}
+	}
+	tr, err := Attach(cfg.Pid, cfg.Options)
+	if err != nil {
+		return nil, err
+	}
+	defer tr.Close()
+	plan := tr.Plan()
+	logf("attached to %d sites in %s (%s) of process %d; Ctrl-C to stop", len(plan.Sites), plan.Binary, plan.Mode, cfg.Pid)
+	if plan.Mode == "symbols" {
+		logf("this Ruby has no USDT probes: counting classes only, no file:line")
+	}
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+	exited, err := tr.follow(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	tr.Stop()
+	r, err := tr.Snapshot()
+	if err != nil {
+		return nil, fmt.Errorf("read counts: %w", err)
+	}
+	if exited {
+		logf("process %d exited; report covers %.1fs", cfg.Pid, r.Duration.Seconds())
+	}
+	if r.UnreadableNames > 0 {
+		logf("%d class or file names could not be read (freed, or the process exited first)", r.UnreadableNames)
+	}
+	return r, nil
+}
+
+// follow reads the counts until ctx ends or the process exits. Names are
+// read from the target while it lives: more often than the live view, so
+// that a process that exits loses little.
+func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err error) {
+	resolve := time.NewTicker(250 * time.Millisecond)
+	defer resolve.Stop()
+	var last *Report
+	lastDraw := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return false, nil
+		case <-resolve.C:
+		}
+		if !tr.Alive() {
+			return true, nil
+		}
+		r, err := tr.Snapshot()
+		if err != nil {
+			if !tr.Alive() {
+				return true, nil
+			}
+			return false, fmt.Errorf("read counts: %w", err)
+		}
+		if cfg.OnReport != nil && time.Since(lastDraw) >= cfg.Interval {
+			cfg.OnReport(r, last)
+			last, lastDraw = r, time.Now()
+		}
+	}
+}
+
+// Formats lists the report formats WriteFormat knows: text, json, pprof
+// (alloc_objects and alloc_space by stack, or by site without stacks) and
+// the stack views flamegraph, speedscope and collapsed.
+var Formats = []string{"text", "json", "pprof", "flamegraph", "speedscope", "collapsed"}
+
+// WriteFormat writes r in format: text (grouped by "line" or "class"),
+// json or pprof; top > 0 keeps the top entries.
+func (r *Report) WriteFormat(w io.Writer, format, by string, top int) error {
+	switch format {
+	case "json":
+		return r.WriteJSON(w, top)
+	case "pprof":
+		return r.WritePprof(w)
+	case "text", "":
+		return r.WriteText(w, by, top)
+	case "flamegraph", "speedscope", "collapsed":
+		if len(r.Stacks) == 0 {
+			return fmt.Errorf("no allocation stacks to draw a %s from (%s)", format, r.StackError)
+		}
+		samples := r.StackSamplesList()
+		i := 0
+		_, err := output.Render(format, output.Options{Title: fmt.Sprintf("rbscope alloc: pid %d, %d sampled allocation stacks", r.Pid, len(samples))},
+			func() (stack.Sample, error) {
+				if i == len(samples) {
+					return stack.Sample{}, io.EOF
+				}
+				i++
+				return samples[i-1], nil
+			}, w)
+		return err
+	}
+	return fmt.Errorf("unknown format %q", format)
+}

@@ -1,0 +1,229 @@
+package alloc
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/ruby"
+)
+
+// findCounter opens the Ruby VM and locates its allocation counter: from
+// DWARF where there is some, else (default mode only) by calibration over
+// the first counting windows. Failing both, estimates are scaled by time
+// and counterNote says why.
+func (tr *Tracker) findCounter() {
+	p, err := ruby.Open(tr.t, ruby.Options{})
+	if err != nil {
+		tr.counterNote = fmt.Sprintf("locate the Ruby VM: %v", err)
+		return
+	}
+	tr.rb = p
+	vm, err := p.VMAddress()
+	if err != nil {
+		tr.counterNote = fmt.Sprintf("locate the Ruby VM: %v", err)
+		return
+	}
+	c, err := counterFromDWARF(tr.t, p, vm)
+	if err == nil {
+		tr.counter = c
+		return
+	}
+	tr.counterNote = fmt.Sprintf("no DWARF for the object space (%v)", err)
+	if tr.opts.Exact {
+		return
+	}
+	size, err := p.Layout().Size("rb_vm_struct")
+	if err != nil {
+		tr.counterNote += fmt.Sprintf("; no rb_vm_t size: %v", err)
+		return
+	}
+	cal, err := newCalibration(tr.t, vm, size)
+	if err != nil {
+		tr.counterNote += fmt.Sprintf("; calibration: %v", err)
+		return
+	}
+	tr.cal = cal
+}
+
+// statSum reads one statistics slot, summed over CPUs.
+func (tr *Tracker) statSum(slot uint32) (uint64, error) {
+	var per []uint64
+	if err := tr.maps.Stats.Lookup(slot, &per); err != nil {
+		return 0, fmt.Errorf("read stats: %w", err)
+	}
+	var sum uint64
+	for _, v := range per {
+		sum += v
+	}
+	return sum, nil
+}
+
+func (tr *Tracker) setGate(open bool) error {
+	v := uint32(0)
+	if open {
+		v = 1
+	}
+	if err := tr.maps.Gate.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("set counting gate: %w", err)
+	}
+	return nil
+}
+
+// openWindow starts counting once the probes are attached: it reads Ruby's
+// counter, then opens the gate (an event between the two is counted, but
+// not by Ruby's count: a few at most per window).
+func (tr *Tracker) openWindow() {
+	tr.winEvents, _ = tr.statSum(statObjects)
+	switch {
+	case tr.counter != nil:
+		v, err := tr.counter.read()
+		if err != nil {
+			tr.dropCounter(err.Error())
+			break
+		}
+		tr.winCounter = v
+		if tr.counterStart == 0 {
+			tr.counterStart = v
+		}
+	case tr.cal != nil:
+		tr.cal.open()
+	}
+	if err := tr.setGate(true); err != nil && tr.dutyErr == nil {
+		tr.dutyErr = err
+	}
+	tr.onSince = time.Now()
+}
+
+// closeWindow stops counting (before the probes are detached): it closes
+// the gate, then reads Ruby's counter.
+func (tr *Tracker) closeWindow() {
+	if err := tr.setGate(false); err != nil && tr.dutyErr == nil {
+		tr.dutyErr = err
+	}
+	tr.onTotal += time.Since(tr.onSince)
+	ev, _ := tr.statSum(statObjects)
+	events := ev - tr.winEvents
+	switch {
+	case tr.counter != nil:
+		v, err := tr.counter.read()
+		if err != nil {
+			tr.dropCounter(err.Error())
+			break
+		}
+		tr.counterEnd = v
+		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "window: events %d counter +%d\n", events, int64(v-tr.winCounter))
+		}
+		if v < tr.winCounter || v-tr.winCounter+calSlack < events {
+			// The check that chose the counter, repeated on every window.
+			tr.dropCounter(fmt.Sprintf("it grew by %d in a window that counted %d allocations", int64(v-tr.winCounter), events))
+			break
+		}
+		tr.counterOn += v - tr.winCounter
+	case tr.cal != nil:
+		tr.calClose(tr.cal.read(), events, events)
+	}
+}
+
+// calSteps is how many checkpoints a window has while calibrating, each at
+// least calStepMin long (reading the candidate blocks takes a while).
+const (
+	calSteps   = 4
+	calStepMin = 1500 * time.Microsecond
+)
+
+func (tr *Tracker) calibrating() bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.cal != nil
+}
+
+// checkpoint tests the calibration's candidates in the middle of a window
+// (the gate stays open). Called with mu held.
+func (tr *Tracker) checkpoint() {
+	if tr.cal == nil || !tr.attached {
+		return
+	}
+	ev0, err := tr.statSum(statObjects)
+	if err != nil {
+		return
+	}
+	now := tr.cal.read()
+	ev, err := tr.statSum(statObjects)
+	if err != nil {
+		return
+	}
+	sure, events := ev0-tr.winEvents, ev-tr.winEvents
+	tr.winEvents = ev
+	if cur, found := tr.calClose(now, sure, events); found {
+		// Found mid-window: the rest of the window counts from the
+		// value just read (and the events after it).
+		tr.winCounter = cur
+	}
+}
+
+// calClose feeds one (part of a) window to the calibration; found says
+// whether it chose the counter, whose value in now is cur.
+func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, found bool) {
+	c, start, grown, cur := tr.cal.close(now, sure, events)
+	if c != nil {
+		tr.counter, tr.cal = c, nil
+		tr.counterStart, tr.counterOn, tr.counterEnd = start, grown, cur
+		return cur, true
+	}
+	if tr.cal.failed() {
+		tr.cal = nil
+		tr.counterNote += "; calibration: no word of the object space grew with the allocations counted"
+	}
+	return 0, false
+}
+
+func (tr *Tracker) dropCounter(why string) {
+	tr.counterNote = fmt.Sprintf("Ruby's allocation counter (%s) dropped: %s", tr.counter.source, why)
+	tr.counter = nil
+}
+
+// scaling returns the factor counts are multiplied by, how it was found
+// ("exact", "counter", "time") and Ruby's own count of the allocations
+// since counting began (0 when unknown). Called with mu held.
+func (tr *Tracker) scaling(now time.Time, dur time.Duration) (scale float64, how string, rubyTotal uint64) {
+	scale = float64(tr.opts.SamplePeriod)
+	var cur uint64
+	if tr.counter != nil {
+		cur = tr.counterEnd
+		if !tr.stopped {
+			if v, err := tr.counter.read(); err == nil {
+				cur = v
+			}
+		}
+		if cur >= tr.counterStart {
+			rubyTotal = cur - tr.counterStart
+		}
+	}
+	if tr.opts.Exact {
+		return scale, "exact", rubyTotal
+	}
+	if tr.counter != nil {
+		on := tr.counterOn
+		if tr.attached && cur >= tr.winCounter {
+			on += cur - tr.winCounter
+		}
+		if on > 0 {
+			return scale * float64(rubyTotal) / float64(on), "counter", rubyTotal
+		}
+	}
+	on := tr.onTotal
+	if tr.attached {
+		on += now.Sub(tr.onSince)
+	}
+	if on > 0 {
+		scale *= float64(dur) / float64(on)
+	}
+	return scale, "time", rubyTotal
+}
+
+// calSlack is how many allocations a window may count beyond the growth of
+// Ruby's counter: one whose probe fired just before the gate closed may
+// be counted by Ruby just after the counter was read (one per thread).
+const calSlack = 16

@@ -1,0 +1,101 @@
+package output
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// activityTally counts each thread's samples by activity.
+type activityTally struct {
+	threads map[threadID]*threadTally
+	order   []threadID
+}
+
+type threadID struct{ pid, tid int }
+
+type threadTally struct {
+	id     threadID
+	name   string
+	total  int
+	counts map[string]int
+}
+
+func (a *activityTally) add(s *stack.Sample) {
+	if a.threads == nil {
+		a.threads = map[threadID]*threadTally{}
+	}
+	id := threadID{s.Pid, s.TID}
+	t := a.threads[id]
+	if t == nil {
+		t = &threadTally{id: id, counts: map[string]int{}}
+		a.threads[id] = t
+		a.order = append(a.order, id)
+	}
+	if s.ThreadName != "" {
+		t.name = s.ThreadName
+	}
+	act := s.Activity
+	if act == "" {
+		act = stack.ActivityUnknown
+	}
+	t.counts[act]++
+	t.total++
+}
+
+// known reports whether any sample carried an activity (recordings made
+// before activities existed carry none).
+func (a *activityTally) known() bool {
+	for _, t := range a.threads {
+		if t.counts[stack.ActivityUnknown] != t.total {
+			return true
+		}
+	}
+	return false
+}
+
+// write prints one row per thread (by pid, then tid): its samples and the
+// share of each activity.
+//
+//	thread activity                 samples  running gvl_wait  blocked       gc
+//	  worker-1 (pid 4242 tid 4250)      500    40.0%    35.0%    20.0%     5.0%
+func (a *activityTally) write(cw *countingWriter) {
+	if !a.known() {
+		return
+	}
+	ids := append([]threadID(nil), a.order...)
+	sort.Slice(ids, func(i, j int) bool {
+		if ids[i].pid != ids[j].pid {
+			return ids[i].pid < ids[j].pid
+		}
+		return ids[i].tid < ids[j].tid
+	})
+	unknown := false
+	for _, t := range a.threads {
+		if t.counts[stack.ActivityUnknown] > 0 {
+			unknown = true
+		}
+	}
+	cw.printf("\nthread activity (share of each thread's samples)\n")
+	cw.printf("%8s %8s %8s %8s %8s", "samples", "running", "gvl_wait", "blocked", "gc")
+	if unknown {
+		cw.printf(" %8s", "unknown")
+	}
+	cw.printf("  thread\n")
+	for _, id := range ids {
+		t := a.threads[id]
+		pct := func(act string) string {
+			return fmt.Sprintf("%7.1f%%", 100*float64(t.counts[act])/float64(t.total))
+		}
+		cw.printf("%8d %8s %8s %8s %8s", t.total, pct(stack.ActivityRunning), pct(stack.ActivityGVLWait), pct(stack.ActivityBlocked), pct(stack.ActivityGC))
+		if unknown {
+			cw.printf(" %8s", pct(stack.ActivityUnknown))
+		}
+		name := t.name
+		if name == "" {
+			name = "?"
+		}
+		cw.printf("  %s (pid %d tid %d)\n", name, id.pid, id.tid)
+	}
+}
