@@ -146,6 +146,14 @@ type threadRef struct {
 	waiting bool
 	ractor  uint64
 	tb      []byte // the rb_thread_t, when already read
+
+	// Read by prefetch for the whole tick (see tick.go).
+	eb         []byte  // the execution context's head
+	haveTID    bool    // tid holds the native thread's tid
+	tid        [4]byte //
+	region     []byte  // the control frames from regionCFP, consistent
+	regionCFP  uint64  // where region starts, or the latest cfp seen
+	regionTorn bool    // the stack changed while it was read
 }
 
 const maxListLen = 100000

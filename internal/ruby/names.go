@@ -19,11 +19,14 @@ const (
 	maxOpID       = 0xff // tLAST_OP_ID is below this in every version
 )
 
+// caches hold what the walker read about objects, by address. Every entry
+// keyed by the address of a GC-managed object carries the GC epoch in
+// which it was last read (see gccount.go) and serves only in that epoch.
 type caches struct {
 	iseqCache   map[uint64]*iseqInfo
-	pathCache   map[uint64]string
-	ownerCache  map[uint64]string
-	cfuncCache  map[uint64]string
+	pathCache   map[uint64]genString
+	ownerCache  map[uint64]genString
+	cfuncCache  map[uint64]genString
 	classCache  map[uint64]className
 	idCache     map[uint64]string
 	reqBuf      []target.Read
@@ -38,22 +41,48 @@ type caches struct {
 	classpathSerial,
 	attachedSerial uint64
 	serialsDone bool
+
+	// epoch is the GC count (+1) at the start of the current snapshot,
+	// or a number of its own per snapshot (top bit set) when the count's
+	// address is unknown.
+	epoch, fallbackEpoch uint64
+	gcCountAddr          uint64
+	gcCountTried         bool
+
+	stopped   bool   // the target does not run while it is read
+	copy2     []byte // first copy of a control-frame region
+	tornReads uint64 // stack reads found torn
+	frameDone bool   // the last frame named is past its last instruction
+
+	// The thread list seen last time (see tick.go).
+	knownThreads []uint64
+	knownRactor  uint64
+	tickReqs     []target.Read
+	nameCache    map[uint64]genString
+}
+
+// genString is a cached string and the GC epoch it was read in.
+type genString struct {
+	s   string
+	gen uint64
 }
 
 type className struct {
 	name      string
 	singleton bool
+	gen       uint64
 }
 
 func (c *caches) init() {
 	c.iseqCache = map[uint64]*iseqInfo{}
-	c.pathCache = map[uint64]string{}
-	c.ownerCache = map[uint64]string{}
-	c.cfuncCache = map[uint64]string{}
+	c.pathCache = map[uint64]genString{}
+	c.ownerCache = map[uint64]genString{}
+	c.cfuncCache = map[uint64]genString{}
 	c.classCache = map[uint64]className{}
 	c.idCache = map[uint64]string{}
 	c.osNames = map[int]string{}
 	c.slotCache = map[uint64]slotEntry{}
+	c.nameCache = map[uint64]genString{}
 }
 
 // errNoSymbols reports that the global symbol table was not found.
@@ -157,6 +186,7 @@ func (p *Process) scanForSymbols() {
 // klass ("Outer::Inner"), read from memory. A singleton class is named
 // after the object it is attached to.
 func (p *Process) ClassName(klass uint64) (string, error) {
+	p.beginEpoch()
 	name, _, err := p.classNameOf(klass)
 	return name, err
 }
@@ -164,7 +194,7 @@ func (p *Process) ClassName(klass uint64) (string, error) {
 // classNameOf returns the class path of klass and whether klass is a
 // singleton class (then name is the attached class's path).
 func (p *Process) classNameOf(klass uint64) (string, bool, error) {
-	if c, ok := p.classCache[klass]; ok {
+	if c, ok := p.classCache[klass]; ok && c.gen == p.epoch {
 		return c.name, c.singleton, nil
 	}
 	name, singleton, err := p.readClassName(klass, 0)
@@ -174,7 +204,7 @@ func (p *Process) classNameOf(klass uint64) (string, bool, error) {
 	if len(p.classCache) > 100000 {
 		p.classCache = map[uint64]className{}
 	}
-	p.classCache[klass] = className{name, singleton}
+	p.classCache[klass] = className{name, singleton, p.epoch}
 	return name, singleton, nil
 }
 

@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/rbscope/rbscope/internal/layout"
@@ -16,6 +17,13 @@ type fieldOff struct {
 func (f fieldOff) u64(b []byte) uint64 {
 	if !f.ok {
 		return 0
+	}
+	if f.bf == nil && f.size == 8 {
+		// The common case, without building a layout.Field.
+		if f.off+8 > uint64(len(b)) {
+			return 0
+		}
+		return binary.LittleEndian.Uint64(b[f.off:])
 	}
 	v, err := layout.Field{Offset: f.off, Size: f.size, Bitfield: f.bf}.Decode(b)
 	if err != nil {
@@ -41,19 +49,19 @@ type offsets struct {
 
 	ecVMStack, ecVMStackSize, ecCFP, ecThreadPtr fieldOff
 
-	cfpPC, cfpIseq, cfpSelf, cfpEP, cfpFlag, cfpMe, cfpBlock fieldOff
-	cfpSize                                                  uint64
+	cfpPC, cfpSP, cfpIseq, cfpSelf, cfpEP, cfpFlag, cfpMe, cfpBlock fieldOff
+	cfpSize                                                         uint64
 
 	iseqBody, iseqType, iseqName, iseqFilename, iseqFilepath fieldOff
 	iseqSize                                                 uint64
 
 	// Fields of the struct that holds the iseq facts: rb_iseq_constant_body
 	// from 2.3, rb_iseq_struct before.
-	bType, bEncoded, bLabel, bPathobj, bPath, bAbsPath, bLocalIseq fieldOff
-	bInsnsInfo, bInsnsInfoSize, bInsnsPositions, bSuccTable        fieldOff
-	bLineInfoTable, bLineInfoSize, bInsnInfoTable, bInsnInfoSize   fieldOff
-	bodySize                                                       uint64
-	bodyStruct                                                     string
+	bType, bEncoded, bIseqSize, bFirstLineno, bLabel, bPathobj, bPath, bAbsPath, bLocalIseq fieldOff
+	bInsnsInfo, bInsnsInfoSize, bInsnsPositions, bSuccTable                                 fieldOff
+	bLineInfoTable, bLineInfoSize, bInsnInfoTable, bInsnInfoSize                            fieldOff
+	bodySize                                                                                uint64
+	bodyStruct                                                                              string
 
 	insnLine, insnPos fieldOff
 	insnSize          uint64
@@ -122,6 +130,7 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 
 	cf := "rb_control_frame_struct"
 	o.cfpPC = f(cf, "pc")
+	o.cfpSP = f(cf, "sp")
 	o.cfpIseq = f(cf, "iseq")
 	o.cfpSelf = f(cf, "self")
 	o.cfpEP = f(cf, "ep")
@@ -148,6 +157,8 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 	o.bodyStruct = b
 	o.bType = f(b, "type")
 	o.bEncoded = f(b, "iseq_encoded")
+	o.bIseqSize = f(b, "iseq_size")
+	o.bFirstLineno = f(b, "location.first_lineno")
 	o.bLabel = f(b, "location.label")
 	o.bPathobj = f(b, "location.pathobj")
 	o.bPath = f(b, "location.path")

@@ -129,6 +129,11 @@ func Open(t target.Target, opts Options) (*Process, error) {
 	p.info.Addresses = map[string]uint64{}
 	p.info.AddressSources = map[string]string{}
 	p.caches.init()
+	// A core file does not change while it is read; a live process does
+	// unless the caller pauses it (SetStopped). Live targets are the ones
+	// that count process_vm_readv calls.
+	_, live := t.(target.ReadCounter)
+	p.stopped = !live
 	if err := p.findBinaries(); err != nil {
 		return nil, err
 	}
@@ -141,6 +146,7 @@ func Open(t target.Target, opts Options) (*Process, error) {
 	if err := p.locate(); err != nil {
 		return nil, err
 	}
+	p.ensureGCCount()
 	p.resolveActivity()
 	return p, nil
 }

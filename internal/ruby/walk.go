@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -37,10 +38,11 @@ var statusNames = []string{"running", "stopped", "stopped_forever", "killed"}
 
 // Snapshot returns every Ruby thread's stack, innermost frame first.
 func (p *Process) Snapshot() ([]stack.Thread, error) {
-	refs, err := p.threadList()
+	refs, err := p.tickThreads()
 	if err != nil {
 		return nil, err
 	}
+	p.prefetch(refs)
 	out := make([]stack.Thread, 0, len(refs))
 	refreshed := false
 	gc := p.readGC()
@@ -109,21 +111,23 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 	if th.State == "" {
 		th.State = "unknown"
 	}
-	th.TID = p.threadTID(tb)
+	if ref.haveTID {
+		th.TID = int(int32(le32(ref.tid[:], 0)))
+	} else {
+		th.TID = p.threadTID(tb)
+	}
 	if o.thName.ok {
 		if nv := o.thName.u64(tb); isHeapPtr(nv) {
-			if s, err := p.rstring(nv); err == nil {
-				th.Name = s
-			}
+			th.Name = p.threadName(nv)
 		}
 	}
 	if th.Main && th.TID == 0 {
 		th.TID = p.t.Pid()
 	}
 
-	var stackStart, stackSize, cfp uint64
+	var stackStart, stackSize, cfp, ec uint64
 	if o.thEC.ok {
-		ec := o.thEC.u64(tb)
+		ec = o.thEC.u64(tb)
 		if !isHeapPtr(ec) {
 			return th, invalidf("thread has execution context 0x%x", ec)
 		}
@@ -132,9 +136,12 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 		if vs := o.ecVMStackSize.off + 8; vs > need {
 			need = vs
 		}
-		eb, err := p.r.read(ec, int(need))
-		if err != nil {
-			return th, fmt.Errorf("read execution context: %w", err)
+		eb := ref.eb
+		if eb == nil {
+			var err error
+			if eb, err = p.r.read(ec, int(need)); err != nil {
+				return th, fmt.Errorf("read execution context: %w", err)
+			}
 		}
 		stackStart, stackSize, cfp = o.ecVMStack.u64(eb), o.ecVMStackSize.u64(eb), o.ecCFP.u64(eb)
 	} else {
@@ -144,7 +151,29 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 		// A thread being created (no VM stack yet) or already dead.
 		return th, nil
 	}
-	frames, err := p.walk(stackStart, stackSize, cfp)
+	cfpAddr := uint64(0)
+	if ec != 0 {
+		cfpAddr = ec + o.ecCFP.off
+	} else if o.thCFP.ok {
+		cfpAddr = ref.addr + o.thCFP.off
+	}
+	var pre []byte
+	if ref.region != nil && ref.regionCFP == cfp {
+		pre = ref.region
+	} else if ref.regionTorn {
+		// The batched read found the stack changing: read it again from
+		// its latest cfp.
+		p.tornReads++
+		cfp = ref.regionCFP
+	}
+	frames, err := p.walk(stackStart, stackSize, cfp, cfpAddr, pre)
+	for retry := 0; retry < maxTornWalks && errors.Is(err, ErrTorn) && cfpAddr != 0; retry++ {
+		// The stack changed while its environments or method entries
+		// were read: read it again from its current cfp.
+		if cfp, err = p.r.u64(cfpAddr); err == nil {
+			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr, nil)
+		}
+	}
 	th.Frames = frames
 	if err != nil {
 		if len(frames) == 0 || target.IsExited(err) {
@@ -195,24 +224,20 @@ type frameData struct {
 }
 
 // walk reads the control frames from cfp (innermost) to the end of the VM
-// stack and names them. Reads are batched: the frames in one call, then
-// every frame's environment and iseq header in one process_vm_readv, then
-// the method entries they point to in another.
-func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error) {
+// stack (unless pre holds them, read by prefetch) and names them. Reads
+// are batched: the frames in one call, then every frame's environment and
+// iseq header that changed in one process_vm_readv, then the method
+// entries they point to in another.
+func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte) ([]stack.Frame, error) {
 	o := &p.o
-	end := stackStart + stackSize*8
-	if cfp == 0 || stackStart == 0 || cfp < stackStart || cfp > end {
-		return nil, invalidf("control frame 0x%x outside VM stack 0x%x+%d", cfp, stackStart, stackSize)
+	buf := pre
+	if buf == nil {
+		var err error
+		if buf, cfp, err = p.readFrames(stackStart, stackSize, cfp, cfpAddr); err != nil {
+			return nil, err
+		}
 	}
-	n := end - cfp
-	if n > maxFrameBytes {
-		n = maxFrameBytes
-	}
-	n -= n % o.cfpSize
-	buf, err := p.r.readOwned(cfp, int(n))
-	if err != nil {
-		return nil, fmt.Errorf("read control frames: %w", err)
-	}
+	n := uint64(len(buf))
 	count := int(n / o.cfpSize)
 	// Scratch reused across snapshots (a Process is not for concurrent use).
 	if cap(p.fdsBuf) < count {
@@ -238,7 +263,7 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		// in this slot before is the same frame (only its pc moves): its
 		// environment, iseq header and method entry are not read again.
 		addr := cfp + uint64(i)*o.cfpSize
-		if e, ok := p.slotCache[addr]; ok && e.key == slotKeyOf(o, fd.cf) {
+		if e, ok := p.slotCache[addr]; ok && e.key == slotKeyOf(o, fd.cf) && e.gen == p.epoch {
 			fd.epData, fd.iseqHdr, fd.meHdr = e.epData, e.iseqHdr, e.meHdr
 			cached[i] = true
 			continue
@@ -265,13 +290,14 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 		}
 	}
 	p.reqBuf = reqs[:0]
+
 	if len(p.slotCache) > maxSlotCache {
 		p.slotCache = map[uint64]slotEntry{}
 	}
 	for i := range fds {
 		if !cached[i] {
 			fd := &fds[i]
-			p.slotCache[cfp+uint64(i)*o.cfpSize] = slotEntry{key: slotKeyOf(o, fd.cf), epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
+			p.slotCache[cfp+uint64(i)*o.cfpSize] = slotEntry{key: slotKeyOf(o, fd.cf), gen: p.epoch, epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
 		}
 	}
 	// Environments of this stack by address, for block frames whose
@@ -288,11 +314,21 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	pending := p.pendingBuf[:0] // C frames waiting for their Ruby caller's path/line
 	for i := range fds {
 		fr, ok, err := p.frame(&fds[i], envs)
+		if errors.Is(err, ErrTorn) {
+			return nil, err
+		}
 		if err != nil {
 			return frames, fmt.Errorf("frame %d: %w", len(frames), err)
 		}
 		if !ok {
 			continue
+		}
+		if i > 0 && p.frameDone && !p.stopped {
+			// A frame past its last instruction (leave) is being popped:
+			// it cannot have a callee. A running thread returned while
+			// its stack was copied.
+			p.tornReads++
+			return nil, ErrTorn
 		}
 		if fr.Kind == stack.KindCFunc {
 			pending = append(pending, len(frames))
@@ -306,6 +342,104 @@ func (p *Process) walk(stackStart, stackSize, cfp uint64) ([]stack.Frame, error)
 	}
 	p.pendingBuf = pending[:0]
 	return frames, nil
+}
+
+// ErrTorn reports a stack that kept changing while it was read (a running
+// thread read without pausing it): no consistent copy was obtained.
+var ErrTorn = fmt.Errorf("%w: the stack changed while it was read", ErrInvalid)
+
+// maxTornWalks bounds the walks of a thread whose stack changed during one.
+const maxTornWalks = 2
+
+// maxStackReads bounds the reads of a stack that changes under the walker.
+const maxStackReads = 6
+
+// SetStopped tells the walker whether the target is stopped while it is
+// read (blocking mode, or a core file). A running target's stacks are
+// copied twice and compared (see readFrames); a stopped one's once.
+func (p *Process) SetStopped(stopped bool) { p.stopped = stopped }
+
+// Torn returns how many stack reads found the stack changing (and read it
+// again) since the process was opened.
+func (p *Process) Torn() uint64 { return p.tornReads }
+
+// readFrames reads the control frames from cfp (innermost) to the end of
+// the VM stack. A running thread pushes and pops frames while they are
+// copied, and the kernel copies them in order, so one copy can hold a
+// frame that was already gone with callers that had moved on. Unless the
+// target is stopped, one system call reads the thread's cfp (at cfpAddr),
+// the frames, the frames again and the cfp again; the copy stands when the
+// cfp did not move and both copies are equal but for the innermost frame's
+// pc and sp (which a running frame moves on its own). Otherwise it is read
+// again from the latest cfp, up to maxStackReads times, and the thread is
+// then reported as ErrTorn. Two checks in walk and frame catch what slips
+// through (a copy taken twice in the same torn state): a frame that has a
+// callee cannot be past its last instruction, and a method's frame always
+// has a method entry in its environment chain.
+func (p *Process) readFrames(stackStart, stackSize, cfp, cfpAddr uint64) ([]byte, uint64, error) {
+	o := &p.o
+	end := stackStart + stackSize*8
+	check := !p.stopped && cfpAddr != 0
+	for reads := 0; ; reads++ {
+		if cfp == 0 || stackStart == 0 || cfp < stackStart || cfp > end {
+			return nil, 0, invalidf("control frame 0x%x outside VM stack 0x%x+%d", cfp, stackStart, stackSize)
+		}
+		n := end - cfp
+		if n > maxFrameBytes {
+			n = maxFrameBytes
+		}
+		n -= n % o.cfpSize
+		buf := make([]byte, n)
+		if !check || n == 0 {
+			if err := p.t.ReadAt(buf, cfp); err != nil {
+				return nil, 0, fmt.Errorf("read control frames: %w", err)
+			}
+			return buf, cfp, nil
+		}
+		if cap(p.copy2) < int(n) {
+			p.copy2 = make([]byte, n)
+		}
+		first := p.copy2[:n]
+		var before, after [8]byte
+		err := p.t.ReadBatch([]target.Read{
+			{Addr: cfpAddr, Buf: before[:]}, {Addr: cfp, Buf: first},
+			{Addr: cfp, Buf: buf}, {Addr: cfpAddr, Buf: after[:]},
+		})
+		if err != nil {
+			return nil, 0, fmt.Errorf("read control frames: %w", err)
+		}
+		last := le64(after[:], 0)
+		if le64(before[:], 0) == cfp && last == cfp && sameFrames(o, first, buf) {
+			return buf, cfp, nil
+		}
+		p.tornReads++
+		if reads+1 >= maxStackReads {
+			return nil, 0, ErrTorn
+		}
+		cfp = last
+	}
+}
+
+// sameFrames compares two copies of a control-frame region, ignoring the
+// innermost frame's pc and sp.
+func sameFrames(o *offsets, a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	first := int(o.cfpSize)
+	if first > len(a) {
+		first = len(a)
+	}
+	for i := 0; i < first; i++ {
+		if (o.cfpPC.ok && uint64(i) >= o.cfpPC.off && uint64(i) < o.cfpPC.off+8) ||
+			(o.cfpSP.ok && uint64(i) >= o.cfpSP.off && uint64(i) < o.cfpSP.off+8) {
+			continue
+		}
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return string(a[first:]) == string(b[first:])
 }
 
 // maxSlotCache bounds the per-slot frame cache (control frames of every
@@ -322,6 +456,7 @@ func slotKeyOf(o *offsets, cf []byte) slotKey {
 // slotEntry is what was read for the frame last seen in a slot.
 type slotEntry struct {
 	key                    slotKey
+	gen                    uint64 // GC epoch of the reads
 	epData, iseqHdr, meHdr [24]byte
 }
 
@@ -339,6 +474,7 @@ func (p *Process) batch(reqs []target.Read) error {
 func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame, bool, error) {
 	o := &p.o
 	cf := fd.cf
+	p.frameDone = false
 	iseq := o.cfpIseq.u64(cf)
 	pc := o.cfpPC.u64(cf)
 	modern := p.ver >= v(2, 3, 0)
@@ -357,7 +493,13 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 		} else {
 			me = o.cfpMe.u64(cf)
 		}
-		return stack.Frame{Name: p.cfuncName(me), Kind: stack.KindCFunc}, true, nil
+		name := p.cfuncName(me)
+		if name == unnamedCFunc && modern && !p.stopped && !p.isMethodEntry(me) {
+			// Read while a running thread was pushing the frame.
+			p.tornReads++
+			return stack.Frame{}, false, ErrTorn
+		}
+		return stack.Frame{Name: name, Kind: stack.KindCFunc}, true, nil
 	}
 	if iseq == 0 || pc == 0 {
 		return stack.Frame{}, false, nil
@@ -381,14 +523,26 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 		// lines), which Ruby's own backtraces skip.
 		return stack.Frame{}, false, nil
 	}
-	line, err := p.lineFor(info, pc)
-	if err != nil {
-		line = 0
+	p.frameDone = info.size != 0 && pc >= info.encoded+info.size*8
+	var line int
+	if info.size != 0 && (pc < info.encoded || pc > info.encoded+info.size*8) {
+		// Not a pc of this iseq: YJIT does not store the pc of the frames
+		// it pushes until their code calls out (the slot keeps an older
+		// frame's pc). The frame's own first line is the best known.
+		line = info.firstLine
+	} else if line, err = p.lineFor(info, pc); err != nil {
+		line = info.firstLine
 	}
 	name := info.label
 	if modern && info.qualifiable {
 		if owner, ok := p.methodOwner(fd, envs); ok {
 			name = info.qualify(owner)
+		} else if !p.stopped {
+			// Every method and block of a method has a method entry in
+			// its environment chain; a running thread that lacks one
+			// changed its stack while the environments were read.
+			p.tornReads++
+			return stack.Frame{}, false, ErrTorn
 		}
 	}
 	return stack.Frame{Name: name, Path: info.path, Line: line, Kind: stack.KindRuby}, true, nil
@@ -468,8 +622,8 @@ func (p *Process) checkMethodEntry(obj uint64, hdr []byte, canBeSvar bool) (uint
 
 // ownerPrefix returns "Owner#" or "Owner." for method entry me.
 func (p *Process) ownerPrefix(me uint64) (string, error) {
-	if s, ok := p.ownerCache[me]; ok {
-		return s, nil
+	if c, ok := p.ownerCache[me]; ok && c.gen == p.epoch {
+		return c.s, nil
 	}
 	owner, err := p.r.u64(me + p.o.meOwner.off)
 	if err != nil {
@@ -484,21 +638,33 @@ func (p *Process) ownerPrefix(me uint64) (string, error) {
 		}
 	}
 	if len(p.ownerCache) > 100000 {
-		p.ownerCache = map[uint64]string{}
+		p.ownerCache = map[uint64]genString{}
 	}
-	p.ownerCache[me] = prefix
+	p.ownerCache[me] = genString{prefix, p.epoch}
 	return prefix, nil
+}
+
+// unnamedCFunc names a C function frame whose method is unknown.
+const unnamedCFunc = "<cfunc>"
+
+// isMethodEntry reports whether obj is a method entry imemo now.
+func (p *Process) isMethodEntry(obj uint64) bool {
+	if !isHeapPtr(obj) {
+		return false
+	}
+	flags, err := p.r.u64(obj)
+	return err == nil && flags&tMask == tImemo && (flags>>flUShift)&0x0f == imemoMent
 }
 
 // cfuncName names a C function frame from its method entry.
 func (p *Process) cfuncName(me uint64) string {
 	if !isHeapPtr(me) {
-		return "<cfunc>"
+		return unnamedCFunc
 	}
-	if s, ok := p.cfuncCache[me]; ok {
-		return s
+	if c, ok := p.cfuncCache[me]; ok && c.gen == p.epoch {
+		return c.s
 	}
-	name := "<cfunc>"
+	name := unnamedCFunc
 	def, err := p.r.u64(me + p.o.meDef.off)
 	var id uint64
 	if err == nil && isHeapPtr(def) && p.o.defOriginalID.ok {
@@ -517,16 +683,25 @@ func (p *Process) cfuncName(me uint64) string {
 			}
 		}
 	}
-	p.cfuncCache[me] = name
+	if name == unnamedCFunc {
+		return name // not kept: it may be a read that raced with the target
+	}
+	if len(p.cfuncCache) > 100000 {
+		p.cfuncCache = map[uint64]genString{}
+	}
+	p.cfuncCache[me] = genString{name, p.epoch}
 	return name
 }
 
 // iseqInfo holds the per-iseq facts a frame needs, cached by address.
 type iseqInfo struct {
 	addr, body  uint64
+	gen         uint64 // GC epoch in which it was last read
 	label       string
 	path        string
 	encoded     uint64
+	size        uint64 // of the code, in words (0 when unknown)
+	firstLine   int    // of the iseq's source
 	typ         uint64
 	qualifiable bool
 	prefix      string // "block in ", "block (2 levels) in ", ... for blocks
@@ -579,9 +754,38 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 		}
 		body = o.iseqBody.u64(b)
 	}
-	if c, ok := p.iseqCache[iseq]; ok && c.body == body {
+	c, cached := p.iseqCache[iseq]
+	if cached && c.body == body && c.gen == p.epoch {
 		return c, nil
 	}
+	info, err := p.readIseqInfo(iseq, body)
+	if err != nil {
+		return nil, err
+	}
+	if cached && c.sameIseq(info) {
+		// Read again after a GC and unchanged: keep the entry (its line
+		// and name memos hold).
+		c.gen = p.epoch
+		return c, nil
+	}
+	if len(p.iseqCache) > 50000 {
+		p.iseqCache = map[uint64]*iseqInfo{}
+	}
+	p.iseqCache[iseq] = info
+	return info, nil
+}
+
+// sameIseq reports whether n was read from the same iseq as i: every fact
+// the walker uses is equal.
+func (i *iseqInfo) sameIseq(n *iseqInfo) bool {
+	return i.addr == n.addr && i.body == n.body && i.label == n.label && i.path == n.path &&
+		i.encoded == n.encoded && i.size == n.size && i.firstLine == n.firstLine && i.typ == n.typ && i.tableAddr == n.tableAddr &&
+		i.tableSize == n.tableSize && i.succTable == n.succTable && i.positions == n.positions
+}
+
+// readIseqInfo reads the facts of the iseq at iseq whose body is at body.
+func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
+	o := &p.o
 	if !isHeapPtr(body) {
 		return nil, invalidf("iseq 0x%x has body 0x%x", iseq, body)
 	}
@@ -589,8 +793,16 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read iseq body at 0x%x: %w", body, err)
 	}
-	info := &iseqInfo{addr: iseq, body: body, lines: map[uint64]int{}}
+	info := &iseqInfo{addr: iseq, body: body, gen: p.epoch, lines: map[uint64]int{}}
 	info.encoded = o.bEncoded.u64(bb)
+	info.size = o.bIseqSize.u64(bb) & 0xffffffff
+	if fl := o.bFirstLineno; fl.ok {
+		if n := fl.u64(bb); fl.size == 8 && n&1 == 1 {
+			info.firstLine = int(int64(n) >> 1) // a Fixnum before 3.3
+		} else if fl.size == 4 {
+			info.firstLine = int(int32(n))
+		}
+	}
 	info.typ = o.bType.u64(bb)
 	if p.ver < v(2, 0, 0) {
 		// 1.9: name and filename are in the iseq itself.
@@ -649,10 +861,6 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 	if p.ver >= v(2, 3, 0) {
 		p.setQualification(info)
 	}
-	if len(p.iseqCache) > 50000 {
-		p.iseqCache = map[uint64]*iseqInfo{}
-	}
-	p.iseqCache[iseq] = info
 	return info, nil
 }
 
@@ -685,8 +893,8 @@ func (p *Process) pathobj(v uint64) (string, error) {
 	if !isHeapPtr(v) {
 		return "", invalidf("iseq pathobj 0x%x", v)
 	}
-	if s, ok := p.pathCache[v]; ok {
-		return s, nil
+	if c, ok := p.pathCache[v]; ok && c.gen == p.epoch {
+		return c.s, nil
 	}
 	flagsB, err := p.r.read(v, 8)
 	if err != nil {
@@ -715,8 +923,8 @@ func (p *Process) pathobj(v uint64) (string, error) {
 		return "", err
 	}
 	if len(p.pathCache) > 50000 {
-		p.pathCache = map[uint64]string{}
+		p.pathCache = map[uint64]genString{}
 	}
-	p.pathCache[v] = s
+	p.pathCache[v] = genString{s, p.epoch}
 	return s, nil
 }

@@ -60,6 +60,11 @@ func BenchmarkSample(b *testing.B) {
 			src := NewRubySource(p, opts)
 			defer src.Close()
 			frames, fails := 0, 0
+			rc, _ := p.Target().(target.ReadCounter)
+			var reads0 uint64
+			if rc != nil {
+				reads0 = rc.ReadCalls()
+			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -77,6 +82,9 @@ func BenchmarkSample(b *testing.B) {
 				b.ReportMetric(float64(frames)/float64(ok), "frames/sample")
 			}
 			b.ReportMetric(float64(fails)/float64(b.N), "errors/sample")
+			if rc != nil {
+				b.ReportMetric(float64(rc.ReadCalls()-reads0)/float64(b.N), "readv/sample")
+			}
 		})
 	}
 	b.Run("Pause", func(b *testing.B) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -20,11 +21,18 @@ type Pauser interface {
 	Pause(pid int) (resume func() error, err error)
 }
 
+// ThreadPauser stops only some threads of a process for one sample;
+// *target.Pauser implements it.
+type ThreadPauser interface {
+	PauseThreads(pid int, tids []int) (resume func() error, err error)
+}
+
 // RubyOptions tunes a RubySource.
 type RubyOptions struct {
 	// Pauser, when set, stops the process while its stacks are read
 	// (blocking mode: consistent stacks, a short pause of the target per
-	// sample). Nil reads the running process (nonblocking mode).
+	// sample). Nil reads the running process (nonblocking mode). When it
+	// is also a ThreadPauser, only the threads that run Ruby are stopped.
 	Pauser Pauser
 	// NoGC leaves out the GC pseudo-frames (the samples keep activity gc).
 	NoGC bool
@@ -38,11 +46,20 @@ type RubySource struct {
 	states *taskStates
 	noGC   bool
 	out    []stack.Sample
+	// rubyTIDs are the Ruby threads of the last sample, the ones a
+	// ThreadPauser stops (empty: stop every thread).
+	rubyTIDs []int
+	// sampledTIDs are the threads of the last sample, whose kernel states
+	// the next one reads (see refreshRuby).
+	sampledTIDs []int
 }
 
 // NewRubySource samples the Ruby process p.
 func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 	pid := p.Target().Pid()
+	// Stacks of a paused target are read once; of a running one, read
+	// twice and compared (torn reads are detected, never emitted).
+	p.SetStopped(opts.Pauser != nil)
 	return &RubySource{p: p, pid: pid, pauser: opts.Pauser, noGC: opts.NoGC, states: newTaskStates(pid)}
 }
 
@@ -53,7 +70,7 @@ func (s *RubySource) Process() *ruby.Process { return s.p }
 // thread (for OnCPU) is read before the process is paused. The returned
 // slice is reused by the next call.
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
-	if err := s.states.refresh(); err != nil {
+	if err := s.states.refreshRuby(s.sampledTIDs); err != nil {
 		return nil, err
 	}
 	now := time.Now()
@@ -62,10 +79,13 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		return nil, err
 	}
 	s.out = s.out[:0]
+	s.sampledTIDs = s.sampledTIDs[:0]
 	var failed *ThreadErrors
 	for i := range threads {
 		th := &threads[i]
-		s.states.note(th.TID)
+		if th.TID != 0 {
+			s.sampledTIDs = append(s.sampledTIDs, th.TID)
+		}
 		if th.Error != "" {
 			// A thread that changed under the walker (created, ending,
 			// or read without pausing): its partial stack would distort
@@ -126,13 +146,51 @@ func (e *ThreadErrors) Error() string {
 func (e *ThreadErrors) Inconsistent() bool { return true }
 
 // snapshot reads every thread's stack, pausing the process around it in
-// blocking mode. The process is resumed however the walk ends (a panic
-// included).
+// blocking mode: only the threads that ran Ruby in the last sample when
+// the pauser can (a Ruby thread found running is then paused with the
+// others and read again). The process is resumed however the walk ends (a
+// panic included).
 func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 	if s.pauser == nil {
 		return s.p.Snapshot()
 	}
-	resume, err := s.pauser.Pause(s.pid)
+	tp, onlyRuby := s.pauser.(ThreadPauser)
+	for attempt := 0; ; attempt++ {
+		if onlyRuby && len(s.rubyTIDs) > 0 {
+			threads, err = s.pausedSnapshot(func() (func() error, error) { return tp.PauseThreads(s.pid, s.rubyTIDs) })
+		} else {
+			threads, err = s.pausedSnapshot(func() (func() error, error) { return s.pauser.Pause(s.pid) })
+		}
+		if err != nil || !onlyRuby {
+			return threads, err
+		}
+		// A Ruby thread that was not stopped (new since the last sample,
+		// or of unknown tid) was read running: take the sample again,
+		// pausing it too (every thread when a tid is unknown).
+		known := s.rubyTIDs
+		var tids []int
+		missed := false
+		for _, th := range threads {
+			if th.TID == 0 {
+				tids, missed = nil, true
+				break
+			}
+			if !slices.Contains(known, th.TID) {
+				missed = true
+			}
+			tids = append(tids, th.TID)
+		}
+		s.rubyTIDs = tids
+		if len(known) == 0 || !missed || attempt > 0 {
+			return threads, nil
+		}
+	}
+}
+
+// pausedSnapshot reads every thread's stack between pause and its resume
+// function, which runs however the walk ends (a panic included).
+func (s *RubySource) pausedSnapshot(pause func() (func() error, error)) (threads []stack.Thread, err error) {
+	resume, err := pause()
 	if err != nil {
 		return nil, fmt.Errorf("pause: %w", err)
 	}

@@ -148,7 +148,15 @@ func testRubySource(t *testing.T, rb testutil.RubyUnderTest) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.Ticks < 50 || seen["busy"] != st.Ticks || seen["idle"] != st.Ticks {
+			// Without pausing, the busy thread's stack (its block frame is
+			// pushed and popped on every iteration) can keep changing
+			// while it is read: such a sample is counted as inconsistent,
+			// never emitted. Allow a few.
+			busyMin := st.Ticks
+			if !blocking {
+				busyMin = st.Ticks * 95 / 100
+			}
+			if st.Ticks < 20 || seen["busy"] < busyMin || seen["idle"] != st.Ticks || st.ErrorCount() != st.Errors[ErrUnmapped] {
 				t.Fatalf("ticks %d, samples per thread %v, errors %s (%v)", st.Ticks, seen, st.ErrorSummary(), st.LastError)
 			}
 			// The busy thread competes for the GVL with the main thread
@@ -157,9 +165,12 @@ func testRubySource(t *testing.T, rb testutil.RubyUnderTest) {
 			// Blocking mode wakes the sleeper for each pause (ptrace
 			// interrupts its futex wait, which restarts on resume): on a
 			// loaded machine it can be seen runnable now and then.
-			idleMax := 0
+			// Without pausing, Ruby's timer thread still wakes the
+			// sleeper for interrupts once in a while.
+			idleMax := st.Ticks / 50
 			if blocking {
-				idleMax = st.Ticks / 3
+				// Seen up to 37% on a machine at load 15.
+				idleMax = st.Ticks / 2
 			}
 			if onCPU["busy"] < st.Ticks/2 || onCPU["idle"] > idleMax {
 				t.Errorf("on-CPU counts %v of %d ticks", onCPU, st.Ticks)

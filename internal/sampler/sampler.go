@@ -21,8 +21,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -45,7 +46,7 @@ func (f SourceFunc) Sample(ctx context.Context) ([]stack.Sample, error) { return
 const DefaultRate = 100
 
 // MaxRate is the highest sampling rate accepted.
-const MaxRate = 10000
+const MaxRate = 20000
 
 // Config says how to sample.
 type Config struct {
@@ -184,9 +185,7 @@ func (s Stats) ErrorSummary() string {
 // passed, ctx is cancelled or the target exits. It returns the statistics;
 // the error is non-nil only for an invalid configuration.
 func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	return run(ctx, src, cfg, sink, realClock{timer: timer})
+	return run(ctx, src, cfg, sink, realClock{})
 }
 
 // clock is time as the sampler sees it; tests substitute a virtual one.
@@ -196,11 +195,11 @@ type clock interface {
 	SleepUntil(ctx context.Context, deadline time.Time) error
 }
 
-type realClock struct{ timer *time.Timer }
+type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
-func (c realClock) SleepUntil(ctx context.Context, deadline time.Time) error {
-	return sleepUntil(ctx, c.timer, deadline)
+func (realClock) SleepUntil(ctx context.Context, deadline time.Time) error {
+	return sleepUntil(ctx, deadline)
 }
 
 func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample), clk clock) (Stats, error) {
@@ -320,41 +319,42 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	return st, nil
 }
 
-// Go's timers wake up to a millisecond late on Linux (the runtime's
-// epoll wait has millisecond resolution), too coarse above ~500 Hz. The
-// last stretch before a deadline is slept with nanosleep, which blocks
-// only this goroutine's thread and wakes within ~100 µs.
-const fineSleep = 2 * time.Millisecond
+// maxSleep bounds one uninterruptible sleep, so that a cancelled context
+// is noticed within it even at low rates.
+const maxSleep = 100 * time.Millisecond
 
-// sleepUntil waits for deadline or ctx.
-func sleepUntil(ctx context.Context, timer *time.Timer, deadline time.Time) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	d := time.Until(deadline)
-	if d <= 0 {
-		return nil
-	}
-	if d > fineSleep {
-		timer.Reset(d - fineSleep)
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			if !timer.Stop() {
-				<-timer.C
+// sleepUntil waits for deadline or ctx with one wake-up per tick: an
+// absolute-deadline clock_nanosleep on CLOCK_MONOTONIC, which blocks only
+// this goroutine's thread and wakes within microseconds (Go's timers wake
+// up to a millisecond late, and a relative sleep loop wakes several times
+// per deadline). Deadlines more than maxSleep away are slept in steps of
+// maxSleep, checking ctx in between.
+func sleepUntil(ctx context.Context, deadline time.Time) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d := time.Until(deadline)
+		if d <= 0 {
+			return nil
+		}
+		var now unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+			time.Sleep(min(d, maxSleep))
+			continue
+		}
+		step := min(d, maxSleep)
+		at := unix.NsecToTimespec(now.Nano() + int64(step))
+		for {
+			err := unix.ClockNanosleep(unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, &at, nil)
+			if err != unix.EINTR {
+				break
 			}
+		}
+		if step == d {
 			return ctx.Err()
 		}
-		d = time.Until(deadline)
 	}
-	for d > 0 {
-		ts := syscall.NsecToTimespec(int64(d))
-		if err := syscall.Nanosleep(&ts, nil); err != nil && err != syscall.EINTR {
-			time.Sleep(d)
-		}
-		d = time.Until(deadline)
-	}
-	return ctx.Err()
 }
 
 // Batch is one tick's samples, sent by a Sampler started with Start.

@@ -305,7 +305,7 @@ func TestCancelStops(t *testing.T) {
 
 func TestBadConfig(t *testing.T) {
 	src := SourceFunc(func(ctx context.Context) ([]stack.Sample, error) { return nil, nil })
-	for _, c := range []Config{{Rate: -1}, {Rate: 20000}, {Jitter: 2}} {
+	for _, c := range []Config{{Rate: -1}, {Rate: MaxRate + 1}, {Jitter: 2}} {
 		if _, err := Run(context.Background(), src, c, nil); err == nil {
 			t.Errorf("config %+v accepted", c)
 		}

@@ -151,9 +151,25 @@ func (p *Pauser) Pause(pid int) (resume func() error, err error) {
 
 // PauseInfo is Pause that also reports which threads were stopped.
 func (p *Pauser) PauseInfo(pid int) (Paused, func() error, error) {
+	return p.pauseInfo(pid, nil)
+}
+
+// PauseThreads stops only the threads tids of process pid (those that
+// have exited are skipped) and returns a function that resumes them, as
+// Pause does. A profiler pauses only the threads that run Ruby: a process
+// with a hundred native threads of a C library pays for none of them.
+func (p *Pauser) PauseThreads(pid int, tids []int) (resume func() error, err error) {
+	if len(tids) == 0 {
+		return nil, errors.New("no threads to pause")
+	}
+	_, resume, err = p.pauseInfo(pid, tids)
+	return resume, err
+}
+
+func (p *Pauser) pauseInfo(pid int, only []int) (Paused, func() error, error) {
 	var threads []pausedThread
 	var perr error
-	if e := p.do(func() { threads, perr = p.pause(pid) }); e != nil {
+	if e := p.do(func() { threads, perr = p.pause(pid, only) }); e != nil {
 		return Paused{}, nil, e
 	}
 	if perr != nil {
@@ -188,7 +204,7 @@ func Pause(pid int) (resume func() error, err error) {
 	return defaultPauser.p.Pause(pid)
 }
 
-func (p *Pauser) pause(pid int) ([]pausedThread, error) {
+func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 	p.settlePending(0)
 	var seized []int
 	seen := map[int]bool{}
@@ -199,7 +215,15 @@ func (p *Pauser) pause(pid int) ([]pausedThread, error) {
 		return nil, err
 	}
 	for round := 0; round < maxRelist; round++ {
-		tids, err := p.listTasks(pid)
+		var tids []int
+		var err error
+		if only == nil {
+			tids, err = p.listTasks(pid)
+		} else if round == 0 {
+			tids = only
+		} else {
+			break // no re-listing: only these threads
+		}
 		if err != nil {
 			if len(seized) == 0 {
 				return nil, err

@@ -1,0 +1,94 @@
+package sampler
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// countingPauser records how many threads each pause stopped.
+type countingPauser struct {
+	p             *target.Pauser
+	all, some     int
+	maxSome       int
+	pausedThreads int
+}
+
+func (c *countingPauser) Pause(pid int) (func() error, error) {
+	c.all++
+	return c.p.Pause(pid)
+}
+
+func (c *countingPauser) PauseThreads(pid int, tids []int) (func() error, error) {
+	c.some++
+	c.pausedThreads += len(tids)
+	c.maxSome = max(c.maxSome, len(tids))
+	return c.p.PauseThreads(pid, tids)
+}
+
+// TestPauseOnlyRubyThreads samples, in blocking mode, a process with 100
+// native threads that never run Ruby beside its three Ruby threads: after
+// the first sample, each pause stops only the Ruby threads, and the
+// samples are still whole.
+func TestPauseOnlyRubyThreads(t *testing.T) {
+	testutil.NeedRoot(t)
+	script, err := filepath.Abs(filepath.Join("testdata", "natives.rb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, script)
+		tasks, err := os.ReadDir("/proc/" + strconv.Itoa(proc.Pid) + "/task")
+		if err != nil || len(tasks) < 100 {
+			t.Fatalf("target has %d threads (%v), want over 100", len(tasks), err)
+		}
+		ctx := context.Background()
+		p, err := OpenRuby(ctx, proc.Pid, ruby.Options{}, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Target().Close()
+		pz := &countingPauser{p: target.NewThreadPauser()}
+		defer pz.p.Close()
+		src := NewRubySource(p, RubyOptions{Pauser: pz})
+		defer src.Close()
+		seen := map[string]int{}
+		st, err := Run(ctx, src, Config{Rate: 200, Duration: time.Second}, func(ss []stack.Sample) {
+			for _, s := range ss {
+				seen[s.ThreadName]++
+				names := frameNames(s.Frames)
+				switch s.ThreadName {
+				case "busy":
+					if !strings.Contains(names, "Object#busy_worker") {
+						t.Errorf("busy thread stack %q", names)
+					}
+				case "idle":
+					if !strings.HasPrefix(names, "Kernel#sleep;Object#idle_waiter") {
+						t.Errorf("idle thread stack %q", names)
+					}
+				}
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d tasks; %d ticks; %d pauses of every thread, %d of only %d Ruby threads at most (%.1f per pause); errors: %s",
+			rb.Name, len(tasks), st.Ticks, pz.all, pz.some, pz.maxSome, float64(pz.pausedThreads)/float64(max(pz.some, 1)), st.ErrorSummary())
+		if st.Ticks < 20 || seen["busy"] != st.Ticks || seen["idle"] != st.Ticks {
+			t.Fatalf("ticks %d, samples per thread %v, errors %s", st.Ticks, seen, st.ErrorSummary())
+		}
+		if pz.all != 1 || pz.some != st.Ticks-1 || pz.maxSome != 3 {
+			t.Errorf("pauses: %d of every thread, %d of Ruby threads (at most %d), for %d ticks; want 1, %d, 3", pz.all, pz.some, pz.maxSome, st.Ticks, st.Ticks-1)
+		}
+	})
+}

@@ -1,0 +1,98 @@
+// Command readfloor measures, on a live Ruby process, the two baselines
+// scripts/bench-record.sh divides every cost by: one 8-byte
+// process_vm_readv, and the floor of a sample, one batched read of every
+// Ruby thread's control-frame region. It prints
+// "one_read_ns=N floor_ns=N threads=N bytes=N".
+//
+//	go run ./tools/readfloor PID [ITERATIONS]
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/target"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "readfloor:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) < 1 {
+		return fmt.Errorf("usage: readfloor PID [ITERATIONS]")
+	}
+	pid, err := strconv.Atoi(args[0])
+	if err != nil {
+		return fmt.Errorf("pid %q: %w", args[0], err)
+	}
+	iters := 5000
+	if len(args) > 1 {
+		if iters, err = strconv.Atoi(args[1]); err != nil || iters <= 0 {
+			return fmt.Errorf("iterations %q: must be a positive number", args[1])
+		}
+	}
+	t, err := target.OpenLive(pid)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	p, err := ruby.Open(t, ruby.Options{})
+	if err != nil {
+		return fmt.Errorf("open Ruby process %d: %w", pid, err)
+	}
+	regions, err := p.FrameRegions()
+	if err != nil {
+		return fmt.Errorf("find control-frame regions: %w", err)
+	}
+	if len(regions) == 0 {
+		return fmt.Errorf("process %d has no Ruby thread with a stack", pid)
+	}
+	bytes := 0
+	for _, r := range regions {
+		bytes += len(r.Buf)
+	}
+	one := []target.Read{{Addr: regions[0].Addr, Buf: make([]byte, 8)}}
+	measure := func(reqs []target.Read) (time.Duration, error) {
+		best := time.Duration(1 << 62)
+		// The median of five rounds, each the mean of iters/5 reads.
+		var rounds []time.Duration
+		for r := 0; r < 5; r++ {
+			start := time.Now()
+			for i := 0; i < iters/5; i++ {
+				if err := t.ReadBatch(reqs); err != nil {
+					return 0, err
+				}
+			}
+			d := time.Since(start) / time.Duration(iters/5)
+			rounds = append(rounds, d)
+			best = min(best, d)
+		}
+		sortDurations(rounds)
+		return rounds[len(rounds)/2], nil
+	}
+	oneNS, err := measure(one)
+	if err != nil {
+		return fmt.Errorf("one read: %w", err)
+	}
+	floorNS, err := measure(regions)
+	if err != nil {
+		return fmt.Errorf("floor read: %w", err)
+	}
+	fmt.Printf("one_read_ns=%d floor_ns=%d threads=%d bytes=%d\n", oneNS.Nanoseconds(), floorNS.Nanoseconds(), len(regions), bytes)
+	return nil
+}
+
+func sortDurations(d []time.Duration) {
+	for i := 1; i < len(d); i++ {
+		for j := i; j > 0 && d[j] < d[j-1]; j-- {
+			d[j], d[j-1] = d[j-1], d[j]
+		}
+	}
+}
