@@ -628,7 +628,10 @@ sleep`)
 			if onCPU && (byThread["waiter"] != 0 || byThread["ruby"] != 0) {
 				t.Errorf("--on-cpu kept sleeping threads: %v", byThread)
 			}
-			if !onCPU && (byThread["waiter"] != byThread["spinner"]) {
+			// Without --on-cpu every thread is in every tick; the running
+			// spinner alone may lose a tick to a torn read (detected and
+			// counted, never emitted).
+			if !onCPU && (byThread["waiter"] != byThread["ruby"] || byThread["spinner"] > byThread["waiter"] || byThread["spinner"] < byThread["waiter"]*95/100) {
 				t.Errorf("without --on-cpu every thread is sampled: %v", byThread)
 			}
 		}
