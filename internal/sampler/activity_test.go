@@ -29,8 +29,22 @@ type timedPauser struct {
 }
 
 func (tp *timedPauser) Pause(pid int) (func() error, error) {
+	return tp.timed(func() (func() error, error) { return tp.p.Pause(pid) })
+}
+
+// PauseThreads pauses only the Ruby threads, as record does with a
+// *target.Pauser (see ThreadPauser).
+func (tp *timedPauser) PauseThreads(pid int, tids []int) (func() error, error) {
+	tpz, ok := tp.p.(ThreadPauser)
+	if !ok {
+		return tp.Pause(pid)
+	}
+	return tp.timed(func() (func() error, error) { return tpz.PauseThreads(pid, tids) })
+}
+
+func (tp *timedPauser) timed(pause func() (func() error, error)) (func() error, error) {
 	start := time.Now()
-	resume, err := tp.p.Pause(pid)
+	resume, err := pause()
 	if err != nil {
 		return nil, err
 	}
