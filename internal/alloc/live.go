@@ -104,23 +104,27 @@ func liveRows(cur, prev map[string]uint64, dt float64) []LiveRow {
 }
 
 func classMap(r *Report) map[string]uint64 {
-	m := map[string]uint64{}
-	if r == nil {
-		return m
-	}
-	for _, c := range r.ByClass {
-		m[c.Class] = c.Count
-	}
-	return m
+	return countsBy(r, func(r *Report) []ClassCount { return r.ByClass },
+		func(c ClassCount) (string, uint64) { return c.Class, c.Count })
 }
 
 func siteMap(r *Report) map[string]uint64 {
+	return countsBy(r, func(r *Report) []SiteCount { return r.BySite },
+		func(s SiteCount) (string, uint64) {
+			return fmt.Sprintf("%s:%d:%s", sitePath(s.Path), s.Line, s.Class), s.Count
+		})
+}
+
+// countsBy maps each row of r (rows picks ByClass or BySite) to its count
+// under the name key gives it; empty for a nil report.
+func countsBy[T any](r *Report, rows func(*Report) []T, key func(T) (string, uint64)) map[string]uint64 {
 	m := map[string]uint64{}
 	if r == nil {
 		return m
 	}
-	for _, s := range r.BySite {
-		m[fmt.Sprintf("%s:%d:%s", sitePath(s.Path), s.Line, s.Class)] = s.Count
+	for _, row := range rows(r) {
+		k, n := key(row)
+		m[k] = n
 	}
 	return m
 }

@@ -59,15 +59,16 @@ func (tr *Tracker) statSum(slot uint32) (uint64, error) {
 	return sum, nil
 }
 
-func (tr *Tracker) setGate(open bool) error {
+// setGate opens or closes the counting gate; the first failure is kept
+// in dutyErr (the next snapshot reports it).
+func (tr *Tracker) setGate(open bool) {
 	v := uint32(0)
 	if open {
 		v = 1
 	}
-	if err := tr.maps.Gate.Put(uint32(0), v); err != nil {
-		return fmt.Errorf("set counting gate: %w", err)
+	if err := tr.maps.Gate.Put(uint32(0), v); err != nil && tr.dutyErr == nil {
+		tr.dutyErr = fmt.Errorf("set counting gate: %w", err)
 	}
-	return nil
 }
 
 // openWindow starts counting once the probes are attached: it reads Ruby's
@@ -77,9 +78,8 @@ func (tr *Tracker) openWindow() {
 	tr.winEvents, _ = tr.statSum(statObjects)
 	switch {
 	case tr.counter != nil:
-		v, err := tr.counter.read()
-		if err != nil {
-			tr.dropCounter(err.Error())
+		v, ok := tr.readCounter()
+		if !ok {
 			break
 		}
 		tr.winCounter = v
@@ -89,26 +89,21 @@ func (tr *Tracker) openWindow() {
 	case tr.cal != nil:
 		tr.cal.open()
 	}
-	if err := tr.setGate(true); err != nil && tr.dutyErr == nil {
-		tr.dutyErr = err
-	}
+	tr.setGate(true)
 	tr.onSince = time.Now()
 }
 
 // closeWindow stops counting (before the probes are detached): it closes
 // the gate, then reads Ruby's counter.
 func (tr *Tracker) closeWindow() {
-	if err := tr.setGate(false); err != nil && tr.dutyErr == nil {
-		tr.dutyErr = err
-	}
+	tr.setGate(false)
 	tr.onTotal += time.Since(tr.onSince)
 	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
 	switch {
 	case tr.counter != nil:
-		v, err := tr.counter.read()
-		if err != nil {
-			tr.dropCounter(err.Error())
+		v, ok := tr.readCounter()
+		if !ok {
 			break
 		}
 		tr.counterEnd = v
@@ -177,6 +172,17 @@ func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, fo
 		tr.counterNote += "; calibration: no word of the object space grew with the allocations counted"
 	}
 	return 0, false
+}
+
+// readCounter reads Ruby's allocation counter at a window's edge; a
+// failed read drops the counter (counts then scale by time).
+func (tr *Tracker) readCounter() (uint64, bool) {
+	v, err := tr.counter.read()
+	if err != nil {
+		tr.dropCounter(err.Error())
+		return 0, false
+	}
+	return v, true
 }
 
 func (tr *Tracker) dropCounter(why string) {

@@ -48,13 +48,9 @@ func sectionRelocs(f *elf.File, secs map[string]*elf.Section, name string, lim d
 	if f.Class != elf.ELFCLASS64 {
 		return nil, fmt.Errorf("relocations of %s: only 64-bit objects are supported", name)
 	}
-	r, size, err := openSection(rs, lim.section)
+	data, err := readSection(rs, lim)
 	if err != nil {
 		return nil, err
-	}
-	data, err := readAppend(r, size, nil)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", rs.Name, err)
 	}
 	if len(data)/24 > maxRelocs {
 		return nil, fmt.Errorf("%s: more than %d relocations", rs.Name, maxRelocs)

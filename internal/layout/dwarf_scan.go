@@ -472,11 +472,25 @@ func (b *buf) offset(size int) uint64 {
 }
 
 func (b *buf) uleb() uint64 {
-	var v uint64
-	var shift uint
+	v, _, _ := b.leb()
+	return v
+}
+
+func (b *buf) sleb() int64 {
+	v, shift, last := b.leb()
+	if shift < 64 && last&0x40 != 0 {
+		v |= ^uint64(0) << shift
+	}
+	return int64(v)
+}
+
+// leb reads the 7-bit groups of a LEB128 number: their value, how many
+// bits they hold and the last byte (whose 0x40 bit is the sign of a
+// signed one). A number cut short by the end of the data reads as 0.
+func (b *buf) leb() (v uint64, shift uint, last byte) {
 	for {
 		if !b.need(1) {
-			return 0
+			return 0, 0, 0
 		}
 		c := b.data[b.off]
 		b.off++
@@ -485,29 +499,7 @@ func (b *buf) uleb() uint64 {
 		}
 		shift += 7
 		if c&0x80 == 0 {
-			return v
-		}
-	}
-}
-
-func (b *buf) sleb() int64 {
-	var v int64
-	var shift uint
-	for {
-		if !b.need(1) {
-			return 0
-		}
-		c := b.data[b.off]
-		b.off++
-		if shift < 64 {
-			v |= int64(c&0x7f) << shift
-		}
-		shift += 7
-		if c&0x80 == 0 {
-			if shift < 64 && c&0x40 != 0 {
-				v |= -1 << shift
-			}
-			return v
+			return v, shift, c
 		}
 	}
 }

@@ -106,6 +106,11 @@ func loadSection(secs map[string]*elf.Section, name string, lim dwarfLimits) ([]
 	if s == nil {
 		return nil, nil
 	}
+	return readSection(s, lim)
+}
+
+// readSection reads section s whole (decompressed), within lim.
+func readSection(s *elf.Section, lim dwarfLimits) ([]byte, error) {
 	r, size, err := openSection(s, lim.section)
 	if err != nil {
 		return nil, err

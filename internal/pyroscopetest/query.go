@@ -112,8 +112,14 @@ func (s *Server) Query(ctx context.Context, selector string, start, end time.Tim
 
 // Query is Server.Query against any Pyroscope server.
 func Query(ctx context.Context, baseURL, selector string, start, end time.Time) (Counts, error) {
+	return queryType(ctx, baseURL, ProfileTypeSamples, selector, start, end)
+}
+
+// queryType merges the profiles of type typeID matching selector between
+// start and end, by function.
+func queryType(ctx context.Context, baseURL, typeID, selector string, start, end time.Time) (Counts, error) {
 	req := map[string]any{
-		"profile_typeID": ProfileTypeSamples,
+		"profile_typeID": typeID,
 		"label_selector": selector,
 		"start":          start.UnixMilli(),
 		"end":            end.UnixMilli(),

@@ -31,15 +31,5 @@ func (s *Server) ProfileTypes(ctx context.Context, start, end time.Time) ([]stri
 // QueryType is Query for the profile type typeID (one of ProfileTypes)
 // instead of CPU samples.
 func (s *Server) QueryType(ctx context.Context, typeID, selector string, start, end time.Time) (Counts, error) {
-	req := map[string]any{
-		"profile_typeID": typeID,
-		"label_selector": selector,
-		"start":          start.UnixMilli(),
-		"end":            end.UnixMilli(),
-	}
-	var p pprofJSON
-	if err := s.call(ctx, "querier.v1.QuerierService/SelectMergeProfile", req, &p); err != nil {
-		return Counts{}, err
-	}
-	return countsOf(p)
+	return queryType(ctx, s.URL(), typeID, selector, start, end)
 }

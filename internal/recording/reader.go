@@ -191,17 +191,14 @@ func (r *Reader) nextBlock() error {
 
 var errShort = errors.New("record runs past the end of its block")
 
-func (r *Reader) uvarint() (uint64, error) {
-	v, n := binary.Uvarint(r.block[r.pos:])
-	if n <= 0 {
-		return 0, errShort
-	}
-	r.pos += n
-	return v, nil
-}
+func (r *Reader) uvarint() (uint64, error) { return readNum(r, binary.Uvarint) }
 
-func (r *Reader) varint() (int64, error) {
-	v, n := binary.Varint(r.block[r.pos:])
+func (r *Reader) varint() (int64, error) { return readNum(r, binary.Varint) }
+
+// readNum decodes the number at the reader's position with decode and moves
+// past it.
+func readNum[T uint64 | int64](r *Reader, decode func([]byte) (T, int)) (T, error) {
+	v, n := decode(r.block[r.pos:])
 	if n <= 0 {
 		return 0, errShort
 	}

@@ -45,14 +45,23 @@ func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
 	return line, nil
 }
 
-// lineSucc looks pos up in the succinct bit vector of Ruby 2.6+.
-func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
-	size := info.tableSize
-	if size == 0 || info.tableAddr == 0 {
+// lineTableSize returns the number of entries of the iseq's line table,
+// refusing a missing table or one larger than maxLineTable.
+func (info *iseqInfo) lineTableSize() (uint64, error) {
+	if info.tableSize == 0 || info.tableAddr == 0 {
 		return 0, invalidf("iseq has no line table")
 	}
-	if size > maxLineTable {
-		return 0, invalidf("iseq line table of %d entries", size)
+	if info.tableSize > maxLineTable {
+		return 0, invalidf("iseq line table of %d entries", info.tableSize)
+	}
+	return info.tableSize, nil
+}
+
+// lineSucc looks pos up in the succinct bit vector of Ruby 2.6+.
+func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
+	size, err := info.lineTableSize()
+	if err != nil {
+		return 0, err
 	}
 	entry := func(i uint64) (int, error) {
 		if i >= size {
@@ -127,12 +136,9 @@ func (p *Process) linePositionsArray(info *iseqInfo, pos uint64, entry func(uint
 // linePositions searches a table of {position, line_no, ...} entries
 // (1.9 to 2.5): the last entry whose position is at or before pos.
 func (p *Process) linePositions(info *iseqInfo, pos uint64) (int, error) {
-	n := info.tableSize
-	if n == 0 || info.tableAddr == 0 {
-		return 0, invalidf("iseq has no line table")
-	}
-	if n > maxLineTable {
-		return 0, invalidf("iseq line table of %d entries", n)
+	n, err := info.lineTableSize()
+	if err != nil {
+		return 0, err
 	}
 	esize, posF, lineF := p.o.insnSize, p.o.insnPos, p.o.insnLine
 	if p.o.lineSize != 0 && (p.o.bLineInfoTable.ok) {

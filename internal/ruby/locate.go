@@ -75,12 +75,11 @@ func (p *Process) currentVM() (uint64, error) {
 		return p.vmAddr, nil
 	}
 	if p.vmPtrAddr != 0 {
-		vm, err := p.r.u64(p.vmPtrAddr)
-		if err != nil {
-			return 0, fmt.Errorf("read ruby_current_vm_ptr: %w", err)
-		}
-		if !isHeapPtr(vm) {
-			return 0, fmt.Errorf("%w: ruby_current_vm_ptr is 0x%x (the VM is not initialised yet?)", ErrInvalid, vm)
+		vm, err := p.heapPtr(p.vmPtrAddr, "ruby_current_vm_ptr")
+		if errors.Is(err, ErrInvalid) {
+			return 0, fmt.Errorf("%w (the VM is not initialised yet?)", err)
+		} else if err != nil {
+			return 0, err
 		}
 		p.vmAddr = vm
 		return vm, nil
@@ -93,15 +92,25 @@ func (p *Process) currentVM() (uint64, error) {
 	if !p.o.thVM.ok {
 		return 0, errors.New("layout has no rb_thread_struct.vm")
 	}
-	vm, err := p.r.u64(th + p.o.thVM.off)
+	vm, err := p.heapPtr(th+p.o.thVM.off, fmt.Sprintf("VM pointer of thread 0x%x", th))
 	if err != nil {
-		return 0, fmt.Errorf("read thread's VM: %w", err)
-	}
-	if !isHeapPtr(vm) {
-		return 0, invalidf("thread 0x%x has VM pointer 0x%x", th, vm)
+		return 0, err
 	}
 	p.vmAddr = vm
 	return vm, nil
+}
+
+// heapPtr reads the pointer at addr (what names it in errors) and checks
+// that it can point at a heap object.
+func (p *Process) heapPtr(addr uint64, what string) (uint64, error) {
+	v, err := p.r.u64(addr)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", what, err)
+	}
+	if !isHeapPtr(v) {
+		return 0, invalidf("%s is 0x%x", what, v)
+	}
+	return v, nil
 }
 
 // currentThread returns the rb_thread_t running (holding the GVL) for
@@ -109,12 +118,9 @@ func (p *Process) currentVM() (uint64, error) {
 func (p *Process) currentThread() (uint64, error) {
 	switch {
 	case p.ecPtrAddr != 0:
-		ec, err := p.r.u64(p.ecPtrAddr)
+		ec, err := p.heapPtr(p.ecPtrAddr, "current execution context")
 		if err != nil {
-			return 0, fmt.Errorf("read current execution context: %w", err)
-		}
-		if !isHeapPtr(ec) {
-			return 0, invalidf("current execution context is 0x%x", ec)
+			return 0, err
 		}
 		if !p.o.ecThreadPtr.ok {
 			return 0, errors.New("layout has no rb_execution_context_struct.thread_ptr")
@@ -125,14 +131,7 @@ func (p *Process) currentThread() (uint64, error) {
 		}
 		return th, nil
 	case p.thPtrAddr != 0:
-		th, err := p.r.u64(p.thPtrAddr)
-		if err != nil {
-			return 0, fmt.Errorf("read ruby_current_thread: %w", err)
-		}
-		if !isHeapPtr(th) {
-			return 0, invalidf("ruby_current_thread is 0x%x", th)
-		}
-		return th, nil
+		return p.heapPtr(p.thPtrAddr, "ruby_current_thread")
 	}
 	return 0, errors.New("no current thread pointer known")
 }
@@ -206,12 +205,9 @@ func (p *Process) threadList() ([]threadRef, error) {
 		}
 		if len(ractors) == 0 || err != nil {
 			// One ractor (the common case): the main one.
-			mr, err2 := p.r.u64(vm + o.vmMainRactor.off)
+			mr, err2 := p.heapPtr(vm+o.vmMainRactor.off, "main ractor pointer")
 			if err2 != nil {
-				return nil, fmt.Errorf("read main ractor: %w", err2)
-			}
-			if !isHeapPtr(mr) {
-				return nil, invalidf("main ractor pointer 0x%x", mr)
+				return nil, err2
 			}
 			ractors = []uint64{mr}
 		}
@@ -298,28 +294,41 @@ func (p *Process) scanForVM() error {
 		return fmt.Errorf("%w: no data segment of a Ruby binary to search", ErrNotRuby)
 	}
 	heap := readableRanges(maps)
+	found := p.scanWords(regions, 8, func(addr uint64, data []byte) bool {
+		val := binary.LittleEndian.Uint64(data)
+		return isHeapPtr(val) && inRanges(heap, val) && p.tryCandidate(addr)
+	})
+	if found {
+		return nil
+	}
+	return fmt.Errorf("%w: no symbol for the Ruby VM and no plausible VM pointer in the data of %s",
+		ErrNotRuby, binaryNames(p.info.Binaries))
+}
+
+// maxScanRegion bounds the data region a memory scan reads at once.
+const maxScanRegion = 64 << 20
+
+// scanWords reads each region (skipping unreadable ones and any larger
+// than maxScanRegion) and calls match at every 8-byte-aligned address
+// with at least need bytes of the region from it, until match says it
+// found what it looks for.
+func (p *Process) scanWords(regions []addrRange, need uint64, match func(addr uint64, data []byte) bool) bool {
 	for _, rg := range regions {
 		size := rg.End - rg.Start
-		if size > 64<<20 {
+		if size > maxScanRegion {
 			continue
 		}
 		data := make([]byte, size)
 		if err := p.t.ReadAt(data, rg.Start); err != nil {
 			continue
 		}
-		for off := uint64(0); off+8 <= size; off += 8 {
-			val := binary.LittleEndian.Uint64(data[off:])
-			if !isHeapPtr(val) || !inRanges(heap, val) {
-				continue
-			}
-			addr := rg.Start + off
-			if p.tryCandidate(addr) {
-				return nil
+		for off := uint64(0); off+need <= size; off += 8 {
+			if match(rg.Start+off, data[off:]) {
+				return true
 			}
 		}
 	}
-	return fmt.Errorf("%w: no symbol for the Ruby VM and no plausible VM pointer in the data of %s",
-		ErrNotRuby, binaryNames(p.info.Binaries))
+	return false
 }
 
 // tryCandidate checks whether addr holds the VM pointer (3.x), the EC

@@ -150,36 +150,27 @@ func (p *Process) scanForSymbols() {
 	if err != nil {
 		return
 	}
-	for _, rg := range dataRegions(maps, p.info.Binaries) {
-		size := rg.End - rg.Start
-		if size > 64<<20 {
-			continue
+	p.scanWords(dataRegions(maps, p.info.Binaries), 24, func(addr uint64, data []byte) bool {
+		last := binary.LittleEndian.Uint32(data)
+		if last < 256 || last > 1<<26 || binary.LittleEndian.Uint32(data[4:]) != 0 {
+			return false
 		}
-		data := make([]byte, size)
-		if err := p.t.ReadAt(data, rg.Start); err != nil {
-			continue
+		ids := binary.LittleEndian.Uint64(data[16:])
+		if !isHeapPtr(ids) {
+			return false
 		}
-		for off := uint64(0); off+24 <= size; off += 8 {
-			last := binary.LittleEndian.Uint32(data[off:])
-			if last < 256 || last > 1<<26 || binary.LittleEndian.Uint32(data[off+4:]) != 0 {
-				continue
-			}
-			ids := binary.LittleEndian.Uint64(data[off+16:])
-			if !isHeapPtr(ids) {
-				continue
-			}
-			n, _, err := p.rarray(ids)
-			if err != nil || n != uint64(last)/idEntryUnit+1 {
-				continue
-			}
-			p.symbolsAddr = rg.Start + off
-			if s, err := p.serialString('+'); err == nil && s == "+" {
-				p.note("ruby_global_symbols", p.symbolsAddr, "memory scan")
-				return
-			}
-			p.symbolsAddr = 0
+		n, _, err := p.rarray(ids)
+		if err != nil || n != uint64(last)/idEntryUnit+1 {
+			return false
 		}
-	}
+		p.symbolsAddr = addr
+		if s, err := p.serialString('+'); err == nil && s == "+" {
+			p.note("ruby_global_symbols", p.symbolsAddr, "memory scan")
+			return true
+		}
+		p.symbolsAddr = 0
+		return false
+	})
 }
 
 // ClassName returns the qualified name of the class or module at address

@@ -134,24 +134,12 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	c.Tags = tags
-	if c.Interval <= 0 {
-		c.Interval = DefaultInterval
-	}
-	if c.SampleRate <= 0 {
-		c.SampleRate = DefaultSampleRate
-	}
-	if c.MaxQueueBytes <= 0 {
-		c.MaxQueueBytes = DefaultMaxQueueBytes
-	}
-	if c.MaxMemoryBytes <= 0 {
-		c.MaxMemoryBytes = DefaultMaxMemoryBytes
-	}
-	if c.MaxIntervalSamples <= 0 {
-		c.MaxIntervalSamples = DefaultMaxIntervalSamples
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = DefaultTimeout
-	}
+	orDefault(&c.Interval, DefaultInterval)
+	orDefault(&c.SampleRate, DefaultSampleRate)
+	orDefault(&c.MaxQueueBytes, DefaultMaxQueueBytes)
+	orDefault(&c.MaxMemoryBytes, DefaultMaxMemoryBytes)
+	orDefault(&c.MaxIntervalSamples, DefaultMaxIntervalSamples)
+	orDefault(&c.Timeout, DefaultTimeout)
 	if c.Logf == nil {
 		c.Logf = func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, "rbscope: upload: "+format+"\n", args...)
@@ -238,4 +226,11 @@ func seriesName(app string, tags map[string]string) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// orDefault sets *v to def when it is zero or negative (unset).
+func orDefault[T int | int64 | float64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
