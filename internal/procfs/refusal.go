@@ -40,7 +40,7 @@ func Refusal(pid int) string {
 		why = append(why, "rbscope runs under a seccomp filter that may refuse process_vm_readv and ptrace "+
 			"(a container's default profile: run it with --cap-add=SYS_PTRACE, or --security-opt seccomp=unconfined)")
 	}
-	if ns := foreignNamespaces(pid); ns != "" {
+	if ns := foreignNamespaces(pid, hasCap || err != nil); ns != "" {
 		why = append(why, ns)
 	}
 	return strings.Join(why, "; ")
@@ -57,8 +57,11 @@ func yamaScope() (int, bool) {
 }
 
 // foreignNamespaces says how pid's user and PID namespaces differ from
-// rbscope's, or "" when they are the same (or cannot be told).
-func foreignNamespaces(pid int) string {
+// rbscope's, or "" when they are the same (or cannot be told). Reading
+// another process's namespace links needs the same access as tracing it:
+// unreadable links point at a foreign user namespace only when rbscope
+// has CAP_SYS_PTRACE (hasCap); without it, they say nothing.
+func foreignNamespaces(pid int, hasCap bool) string {
 	var diff []string
 	unreadable := false
 	for _, ns := range []string{"user", "pid"} {
@@ -74,6 +77,8 @@ func foreignNamespaces(pid int) string {
 	}
 	where := ""
 	switch {
+	case unreadable && !hasCap && len(diff) == 0:
+		return ""
 	case unreadable && !initialUserNS():
 		where = "outside the user namespace rbscope runs in (its namespaces cannot even be read from here)"
 	case unreadable:

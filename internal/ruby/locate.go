@@ -294,12 +294,12 @@ func (p *Process) scanForVM() error {
 		return fmt.Errorf("%w: no data segment of a Ruby binary to search", ErrNotRuby)
 	}
 	heap := readableRanges(maps)
-	found := p.scanWords(regions, 8, func(addr uint64, data []byte) bool {
+	found, err := p.scanWords(regions, 8, func(addr uint64, data []byte) bool {
 		val := binary.LittleEndian.Uint64(data)
 		return isHeapPtr(val) && inRanges(heap, val) && p.tryCandidate(addr)
 	})
-	if found {
-		return nil
+	if found || err != nil {
+		return err
 	}
 	return fmt.Errorf("%w: no symbol for the Ruby VM and no plausible VM pointer in the data of %s",
 		ErrNotRuby, binaryNames(p.info.Binaries))
@@ -311,8 +311,9 @@ const maxScanRegion = 64 << 20
 // scanWords reads each region (skipping unreadable ones and any larger
 // than maxScanRegion) and calls match at every 8-byte-aligned address
 // with at least need bytes of the region from it, until match says it
-// found what it looks for.
-func (p *Process) scanWords(regions []addrRange, need uint64, match func(addr uint64, data []byte) bool) bool {
+// found what it looks for. A process that refuses to be read, or is gone,
+// ends the scan with that error.
+func (p *Process) scanWords(regions []addrRange, need uint64, match func(addr uint64, data []byte) bool) (bool, error) {
 	for _, rg := range regions {
 		size := rg.End - rg.Start
 		if size > maxScanRegion {
@@ -320,15 +321,20 @@ func (p *Process) scanWords(regions []addrRange, need uint64, match func(addr ui
 		}
 		data := make([]byte, size)
 		if err := p.t.ReadAt(data, rg.Start); err != nil {
+			var perm target.ErrPermission
+			var gone target.ErrProcessExited
+			if errors.As(err, &perm) || errors.As(err, &gone) {
+				return false, fmt.Errorf("scan the data of %s: %w", binaryNames(p.info.Binaries), err)
+			}
 			continue
 		}
 		for off := uint64(0); off+need <= size; off += 8 {
 			if match(rg.Start+off, data[off:]) {
-				return true
+				return true, nil
 			}
 		}
 	}
-	return false
+	return false, nil
 }
 
 // tryCandidate checks whether addr holds the VM pointer (3.x), the EC

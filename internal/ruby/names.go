@@ -150,7 +150,7 @@ func (p *Process) scanForSymbols() {
 	if err != nil {
 		return
 	}
-	p.scanWords(dataRegions(maps, p.info.Binaries), 24, func(addr uint64, data []byte) bool {
+	_, _ = p.scanWords(dataRegions(maps, p.info.Binaries), 24, func(addr uint64, data []byte) bool {
 		last := binary.LittleEndian.Uint32(data)
 		if last < 256 || last > 1<<26 || binary.LittleEndian.Uint32(data[4:]) != 0 {
 			return false

@@ -1,0 +1,92 @@
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// seccompExecEnv, in a test binary's environment, makes it install a
+// seccomp filter and exec its arguments instead of running tests (see
+// UnderSeccomp).
+const seccompExecEnv = "RBSCOPE_TEST_SECCOMP_EXEC"
+
+// UnderSeccomp returns a command that runs name with args under a seccomp
+// filter that refuses process_vm_readv, process_vm_writev and ptrace with
+// EPERM, as a container runtime's default profile does for a container
+// not given CAP_SYS_PTRACE. The test binary itself installs the filter,
+// then execs name (the filter is inherited across exec).
+func UnderSeccomp(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], append([]string{name}, args...)...)
+	cmd.Env = append(os.Environ(), seccompExecEnv+"=1")
+	return cmd
+}
+
+func init() {
+	if os.Getenv(seccompExecEnv) == "" {
+		return
+	}
+	err := execUnderSeccomp(os.Args[1:])
+	fmt.Fprintf(os.Stderr, "testutil: exec under seccomp: %v\n", err)
+	os.Exit(125)
+}
+
+// execUnderSeccomp installs the filter on this thread and every other
+// thread of the process, then execs argv; it returns only on failure.
+func execUnderSeccomp(argv []string) error {
+	if len(argv) == 0 {
+		return fmt.Errorf("no command")
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return err
+	}
+	runtime.LockOSThread()
+	filter := seccompDenyFilter(unix.SYS_PROCESS_VM_READV, unix.SYS_PROCESS_VM_WRITEV, unix.SYS_PTRACE)
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("PR_SET_NO_NEW_PRIVS: %w", err)
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
+		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&prog))); errno != 0 {
+		return fmt.Errorf("seccomp(SECCOMP_SET_MODE_FILTER): %w", errno)
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, seccompExecEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	return syscall.Exec(path, argv, env)
+}
+
+// seccompDenyFilter is a classic BPF program for x86-64 that returns
+// EPERM for the system calls nrs and allows every other one.
+func seccompDenyFilter(nrs ...uintptr) []unix.SockFilter {
+	const (
+		ld  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
+		jeq = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+		ret = unix.BPF_RET | unix.BPF_K
+	)
+	n := uint8(len(nrs))
+	f := []unix.SockFilter{
+		{Code: ld, K: 4}, // seccomp_data.arch
+		{Code: jeq, K: unix.AUDIT_ARCH_X86_64, Jt: 1},
+		{Code: ret, K: unix.SECCOMP_RET_KILL_PROCESS},
+		{Code: ld, K: 0}, // seccomp_data.nr
+	}
+	for i, nr := range nrs {
+		// Jump to the EPERM return past the remaining tests and the allow.
+		f = append(f, unix.SockFilter{Code: jeq, K: uint32(nr), Jt: n - uint8(i)})
+	}
+	return append(f,
+		unix.SockFilter{Code: ret, K: unix.SECCOMP_RET_ALLOW},
+		unix.SockFilter{Code: ret, K: unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)},
+	)
+}
