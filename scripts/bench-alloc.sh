@@ -21,9 +21,7 @@
 # run, default ruby). bcc needs EXTRA_PACKAGES="bpfcc-tools linux-headers-amd64"
 # scripts/install-deps.sh; without headers for the running kernel, the
 # nearest Debian headers are merged into one tree for it.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export PATH=$PATH:/usr/local/go/bin
+source "$(dirname "$0")/lib/bench.sh"
 RUNS=${1:-${RUNS:-3}}
 N_OBJ=${N_OBJ:-5000000}
 N_ARY=${N_ARY:-5000000}
@@ -31,11 +29,9 @@ N_PACED=${N_PACED:-500000}
 N_BURSTY=${N_BURSTY:-2000000}
 RUBY=${RUBY:-ruby}
 BENCH=$PWD/internal/alloc/testdata/bench.rb
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
 
 [ "$(id -u)" -eq 0 ] || { echo "bench-alloc: needs root" >&2; exit 1; }
-go build -o "$WORK/rbscope" ./cmd/rbscope
+go build -o "$work/rbscope" ./cmd/rbscope
 
 # bcc's uobjnew compiles its program against kernel headers. Use the
 # running kernel's, or Debian's nearest linux-headers package.
@@ -48,10 +44,10 @@ if command -v uobjnew >/dev/null || [ -x /usr/sbin/uobjnew ]; then
     # as a tree of symlinks. (apt-get install linux-headers-6.1.0-50-amd64)
     hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -1 || true)
     if [ -n "$hdr" ] && [ -d "${hdr%-amd64}-common" ]; then
-      mkdir -p "$WORK/kernel"
-      cp -rs "${hdr%-amd64}-common/." "$WORK/kernel/"
-      cp -rs --remove-destination "$hdr/." "$WORK/kernel/"
-      export BCC_KERNEL_SOURCE=$WORK/kernel
+      mkdir -p "$work/kernel"
+      cp -rs "${hdr%-amd64}-common/." "$work/kernel/"
+      cp -rs --remove-destination "$hdr/." "$work/kernel/"
+      export BCC_KERNEL_SOURCE=$work/kernel
       echo "bcc: kernel $(uname -r) has no headers; using $(basename "$hdr")'s" >&2
     fi
   fi
@@ -62,7 +58,7 @@ fi
 run_one() {
   local mode=$1 kind=$2 n=$3 class
   [ "$kind" = arrays ] && class=Array || class=Object
-  local in="$WORK/in" out="$WORK/out" rep="$WORK/rep.json" log="$WORK/tracer.log"
+  local in="$work/in" out="$work/out" rep="$work/rep.json" log="$work/tracer.log"
   rm -f "$in" "$out" "$rep" "$log"
   mkfifo "$in"
   "$RUBY" "$BENCH" "$kind" "$n" <"$in" >"$out" &
@@ -72,12 +68,12 @@ run_one() {
   local tpid=""
   case $mode in
     none) ;;
-    default) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h -o "$rep" >"$log" 2>&1 & tpid=$! ;;
-    exact) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    default) "$work/rbscope" alloc --pid $rpid --format json --interval 1h -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     # Where --exact's cost goes: without stack copies, with one perf-event
     # uprobe per site instead of one uprobe_multi link.
-    exact_nostacks) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks -o "$rep" >"$log" 2>&1 & tpid=$! ;;
-    exact_persite) "$WORK/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --per-site -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact_nostacks) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact_persite) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --per-site -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     # Job control on: a background job of a script otherwise ignores
     # SIGINT, and uobjnew prints its counts only on Ctrl-C.
     bcc) set -m; PYTHONUNBUFFERED=1 "$BCC" -l ruby $rpid >"$log" 2>&1 & tpid=$!; set +m ;;

@@ -8,19 +8,9 @@
 # (running or gc), and GC.stat(:time) for reference, with the load.
 # Debian's Ruby only (stackprof and rubocop are Debian packages).
 # Usage: scripts/bench-gc-share.sh [files=47] [rate=250]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export PATH=$PATH:/usr/local/go/bin
+source "$(dirname "$0")/lib/bench.sh"
 nfiles=${1:-47}
 rate=${2:-250}
-
-work=$(mktemp -d)
-pid=
-cleanup() {
-  [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 command -v rubocop >/dev/null || { echo "needs Debian's rubocop package (apt-get install rubocop)" >&2; exit 1; }
 ruby -rstackprof -e1 || { echo "needs ruby-stackprof" >&2; exit 1; }
@@ -53,12 +43,13 @@ RUBY
 
 coproc RUBYP { exec ruby "$work/lint.rb" "$work/stackprof.json" "${files[@]}"; }
 pid=$RUBYP_PID
+pids+=("$pid")
 main_tid=$pid
 read -r line <&"${RUBYP[0]}"
 [ "$line" = ready ] || { echo "lint.rb did not start: $line" >&2; exit 1; }
 "$work/rbscope" record --pid "$pid" --rate "$rate" --format summary -o "$work/summary.txt" --silent
 wait "$pid" 2>/dev/null || true
-pid=
+pids=()
 
 echo "load: $(uptime)"
 echo "RuboCop on ${#files[@]} files of $libdir, Ruby $(ruby -e 'print RUBY_VERSION')"

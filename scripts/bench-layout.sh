@@ -17,13 +17,9 @@
 #    scripts/rubies.sh), before and after the stop-early change, in one run.
 #
 # Usage: scripts/bench-layout.sh [benchtime, default 5x] [runs for medians, default 5]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export PATH=$PATH:/usr/local/go/bin
+source "$(dirname "$0")/lib/bench.sh"
 benchtime=${1:-5x}
 runs=${2:-5}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 export RBSCOPE_BENCH_DIR=$work/libs
 
 echo "== in-process (go test -bench BenchmarkExtract, -benchtime $benchtime)"

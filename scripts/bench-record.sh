@@ -20,19 +20,10 @@
 # Needs root (ptrace), ruby, strace and chromium (for the PNG). About
 # 3 minutes (6 with BASELINE_REV). Output directory: $OUT (default
 # ./bench-record-out).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export PATH=$PATH:/usr/local/go/bin
+source "$(dirname "$0")/lib/bench.sh"
 root=$PWD
 out=${OUT:-$root/bench-record-out}
 mkdir -p "$out"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 builds=(after)
 go build -o "$work/after" ./cmd/rbscope
