@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -54,7 +56,7 @@ func TestKernelThreadError(t *testing.T) {
 }
 
 // permissionRefused runs cmd (rbscope against a live Ruby process, from
-// which something takes the right to read it) and returns its one-line
+// which something takes the right to read it) and returns its standard
 // error, failing the test unless it exits 1.
 func permissionRefused(t *testing.T, cmd *exec.Cmd, env []string) string {
 	t.Helper()
@@ -65,65 +67,94 @@ func permissionRefused(t *testing.T, cmd *exec.Cmd, env []string) string {
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
 		t.Fatalf("%s: %v, want exit 1\n%s", strings.Join(cmd.Args, " "), err, se.String())
 	}
-	msg := se.String()
-	if strings.Count(msg, "\n") != 1 {
-		t.Errorf("error is not one line:\n%s", msg)
-	}
-	return msg
+	return se.String()
 }
 
-// TestPermissionErrorNamesCapability: root without CAP_SYS_PTRACE (a
-// container that was not given it) cannot read a root process; the error
-// names the missing capability and blames no namespace (the process is in
-// rbscope's own).
-func TestPermissionErrorNamesCapability(t *testing.T) {
+// TestPermissionErrorNamesWhatRefused: rbscope run as root but refused
+// reading a root Ruby process names what refused, and blames nothing it
+// has:
+//   - without CAP_SYS_PTRACE (a container not given it; setpriv drops it),
+//     the missing capability, and no namespace (the process is in
+//     rbscope's own: its namespace links are unreadable only for want of
+//     the capability);
+//   - under a seccomp filter that refuses process_vm_readv and ptrace
+//     (a container runtime's default profile), the filter, not a
+//     capability or a namespace;
+//   - under one that refuses ptrace only, a blocking record, every pause
+//     of which is refused, stops by itself and its last error names the
+//     filter.
+func TestPermissionErrorNamesWhatRefused(t *testing.T) {
 	bin := recBinary(t)
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		testutil.Missing(t, "setpriv (util-linux) to drop CAP_SYS_PTRACE: %v", err)
 	}
-	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		p := rb.Start(t, recScript(t, sigScript))
-		pid := strconv.Itoa(p.Pid)
-		for _, args := range [][]string{
-			{"snapshot", "--pid", pid},
-			{"record", "--pid", pid, "--duration", "1s", "-o", filepath.Join(t.TempDir(), "p.html")},
-		} {
-			cmd := exec.Command(setpriv, append([]string{"--bounding-set=-sys_ptrace", "--inh-caps=-all", bin}, args...)...)
-			msg := permissionRefused(t, cmd, rb.ProfilerEnv(t))
-			t.Logf("%s: %s", args[0], msg)
-			if !strings.Contains(msg, "permission denied") || !strings.Contains(msg, "runs as root but without CAP_SYS_PTRACE") {
-				t.Errorf("%s: error does not name the missing CAP_SYS_PTRACE:\n%s", args[0], msg)
-			}
-			if strings.Contains(msg, "namespace") {
-				t.Errorf("%s: error blames a namespace; the process is in rbscope's own:\n%s", args[0], msg)
-			}
-		}
-	})
-}
-
-// TestPermissionErrorNamesSeccomp: root with every capability, under a
-// seccomp filter that refuses process_vm_readv and ptrace (a container
-// runtime's default profile), is refused reading the process; the error
-// names the filter, not a capability or a namespace.
-func TestPermissionErrorNamesSeccomp(t *testing.T) {
-	bin := recBinary(t)
-	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		p := rb.Start(t, recScript(t, sigScript))
-		pid := strconv.Itoa(p.Pid)
-		for _, args := range [][]string{
-			{"snapshot", "--pid", pid},
-			{"record", "--pid", pid, "--duration", "1s", "-o", filepath.Join(t.TempDir(), "p.html")},
-			{"record", "--nonblocking", "--pid", pid, "--duration", "1s", "-o", filepath.Join(t.TempDir(), "p.html")},
-		} {
-			msg := permissionRefused(t, testutil.UnderSeccomp(bin, args...), rb.ProfilerEnv(t))
-			t.Logf("%s: %s", strings.Join(args[:2], " "), msg)
-			if !strings.Contains(msg, "operation not permitted") || !strings.Contains(msg, "runs under a seccomp filter") {
-				t.Errorf("%s: error does not name the seccomp filter:\n%s", args[0], msg)
-			}
-			if strings.Contains(msg, "without CAP_SYS_PTRACE") || strings.Contains(msg, "namespace") {
-				t.Errorf("%s: error blames a capability or namespace rbscope has:\n%s", args[0], msg)
-			}
-		}
-	})
+	notCapOrNS := []string{"without CAP_SYS_PTRACE", "needs CAP_SYS_PTRACE", "namespace"}
+	for _, c := range []struct {
+		name      string
+		command   func(args ...string) *exec.Cmd
+		runs      []string // "snapshot", "record", "record-nonblocking"
+		want, not []string
+		// The error ends a recording's report (the pauses are refused,
+		// the reads were not): the recording stops by itself, long before
+		// its --duration, saying so.
+		report bool
+	}{
+		{
+			name: "no CAP_SYS_PTRACE",
+			command: func(args ...string) *exec.Cmd {
+				return exec.Command(setpriv, append([]string{"--bounding-set=-sys_ptrace", "--inh-caps=-all", bin}, args...)...)
+			},
+			runs: []string{"snapshot", "record"},
+			want: []string{"permission denied", "runs as root but without CAP_SYS_PTRACE"},
+			not:  []string{"namespace"},
+		},
+		{
+			name:    "seccomp",
+			command: func(args ...string) *exec.Cmd { return testutil.UnderSeccomp(testutil.DenyTracing, bin, args...) },
+			runs:    []string{"snapshot", "record", "record-nonblocking"},
+			want:    []string{"operation not permitted", "runs under a seccomp filter"},
+			not:     notCapOrNS,
+		},
+		{
+			// Memory reads allowed: blocking record is refused the pause.
+			name:    "seccomp ptrace",
+			command: func(args ...string) *exec.Cmd { return testutil.UnderSeccomp([]uintptr{unix.SYS_PTRACE}, bin, args...) },
+			runs:    []string{"record"},
+			want:    []string{"the kernel refused all", "pause (ptrace)", "operation not permitted", "runs under a seccomp filter"},
+			not:     notCapOrNS,
+			report:  true,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+				p := rb.Start(t, recScript(t, sigScript))
+				pid := strconv.Itoa(p.Pid)
+				dir := t.TempDir()
+				out, raw := filepath.Join(dir, "p.html"), filepath.Join(dir, "p.raw.gz")
+				for _, run := range c.runs {
+					args := map[string][]string{
+						"snapshot":           {"snapshot", "--pid", pid},
+						"record":             {"record", "--pid", pid, "--duration", "20s", "-o", out, "--raw", raw},
+						"record-nonblocking": {"record", "--nonblocking", "--pid", pid, "--duration", "20s", "-o", out, "--raw", raw},
+					}[run]
+					msg := permissionRefused(t, c.command(args...), rb.ProfilerEnv(t))
+					if !c.report && strings.Count(msg, "\n") != 1 {
+						t.Errorf("%s: error is not one line:\n%s", args[0], msg)
+					}
+					t.Logf("%s: %s", strings.Join(args[:2], " "), msg)
+					for _, w := range c.want {
+						if !strings.Contains(msg, w) {
+							t.Errorf("%s: error does not say %q:\n%s", args[0], w, msg)
+						}
+					}
+					for _, n := range c.not {
+						if strings.Contains(msg, n) {
+							t.Errorf("%s: error says %q, which did not refuse:\n%s", args[0], n, msg)
+						}
+					}
+				}
+			})
+		})
+	}
 }

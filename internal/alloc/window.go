@@ -76,17 +76,12 @@ func (tr *Tracker) setGate(open bool) {
 // not by Ruby's count: a few at most per window).
 func (tr *Tracker) openWindow() {
 	tr.winEvents, _ = tr.statSum(statObjects)
-	switch {
-	case tr.counter != nil:
-		v, ok := tr.readCounter()
-		if !ok {
-			break
-		}
+	if v, ok := tr.readCounter(); ok {
 		tr.winCounter = v
 		if tr.counterStart == 0 {
 			tr.counterStart = v
 		}
-	case tr.cal != nil:
+	} else if tr.cal != nil {
 		tr.cal.open()
 	}
 	tr.setGate(true)
@@ -100,25 +95,26 @@ func (tr *Tracker) closeWindow() {
 	tr.onTotal += time.Since(tr.onSince)
 	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
-	switch {
-	case tr.counter != nil:
-		v, ok := tr.readCounter()
-		if !ok {
-			break
-		}
-		tr.counterEnd = v
-		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "window: events %d counter +%d\n", events, int64(v-tr.winCounter))
-		}
-		if v < tr.winCounter || v-tr.winCounter+calSlack < events {
-			// The check that chose the counter, repeated on every window.
-			tr.dropCounter(fmt.Sprintf("it grew by %d in a window that counted %d allocations", int64(v-tr.winCounter), events))
-			break
-		}
-		tr.counterOn += v - tr.winCounter
-	case tr.cal != nil:
+	if v, ok := tr.readCounter(); ok {
+		tr.counterWindow(v, events)
+	} else if tr.cal != nil {
 		tr.calClose(tr.cal.read(), events, events)
 	}
+}
+
+// counterWindow adds the growth of Ruby's counter over a window that
+// counted events allocations, and drops a counter that grew by less.
+func (tr *Tracker) counterWindow(v, events uint64) {
+	tr.counterEnd = v
+	if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "window: events %d counter +%d\n", events, int64(v-tr.winCounter))
+	}
+	if v < tr.winCounter || v-tr.winCounter+calSlack < events {
+		// The check that chose the counter, repeated on every window.
+		tr.dropCounter(fmt.Sprintf("it grew by %d in a window that counted %d allocations", int64(v-tr.winCounter), events))
+		return
+	}
+	tr.counterOn += v - tr.winCounter
 }
 
 // calSteps is how many checkpoints a window has while calibrating, each at
@@ -174,9 +170,14 @@ func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, fo
 	return 0, false
 }
 
-// readCounter reads Ruby's allocation counter at a window's edge; a
-// failed read drops the counter (counts then scale by time).
+// readCounter reads Ruby's allocation counter at a window's edge: false
+// when there is none (yet), or the read failed, which drops the counter
+// (counts then scale by time). The counter and the calibration that looks
+// for it are never both set.
 func (tr *Tracker) readCounter() (uint64, bool) {
+	if tr.counter == nil {
+		return 0, false
+	}
 	v, err := tr.counter.read()
 	if err != nil {
 		tr.dropCounter(err.Error())

@@ -208,7 +208,7 @@ func (r *rec) sample() (sampler.Stats, error) {
 	}
 	mode, _ := r.cfg.SampleMode() // checked by Validate
 	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode,
-		Progress: r.con.show, ProgressEvery: 250 * time.Millisecond}
+		Progress: r.progress, ProgressEvery: 250 * time.Millisecond}
 	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)
 	for _, s := range r.sinks {
 		if serr := s.Finish(); serr != nil {
@@ -220,6 +220,22 @@ func (r *rec) sample() (sampler.Stats, error) {
 		return st, err
 	}
 	return st, nil
+}
+
+// refusedTicks is how many ticks, all refused by the kernel and none
+// sampled, end a recording: what refused will not change by itself.
+const refusedTicks = 5
+
+// progress shows the sampler's progress, and ends a recording whose every
+// tick so far was refused (pauses denied by a seccomp filter, say) at
+// once, instead of recording nothing until Ctrl-C; the report's last
+// error then names what refused.
+func (r *rec) progress(st sampler.Stats) {
+	perm := st.Errors[sampler.ErrPermission]
+	if st.Samples+st.Filtered == 0 && perm >= refusedTicks && perm == st.ErrorCount() {
+		r.cancel(fmt.Errorf("stopped: the kernel refused all %d samples so far (the last error says why)", perm))
+	}
+	r.con.show(st)
 }
 
 // newTree is the one source for both modes: it follows the target across

@@ -1,8 +1,6 @@
 package ruby
 
 import (
-	"bufio"
-	"encoding/json"
 	"os"
 	"strconv"
 	"strings"
@@ -20,8 +18,6 @@ type replacedResult struct {
 	Info    Info           `json:"info"`
 	Err     string         `json:"err"`
 }
-
-const replacedPrefix = "RBSCOPE-RESULT "
 
 // TestReplacedBinaryStacks replaces a running Ruby's VM binary on disk
 // (libruby, or the static executable) by another Ruby's, as an upgrade
@@ -58,20 +54,7 @@ func TestReplacedBinaryStacks(t *testing.T) {
 		out := testutil.RunWithoutSysAdmin(t, "TestReplacedBinaryStacks",
 			"RBSCOPE_TEST_PID="+strconv.Itoa(s.Pid), "RBSCOPE_DEBUG_ROOT="+rb.DebugRoot, "RBSCOPE_CACHE_DIR="+t.TempDir())
 		var res replacedResult
-		sc := bufio.NewScanner(strings.NewReader(string(out)))
-		sc.Buffer(nil, 1<<24)
-		found := false
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), replacedPrefix); ok {
-				if err := json.Unmarshal([]byte(rest), &res); err != nil {
-					t.Fatal(err)
-				}
-				found = true
-			}
-		}
-		if !found {
-			t.Fatalf("the child printed no result:\n%s", out)
-		}
+		testutil.ChildResult(t, out, &res)
 		if res.Err != "" {
 			t.Fatalf("without CAP_SYS_ADMIN: %s", res.Err)
 		}
@@ -132,6 +115,5 @@ func replacedChild(t *testing.T) {
 	if err != nil {
 		res.Err = err.Error()
 	}
-	b, _ := json.Marshal(res)
-	os.Stdout.Write(append(append([]byte(replacedPrefix), b...), '\n'))
+	testutil.ReportResult(res)
 }

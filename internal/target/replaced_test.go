@@ -2,7 +2,6 @@ package target_test
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -22,8 +21,6 @@ type openFileResult struct {
 	Err      string `json:"err"`
 	Replaced bool   `json:"replaced"`
 }
-
-const resultPrefix = "RBSCOPE-RESULT "
 
 // TestOpenFileReplaced replaces the VM binary of a running Ruby on disk
 // (libruby for a shared build, the executable for a static one) and
@@ -72,7 +69,8 @@ func TestOpenFileReplaced(t *testing.T) {
 
 		out := testutil.RunWithoutSysAdmin(t, "TestOpenFileReplaced",
 			"RBSCOPE_TEST_PID="+strconv.Itoa(s.Pid), "RBSCOPE_TEST_PATH="+s.Path)
-		res := childResult(t, out)
+		var res openFileResult
+		testutil.ChildResult(t, out, &res)
 		if !res.Replaced || res.BuildID != "" {
 			t.Fatalf("without CAP_SYS_ADMIN: OpenFile gave build id %q, error %q; want ErrReplaced", res.BuildID, res.Err)
 		}
@@ -112,24 +110,7 @@ func openFileChild(t *testing.T) {
 		res.BuildID, _ = elfx.FileBuildID(f)
 		f.Close()
 	}
-	b, _ := json.Marshal(res)
-	os.Stdout.Write(append(append([]byte(resultPrefix), b...), '\n'))
-}
-
-func childResult(t *testing.T, out []byte) openFileResult {
-	t.Helper()
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), resultPrefix); ok {
-			var r openFileResult
-			if err := json.Unmarshal([]byte(rest), &r); err != nil {
-				t.Fatal(err)
-			}
-			return r
-		}
-	}
-	t.Fatalf("the child printed no result:\n%s", out)
-	return openFileResult{}
+	testutil.ReportResult(res)
 }
 
 // TestOpenFileNoHostFallback runs a process in its own mount namespace,

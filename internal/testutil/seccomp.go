@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -17,14 +18,22 @@ import (
 // UnderSeccomp).
 const seccompExecEnv = "RBSCOPE_TEST_SECCOMP_EXEC"
 
+// DenyTracing are the system calls a container runtime's default seccomp
+// profile refuses a container not given CAP_SYS_PTRACE.
+var DenyTracing = []uintptr{unix.SYS_PROCESS_VM_READV, unix.SYS_PROCESS_VM_WRITEV, unix.SYS_PTRACE}
+
 // UnderSeccomp returns a command that runs name with args under a seccomp
-// filter that refuses process_vm_readv, process_vm_writev and ptrace with
-// EPERM, as a container runtime's default profile does for a container
-// not given CAP_SYS_PTRACE. The test binary itself installs the filter,
-// then execs name (the filter is inherited across exec).
-func UnderSeccomp(name string, args ...string) *exec.Cmd {
+// filter that refuses the system calls deny (numbers, such as
+// unix.SYS_PTRACE, or DenyTracing) with EPERM. The test binary itself
+// installs the filter, then execs name (the filter is inherited across
+// exec).
+func UnderSeccomp(deny []uintptr, name string, args ...string) *exec.Cmd {
+	nrs := make([]string, len(deny))
+	for i, nr := range deny {
+		nrs[i] = strconv.FormatUint(uint64(nr), 10)
+	}
 	cmd := exec.Command(os.Args[0], append([]string{name}, args...)...)
-	cmd.Env = append(os.Environ(), seccompExecEnv+"=1")
+	cmd.Env = append(os.Environ(), seccompExecEnv+"="+strings.Join(nrs, ","))
 	return cmd
 }
 
@@ -32,23 +41,32 @@ func init() {
 	if os.Getenv(seccompExecEnv) == "" {
 		return
 	}
-	err := execUnderSeccomp(os.Args[1:])
+	err := execUnderSeccomp(os.Getenv(seccompExecEnv), os.Args[1:])
 	fmt.Fprintf(os.Stderr, "testutil: exec under seccomp: %v\n", err)
 	os.Exit(125)
 }
 
-// execUnderSeccomp installs the filter on this thread and every other
-// thread of the process, then execs argv; it returns only on failure.
-func execUnderSeccomp(argv []string) error {
+// execUnderSeccomp installs a filter refusing the system calls deny
+// (comma-separated numbers) on every thread of the process, then execs
+// argv; it returns only on failure.
+func execUnderSeccomp(deny string, argv []string) error {
 	if len(argv) == 0 {
 		return fmt.Errorf("no command")
+	}
+	var nrs []uintptr
+	for _, f := range strings.Split(deny, ",") {
+		nr, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return fmt.Errorf("system call number %q: %w", f, err)
+		}
+		nrs = append(nrs, uintptr(nr))
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		return err
 	}
 	runtime.LockOSThread()
-	filter := seccompDenyFilter(unix.SYS_PROCESS_VM_READV, unix.SYS_PROCESS_VM_WRITEV, unix.SYS_PTRACE)
+	filter := seccompDenyFilter(nrs...)
 	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("PR_SET_NO_NEW_PRIVS: %w", err)

@@ -1,13 +1,16 @@
 package testutil
 
 import (
+	"bufio"
 	"bytes"
 	"debug/elf"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -179,4 +182,35 @@ func RunWithoutSysAdmin(t testing.TB, name string, env ...string) []byte {
 		t.Fatalf("%s without CAP_SYS_ADMIN: %v\n%s\n%s", name, err, out, stderr.Bytes())
 	}
 	return out
+}
+
+// resultPrefix marks the line on which a child started by
+// RunWithoutSysAdmin reports its result.
+const resultPrefix = "RBSCOPE-RESULT "
+
+// ReportResult, in a child started by RunWithoutSysAdmin, prints v (as
+// JSON) as its result for ChildResult.
+func ReportResult(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b, _ = json.Marshal(map[string]string{"err": "encode result: " + err.Error()})
+	}
+	os.Stdout.Write(append(append([]byte(resultPrefix), b...), '\n'))
+}
+
+// ChildResult decodes into v the result a child reported (ReportResult)
+// in its output out; a child that reported none fails t.
+func ChildResult(t testing.TB, out []byte, v any) {
+	t.Helper()
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), resultPrefix); ok {
+			if err := json.Unmarshal([]byte(rest), v); err != nil {
+				t.Fatalf("child result: %v", err)
+			}
+			return
+		}
+	}
+	t.Fatalf("the child printed no result:\n%s", out)
 }
