@@ -120,6 +120,29 @@ func TestRefusalNamesNothingForOurOwnChild(t *testing.T) {
 	}
 }
 
+// TestYamaRefusal: each ptrace_scope refuses whom Yama's documentation
+// says (Documentation/admin-guide/LSM/Yama.rst): 0 nobody, 1 a
+// non-parent without CAP_SYS_PTRACE, 2 anyone without it, 3 everyone.
+// (This machine may have no Yama, and 3 cannot be undone: the values are
+// not set for real.)
+func TestYamaRefusal(t *testing.T) {
+	for _, c := range []struct {
+		scope  int
+		hasCap bool
+		want   string
+	}{
+		{0, false, ""}, {0, true, ""},
+		{1, false, "ptrace_scope is 1"}, {1, true, ""},
+		{2, false, "ptrace_scope is 2"}, {2, true, ""},
+		{3, false, "ptrace_scope is 3"}, {3, true, "ptrace_scope is 3"},
+	} {
+		got := yamaRefusal(c.scope, c.hasCap)
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("yamaRefusal(%d, cap %v) = %q, want %q", c.scope, c.hasCap, got, c.want)
+		}
+	}
+}
+
 func FuzzParseStat(f *testing.F) {
 	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 0 0 0 1 2 0 0 20 0 1 0 5 100 10 1 2 3 4 5 6 7 8 9 0 0 0 17 1 0 0 0 0 0\n"))
 	f.Add([]byte("4242 (a) b (c)) R 1 4242 4242 0 -1 0 0 0 0 0 17 3 0 0 20 0 1 0 1 1 1 1 1 1 1 1 1\n"))

@@ -27,13 +27,8 @@ func Refusal(pid int) string {
 		}
 	}
 	if scope, ok := yamaScope(); ok {
-		switch {
-		case scope >= 3:
-			why = append(why, "Yama's kernel.yama.ptrace_scope is 3: no process may trace another, not even root, until reboot")
-		case scope == 2 && !hasCap:
-			why = append(why, "Yama's kernel.yama.ptrace_scope is 2: only CAP_SYS_PTRACE may trace")
-		case scope == 1 && !hasCap:
-			why = append(why, "Yama's kernel.yama.ptrace_scope is 1: only a parent may trace its child (lower it with sysctl kernel.yama.ptrace_scope=0, or run as root)")
+		if y := yamaRefusal(scope, hasCap); y != "" {
+			why = append(why, y)
 		}
 	}
 	if err == nil && self.Seccomp == 2 {
@@ -44,6 +39,20 @@ func Refusal(pid int) string {
 		why = append(why, ns)
 	}
 	return strings.Join(why, "; ")
+}
+
+// yamaRefusal says how Yama's ptrace_scope refuses a tracer with or
+// without CAP_SYS_PTRACE (hasCap), or "" when it lets it trace.
+func yamaRefusal(scope int, hasCap bool) string {
+	switch {
+	case scope >= 3:
+		return "Yama's kernel.yama.ptrace_scope is 3: no process may trace another, not even root, until reboot"
+	case scope == 2 && !hasCap:
+		return "Yama's kernel.yama.ptrace_scope is 2: only CAP_SYS_PTRACE may trace"
+	case scope == 1 && !hasCap:
+		return "Yama's kernel.yama.ptrace_scope is 1: only a parent may trace its child (lower it with sysctl kernel.yama.ptrace_scope=0, or run as root)"
+	}
+	return ""
 }
 
 // yamaScope reads kernel.yama.ptrace_scope; false without Yama.
