@@ -78,8 +78,8 @@ func permissionRefused(t *testing.T, cmd *exec.Cmd, env []string) string {
 //     rbscope's own: its namespace links are unreadable only for want of
 //     the capability);
 //   - under a seccomp filter that refuses process_vm_readv and ptrace
-//     (a container runtime's default profile), the filter, not a
-//     capability or a namespace;
+//     (as a container's profile may), the filter, not a capability or a
+//     namespace;
 //   - under one that refuses ptrace only, a blocking record, every pause
 //     of which is refused, stops by itself and its last error names the
 //     filter.

@@ -18,8 +18,10 @@ import (
 // UnderSeccomp).
 const seccompExecEnv = "RBSCOPE_TEST_SECCOMP_EXEC"
 
-// DenyTracing are the system calls a container runtime's default seccomp
-// profile refuses a container not given CAP_SYS_PTRACE.
+// DenyTracing are the system calls that read or trace another process,
+// which a seccomp profile may refuse (Docker's default refuses
+// process_vm_readv and process_vm_writev to a container without
+// CAP_SYS_PTRACE, and ptrace too on kernels before 4.8).
 var DenyTracing = []uintptr{unix.SYS_PROCESS_VM_READV, unix.SYS_PROCESS_VM_WRITEV, unix.SYS_PTRACE}
 
 // UnderSeccomp returns a command that runs name with args under a seccomp
