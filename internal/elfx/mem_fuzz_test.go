@@ -1,12 +1,9 @@
 package elfx
 
 import (
-	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 const fuzzBase = 0x10000
@@ -50,23 +47,8 @@ const memSeedDir = "testdata/fuzz/FuzzReadMemoryImage"
 // RBSCOPE_UPDATE_FUZZ_SEEDS=1 it rewrites them.
 func TestFuzzReadMemoryImageSeeds(t *testing.T) {
 	for name, data := range memFuzzSeeds() {
-		p := filepath.Join(memSeedDir, name)
-		if os.Getenv("RBSCOPE_UPDATE_FUZZ_SEEDS") == "1" {
-			os.MkdirAll(memSeedDir, 0o755)
-			if err := os.WriteFile(p, []byte(fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", data)), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatalf("seed %s: %v (regenerate with RBSCOPE_UPDATE_FUZZ_SEEDS=1)", name, err)
-		}
-		s := strings.TrimSpace(strings.TrimPrefix(string(b), "go test fuzz v1\n"))
-		got, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(s, "[]byte("), ")"))
-		if err != nil {
-			t.Fatalf("seed %s is not a fuzz corpus file: %v", name, err)
-		}
-		img, err := ReadMemoryImage(byteMem{fuzzBase, []byte(got)}, fuzzBase)
+		got := testutil.CommittedFuzzSeed(t, memSeedDir, name, data)
+		img, err := ReadMemoryImage(byteMem{fuzzBase, got}, fuzzBase)
 		if err != nil || len(img.Symbols) != 4 {
 			t.Errorf("seed %s: %v", name, err)
 		}

@@ -5,14 +5,14 @@ import (
 	"compress/zlib"
 	"debug/elf"
 	"encoding/binary"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // rawSection is one section of a hand-made ELF file.
@@ -302,8 +302,7 @@ func TestWriteFuzzSeeds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		seed := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", data)
-		if err := os.WriteFile(filepath.Join(seedDir, name), []byte(seed), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(seedDir, name), testutil.EncodeFuzzSeed(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -321,12 +320,11 @@ func TestFuzzSeedsAreDWARF(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		body := strings.TrimSuffix(strings.TrimPrefix(string(raw), "go test fuzz v1\n[]byte("), ")\n")
-		data, err := strconv.Unquote(body)
+		data, err := testutil.DecodeFuzzSeed(raw)
 		if err != nil {
 			t.Fatalf("%s: %v", p, err)
 		}
-		l, _, err := extractDWARF(strings.NewReader(data), shapesStructs, smallLimits)
+		l, _, err := extractDWARF(bytes.NewReader(data), shapesStructs, smallLimits)
 		if err != nil {
 			t.Errorf("%s: %v", p, err)
 			continue

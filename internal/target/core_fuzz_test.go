@@ -3,14 +3,13 @@ package target
 import (
 	"bytes"
 	"compress/gzip"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // smallTinyCore is the default tiny core holding 64 bytes of each segment,
@@ -94,27 +93,11 @@ const seedDir = "testdata/fuzz/FuzzOpenCore"
 // RBSCOPE_UPDATE_FUZZ_SEEDS=1 it rewrites them.
 func TestFuzzOpenCoreSeeds(t *testing.T) {
 	for name, data := range fuzzSeeds() {
-		p := filepath.Join(seedDir, name)
-		if os.Getenv("RBSCOPE_UPDATE_FUZZ_SEEDS") == "1" {
-			os.MkdirAll(seedDir, 0o755)
-			if err := os.WriteFile(p, []byte(fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", data)), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatalf("seed %s: %v (regenerate with RBSCOPE_UPDATE_FUZZ_SEEDS=1)", name, err)
-		}
-		s := strings.TrimSpace(strings.TrimPrefix(string(b), "go test fuzz v1\n"))
-		s = strings.TrimSuffix(strings.TrimPrefix(s, "[]byte("), ")")
-		got, err := strconv.Unquote(s)
-		if err != nil {
-			t.Fatalf("seed %s is not a fuzz corpus file: %v", name, err)
-		}
+		got := testutil.CommittedFuzzSeed(t, seedDir, name, data)
 		if name == "truncated" {
 			continue
 		}
-		tg, err := OpenCore(writeTiny(t, []byte(got)), CoreOptions{})
+		tg, err := OpenCore(writeTiny(t, got), CoreOptions{})
 		if err != nil {
 			t.Errorf("seed %s does not open: %v", name, err)
 			continue

@@ -1,7 +1,6 @@
 package upload
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math"
@@ -14,7 +13,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -138,25 +136,7 @@ func startRuby(t *testing.T, script string) int {
 	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := testutil.SystemRuby(t).Command(path)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() || sc.Text() != "ready" {
-		t.Fatalf("ruby did not start: %q %v", sc.Text(), sc.Err())
-	}
-	return cmd.Process.Pid
+	return testutil.SystemRuby(t).Start(t, path).Pid
 }
 
 // TestRubyToPyroscope samples a real Ruby process the way record does
