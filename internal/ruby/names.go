@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 )
 
@@ -35,6 +37,8 @@ type caches struct {
 	fdsBuf      []frameData
 	cachedBuf   []bool
 	pendingBuf  []int
+	frameBuf    []stack.Frame            // a stack being named (see keepFrames)
+	lastFrames  map[uint64][]stack.Frame // each thread's last stack, by thread address
 	envs        map[uint64]*frameData
 	ownerTmp    frameData
 	symScanDone bool

@@ -3,6 +3,7 @@ package ruby
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/rbscope/rbscope/internal/stack"
@@ -184,7 +185,10 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr, nil, prefix)
 		}
 	}
-	th.Frames = frames
+	if cap(frames) > cap(p.frameBuf) {
+		p.frameBuf = frames[:0]
+	}
+	th.Frames = p.keepFrames(ref.addr, frames)
 	if err != nil {
 		if len(frames) == 0 || target.IsExited(err) {
 			return th, err
@@ -322,9 +326,8 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 	for i := range fds {
 		envs[fds[i].ep] = &fds[i]
 	}
-	frames := make([]stack.Frame, 0, len(prefix)+count)
-	frames = append(frames, prefix...)
-	pending := p.pendingBuf[:0] // C frames waiting for their Ruby caller's path/line
+	frames := append(p.frameBuf[:0], prefix...) // copied by keepFrames
+	pending := p.pendingBuf[:0]                 // C frames waiting for their Ruby caller's path/line
 	for i := range fds {
 		fr, ok, err := p.frame(&fds[i], envs)
 		if errors.Is(err, ErrTorn) {
@@ -359,6 +362,29 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 		return frames[:0], nil
 	}
 	return frames, nil
+}
+
+// maxLastFrames bounds the stacks kept by keepFrames.
+const maxLastFrames = 1 << 14
+
+// keepFrames returns a stack of its own for frames (which are scratch):
+// the thread's stack of the last snapshot when it is the same (threads
+// that wait, and most that run, show the same stack tick after tick, and
+// sharing it costs no allocation; nothing modifies a stack once
+// returned), else a copy, remembered for the next snapshot.
+func (p *Process) keepFrames(thread uint64, frames []stack.Frame) []stack.Frame {
+	if len(frames) == 0 {
+		return nil
+	}
+	if last, ok := p.lastFrames[thread]; ok && slices.Equal(last, frames) {
+		return last
+	}
+	out := slices.Clone(frames)
+	if p.lastFrames == nil || len(p.lastFrames) >= maxLastFrames {
+		p.lastFrames = map[uint64][]stack.Frame{}
+	}
+	p.lastFrames[thread] = out
+	return out
 }
 
 // ErrTorn reports a stack that kept changing while it was read (a running
