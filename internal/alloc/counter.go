@@ -50,7 +50,7 @@ var counterStructs = []string{"rb_vm_struct", "rb_objspace", "rb_size_pool_struc
 func counterFromDWARF(t target.Target, p *ruby.Process, vm uint64) (*rubyCounter, error) {
 	var errs []error
 	for _, b := range p.Info().Binaries {
-		l, err := layout.FromBinaryFile(target.HostPath(t.Pid(), b.Path), counterStructs, layout.WithDefaultDebugRoots(nil))
+		l, err := counterLayout(t, b.Path)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -63,6 +63,18 @@ func counterFromDWARF(t target.Target, p *ruby.Process, vm uint64) (*rubyCounter
 		return c, nil
 	}
 	return nil, errors.Join(errs...)
+}
+
+// counterLayout reads the counter's structs from the DWARF of the binary
+// the process mapped as path (never another file now at that path), or
+// from its separate debug file.
+func counterLayout(t target.Target, path string) (*layout.Layout, error) {
+	f, err := t.OpenFile(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return layout.FromBinary(f, path, target.HostPath(t.Pid(), path), counterStructs, layout.WithDefaultDebugRoots(nil))
 }
 
 func counterFromLayout(t target.Target, l *layout.Layout, vm uint64) (*rubyCounter, error) {

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 )
@@ -84,6 +85,7 @@ type Tracker struct {
 	prog  *ebpf.Program // the program attached (multi or per-site)
 	multi bool          // one uprobe_multi link instead of one link per site
 	exe   *link.Executable
+	bin   target.File // the mapped binary, which exe names by descriptor
 	start time.Time
 
 	mu       sync.Mutex
@@ -213,14 +215,14 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 		}
 	}
 	var err2 error
-	tr.exe, err2 = link.OpenExecutable(plan.HostPath)
-	if err2 != nil {
+	if tr.bin, tr.exe, err2 = openMapped(t, plan); err2 != nil {
 		tr.maps.Close()
-		return nil, fmt.Errorf("open %s: %w", plan.Binary, err2)
+		return nil, err2
 	}
 	tr.start = time.Now()
 	if err := tr.loadAndAttach(spec); err != nil {
 		tr.maps.Close()
+		tr.bin.Close()
 		return nil, err
 	}
 	if stackPeriod > 0 {
@@ -478,7 +480,38 @@ func (tr *Tracker) Close() error {
 		tr.prog.Close()
 	}
 	tr.maps.Close()
+	tr.bin.Close()
 	return tr.t.Close()
+}
+
+// openMapped opens the binary the process mapped as plan.Binary (see
+// target.Target.OpenFile: the mapped object itself, or the file at the
+// path once its inode and build id are checked) and names it for the
+// kernel by its descriptor, /proc/<rbscope's pid>/fd/N. Uprobes live on
+// an inode, which the kernel finds from a path at every attach (every
+// window): a path in the target's file system could by then name another
+// file (a libruby replaced by an upgrade), the descriptor cannot.
+func openMapped(t target.Target, plan *Plan) (target.File, *link.Executable, error) {
+	f, err := t.OpenFile(plan.Binary)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s of process %d to attach to it: %w", plan.Binary, t.Pid(), err)
+	}
+	fd, ok := f.(interface{ Fd() uintptr })
+	if !ok {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s of process %d has no file descriptor to attach to", plan.Binary, t.Pid())
+	}
+	if id, err := elfx.FileBuildID(f); err != nil || id != plan.BuildID {
+		f.Close()
+		return nil, nil, target.ErrReplaced{Pid: t.Pid(), Path: plan.Binary,
+			Why: fmt.Sprintf("build id %q when probes were planned, %q now (%v)", plan.BuildID, id, err)}
+	}
+	exe, err := link.OpenExecutable(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd.Fd()))
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("open %s of process %d to attach to it: %w", plan.Binary, t.Pid(), err)
+	}
+	return f, exe, nil
 }
 
 // Alive reports whether the traced process still exists (a zombie has
