@@ -109,6 +109,10 @@ type Tracker struct {
 	counter      *rubyCounter
 	cal          *calibration
 	counterNote  string
+	// calVM and calSize locate rb_vm_t for calibrating (again): 0 when
+	// the counter came from DWARF.
+	calVM, calSize uint64
+	recalibrations int
 	counterStart uint64
 	counterEnd   uint64
 	counterOn    uint64

@@ -43,7 +43,8 @@ func (tr *Tracker) findCounter() {
 		tr.counterNote += fmt.Sprintf("; calibration: %v", err)
 		return
 	}
-	tr.cal = cal
+	cal.pools = sizePools(p.Version())
+	tr.cal, tr.calVM, tr.calSize = cal, vm, size
 }
 
 // statSum reads one statistics slot, summed over CPUs.
@@ -167,6 +168,9 @@ func (tr *Tracker) checkpoint() {
 // whether it chose the counter, whose value in now is cur.
 func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, found bool) {
 	c, start, grown, cur := tr.cal.close(now, sure, events)
+	if c != nil && tr.recalibrations > 0 {
+		c.source += fmt.Sprintf(", found again since it counts (%s)", tr.counterNote)
+	}
 	if c != nil {
 		tr.counter, tr.cal = c, nil
 		tr.counterStart, tr.counterOn, tr.counterEnd = start, grown, cur
@@ -179,9 +183,32 @@ func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, fo
 	return 0, false
 }
 
+// maxRecalibrations bounds how often a calibrated counter that failed
+// the check is looked for again.
+const maxRecalibrations = 3
+
+// dropCounter stops trusting the counter. A calibrated one is looked for
+// again: a sum of size-pool counters holds only the pools that allocated
+// while it was found, and one that starts allocating later fails the
+// check. Until a new one is found (and after maxRecalibrations), counts
+// are scaled by time; a new counter's scale covers the windows since it
+// was found.
 func (tr *Tracker) dropCounter(why string) {
 	tr.counterNote = fmt.Sprintf("Ruby's allocation counter (%s) dropped: %s", tr.counter.source, why)
 	tr.counter = nil
+	tr.counterStart, tr.counterEnd, tr.counterOn, tr.winCounter = 0, 0, 0, 0
+	if tr.calVM == 0 || tr.opts.Exact || tr.recalibrations >= maxRecalibrations {
+		return
+	}
+	cal, err := newCalibration(tr.t, tr.calVM, tr.calSize)
+	if err != nil {
+		tr.counterNote += fmt.Sprintf("; calibrating again: %v", err)
+		return
+	}
+	cal.pools = sizePools(tr.rb.Version())
+	tr.cal = cal
+	tr.recalibrations++
+	tr.counterNote += "; calibrating again"
 }
 
 // scaling returns the factor counts are multiplied by, how it was found
