@@ -137,10 +137,10 @@ type calibration struct {
 	// pools is how many size-pool counters Ruby sums (0: unknown): a
 	// sum found is completed with the pools that did not allocate
 	// while calibrating (see complete).
-	pools int
-	windows int        // windows with events seen
-	events  uint64     // events in all windows
-	sure    uint64     // events surely counted before each read, summed
+	pools   int
+	windows int    // windows with events seen
+	events  uint64 // events in all windows
+	sure    uint64 // events surely counted before each read, summed
 }
 
 // calCand is n words of one region, word, word+stride, ...: one word when

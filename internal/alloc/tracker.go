@@ -106,18 +106,18 @@ type Tracker struct {
 	// being found), counterStart its value when counting began,
 	// counterOn its growth inside counting windows, winCounter its value
 	// when the current window opened, winEvents the events then.
-	counter      *rubyCounter
-	cal          *calibration
-	counterNote  string
+	counter     *rubyCounter
+	cal         *calibration
+	counterNote string
 	// calVM and calSize locate rb_vm_t for calibrating (again): 0 when
 	// the counter came from DWARF.
 	calVM, calSize uint64
 	recalibrations int
-	counterStart uint64
-	counterEnd   uint64
-	counterOn    uint64
-	winCounter   uint64
-	winEvents    uint64
+	counterStart   uint64
+	counterEnd     uint64
+	counterOn      uint64
+	winCounter     uint64
+	winEvents      uint64
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader
