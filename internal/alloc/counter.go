@@ -141,6 +141,9 @@ type calibration struct {
 	windows int    // windows with events seen
 	events  uint64 // events in all windows
 	sure    uint64 // events surely counted before each read, summed
+	// quiet holds the reads (before, after) of the windows that counted
+	// too few events to list candidates from.
+	quiet [][2][][]uint64
 }
 
 // calCand is n words of one region, word, word+stride, ...: one word when
@@ -159,6 +162,10 @@ const (
 	calMaxPools  = 8
 	calMaxStride = 96
 	calMaxCands  = 1 << 18
+	// calMinFirstEvents is what the window the candidates are listed
+	// from must have counted.
+	calMinFirstEvents = 200
+	calMaxQuiet       = 8
 	// calMinWindows and calMinEvents are what a choice needs: the
 	// counter of a process that does not allocate cannot be told apart,
 	// and a word that follows the allocations for a while (the freed
@@ -279,8 +286,30 @@ func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyC
 		}
 		return d, true
 	}
+	if c.cands == nil && sure < calMinFirstEvents && len(c.quiet) < calMaxQuiet {
+		// Too few events to tell words apart (with the slack, nearly
+		// every sum would pass, and the candidates overflow): wait for
+		// a busier window. The candidates' growth will count this
+		// one's, as the tracker's counts do.
+		c.quiet = append(c.quiet, [2][][]uint64{prev, now})
+		c.events += events
+		c.sure += sure
+		return nil, 0, 0, 0
+	}
 	if c.cands == nil {
 		c.cands = c.enumerate(prev, now, sure)
+		for _, q := range c.quiet {
+			for i := range c.cands {
+				k := &c.cands[i]
+				p, n := q[0][k.region], q[1][k.region]
+				for j, w := 0, k.word; j < k.n && p != nil && n != nil; j, w = j+1, w+k.stride {
+					if n[w] >= p[w] {
+						k.grown += n[w] - p[w]
+					}
+				}
+			}
+		}
+		c.quiet = nil
 		c.live = make([]bool, len(c.regions))
 		for _, k := range c.cands {
 			c.live[k.region] = true

@@ -291,13 +291,14 @@ var forcePerSite = false
 
 func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
-		allocMapProbeSpecs: tr.maps.ProbeSpecs,
-		allocMapSites:      tr.maps.Sites,
-		allocMapClasses:    tr.maps.Classes,
-		allocMapStats:      tr.maps.Stats,
-		allocMapGcStart:    tr.maps.GcStart,
-		allocMapGate:       tr.maps.Gate,
-		allocMapStacks:     tr.maps.Stacks,
+		allocMapProbeSpecs:     tr.maps.ProbeSpecs,
+		allocMapSites:          tr.maps.Sites,
+		allocMapClasses:        tr.maps.Classes,
+		allocMapStats:          tr.maps.Stats,
+		allocMapGcStart:        tr.maps.GcStart,
+		allocMapGate:           tr.maps.Gate,
+		allocMapStackCountdown: tr.maps.StackCountdown,
+		allocMapStacks:         tr.maps.Stacks,
 	}
 }
 
