@@ -6,7 +6,14 @@
 # control-frame region, the least a sample of every stack must read):
 #   1. a rate sweep, 100 Hz .. 20 kHz, blocking and nonblocking, on a target
 #      of 4 spinning threads x 50 frames: rbscope's CPU, its cost per tick
-#      and late/missed ticks -> table + PNG chart (bench-record.png);
+#      and late/missed ticks -> table + PNG chart (bench-record.png). The
+#      CPU is the steady state of a long recording: each point is recorded
+#      for 0.5 s and for 3 s, and the difference of the two runs' CPU over
+#      the difference of their ticks is the cost per tick (opening the
+#      target and rendering cancel out, for every build alike). A third
+#      baseline, the PACED FLOOR, is what a process costs that only wakes
+#      up at 100 Hz and makes the floor read (readfloor, with rbscope's own
+#      timer): on a VM most of a 100 Hz tick is the wake-up itself;
 #   2. rbscope's CPU at 100 Hz on examples/shop.rb (2 threads);
 #   3. system calls per tick at 100 Hz (strace -c -f);
 #   4. the target's slowdown at 1 kHz (a fixed CPU-bound Ruby workload,
@@ -53,8 +60,9 @@ deep(47) { spin }
 EOF
 cat >"$work/workload.rb" <<'EOF'
 def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+sleep 1 # rbscope attaches meanwhile: the whole timed part is profiled
 t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-10.times { fib(27) }
+40.times { fib(27) }
 puts "elapsed=#{Process.clock_gettime(Process::CLOCK_MONOTONIC) - t}"
 EOF
 
@@ -65,25 +73,28 @@ pids+=("$deep")
 sleep 1
 read -r base < <("$work/readfloor" "$deep" 5000)
 one_ns=$(grep -o 'one_read_ns=[0-9]*' <<<"$base" | cut -d= -f2)
-floor_ns=$(grep -o 'floor_ns=[0-9]*' <<<"$base" | cut -d= -f2)
+floor_ns=$(grep -o ' floor_ns=[0-9]*' <<<"$base" | cut -d= -f2)
+paced_ns=$(grep -o 'paced_floor_ns=[0-9]*' <<<"$base" | cut -d= -f2)
 echo "baselines on the 4 x 50 target: $base"
 
 # record_stats BUILD PID RATE DURATION FLAGS...: prints
-# "ticks late missed errors cpu%" ("- - - - -" when the build refuses).
+# "ticks late missed errors cpu% cpu_seconds" ("- - - - - -" when the
+# build refuses).
 record_stats() {
   local build=$1 pid=$2 rate=$3 dur=$4
   shift 4
   local o
   if ! o=$("$work/$build" record --pid "$pid" --rate "$rate" --duration "$dur" --format summary \
     -o "$work/s.txt" --raw "$work/r.raw.gz" "$@" 2>&1); then
-    echo "- - - - -"
+    echo "- - - - - -"
     return
   fi
-  local line cpu
+  local line cpu secs
   line=$(grep -o '([0-9]* ticks, [0-9]* late, [0-9]* missed); errors: .*' <<<"$o" || true)
   cpu=$(grep -o '([0-9.]*% of one core)' <<<"$o" | tr -d '(%' | awk '{print $1}')
+  secs=$(grep -o 'own CPU use: [0-9.]*s' <<<"$o" | grep -o '[0-9.]*' | head -1)
   if [ -z "$line" ]; then
-    echo "- - - - -"
+    echo "- - - - - -"
     return
   fi
   local ticks late missed errs
@@ -91,21 +102,43 @@ record_stats() {
   late=$(awk '{print $3}' <<<"$line")
   missed=$(awk '{print $5}' <<<"$line")
   errs=$(sed 's/.*errors: //' <<<"$line" | grep -o '[0-9]*' | paste -sd+ | bc 2>/dev/null || true)
-  echo "$ticks $late $missed ${errs:-0} ${cpu:-0}"
+  echo "$ticks $late $missed ${errs:-0} ${cpu:-0} ${secs:-0}"
+}
+
+# steady BUILD PID RATE FLAGS...: records for 0.5 s and for 3 s and prints
+# "ticks late missed errors cpu% us_per_tick" for the steady state: the
+# 3 s run's ticks, late, missed and errors; the CPU difference of the two
+# runs over their tick difference (per tick, and as a share of a core at
+# that rate of ticks).
+steady() {
+  local build=$1 pid=$2 rate=$3
+  shift 3
+  local t0 l0 m0 e0 c0 s0 t1 l1 m1 e1 c1 s1
+  read -r t0 l0 m0 e0 c0 s0 < <(record_stats "$build" "$pid" "$rate" 500ms "$@")
+  read -r t1 l1 m1 e1 c1 s1 < <(record_stats "$build" "$pid" "$rate" 3s "$@")
+  if [ "$t0" = - ] || [ "$t1" = - ]; then
+    echo "- - - - - -"
+    return
+  fi
+  awk -v t0="$t0" -v s0="$s0" -v t1="$t1" -v s1="$s1" -v l="$l1" -v m="$m1" -v e="$e1" 'BEGIN {
+    dt = t1 - t0; ds = s1 - s0; if (ds < 0) ds = 0
+    us = dt > 0 ? ds * 1e6 / dt : 0
+    # the share of a core: CPU per tick times ticks per second (3 s run)
+    printf "%d %d %d %d %.2f %.1f\n", t1, l, m, e, us * t1 / 3e6 * 100, us }'
 }
 
 flags_for() { [ "$1" = nonblocking ] && echo --nonblocking || true; }
 
 echo
 echo "== 1. rate sweep on 4 threads x 50 frames (3 s per point)"
-printf "%-7s %-11s %6s %7s %6s %7s %8s %7s %10s %9s %8s\n" build mode rate ticks late% errors% "cpu%" "us/tick" "x floor" "x 1 read" "reads*"
+printf "%-7s %-11s %6s %7s %6s %7s %8s %8s %8s %8s %9s\n" build mode rate ticks late% errors% "cpu%" "us/tick" "x paced" "x floor" "x 1 read"
 : >"$work/sweep.tsv"
 declare -A best cost100
 for build in "${builds[@]}"; do
   for mode in nonblocking blocking; do
     best[$build.$mode]=0
     for rate in 100 200 500 1000 2000 5000 10000 20000; do
-      read -r ticks late missed errs cpu < <(record_stats "$build" "$deep" "$rate" 3s $(flags_for "$mode"))
+      read -r ticks late missed errs cpu us < <(steady "$build" "$deep" "$rate" $(flags_for "$mode"))
       if [ "$ticks" = - ]; then
         printf "%-7s %-11s %6d %7s\n" "$build" "$mode" "$rate" "refused"
         echo "$build $mode $rate - -" >>"$work/sweep.tsv"
@@ -113,18 +146,18 @@ for build in "${builds[@]}"; do
       fi
       latep=$(awk -v t="$ticks" -v l="$late" -v m="$missed" 'BEGIN{printf "%.2f", 100*(l+m)/(t+m)}')
       errp=$(awk -v t="$ticks" -v e="$errs" 'BEGIN{printf "%.2f", t ? 100*e/t : 0}')
-      # CPU per tick: the share of a core over 3 s, divided by the ticks.
-      us=$(awk -v c="$cpu" -v t="$ticks" 'BEGIN{printf "%.1f", t ? c/100*3e6/t : 0}')
+      xp=$(awk -v u="$us" -v f="$paced_ns" 'BEGIN{printf "%.1f", u*1000/f}')
       xf=$(awk -v u="$us" -v f="$floor_ns" 'BEGIN{printf "%.1f", u*1000/f}')
       xo=$(awk -v u="$us" -v o="$one_ns" 'BEGIN{printf "%.1f", u*1000/o}')
-      printf "%-7s %-11s %6d %7d %6s %7s %8s %7s %10s %9s\n" "$build" "$mode" "$rate" "$ticks" "$latep" "$errp" "$cpu" "$us" "$xf" "$xo"
+      printf "%-7s %-11s %6d %7d %6s %7s %8s %8s %8s %8s %9s\n" "$build" "$mode" "$rate" "$ticks" "$latep" "$errp" "$cpu" "$us" "$xp" "$xf" "$xo"
       echo "$build $mode $rate $cpu $latep" >>"$work/sweep.tsv"
       if awk -v l="$latep" 'BEGIN{exit !(l < 1)}'; then best[$build.$mode]=$rate; fi
       [ "$rate" = 100 ] && cost100[$build.$mode]=$us
     done
   done
 done
-echo "   (us/tick = rbscope CPU per tick; x floor / x 1 read = that cost over the floor / one read)"
+echo "   (cpu% and us/tick: rbscope's steady-state CPU, share of a core and per tick; x paced / x floor /"
+echo "    x 1 read: that cost over the paced floor ($((paced_ns / 1000)) us), the hot floor ($((floor_ns / 1000)) us) and one read ($((one_ns / 1000)) us))"
 for build in "${builds[@]}"; do
   for mode in nonblocking blocking; do
     echo "   $build $mode: highest rate with <1% late or missed ticks: ${best[$build.$mode]} Hz"
@@ -162,29 +195,35 @@ kill -9 "$deep" 2>/dev/null || true
 wait "$deep" 2>/dev/null || true
 
 echo
-echo "== 2. rbscope CPU at 100 Hz on examples/shop.rb, 5 s"
+echo "== 2. rbscope steady-state CPU at 100 Hz on examples/shop.rb"
 ruby examples/shop.rb >/dev/null 2>&1 &
 shop=$!
 pids+=("$shop")
 sleep 1
 for build in "${builds[@]}"; do
   for mode in nonblocking blocking; do
-    read -r ticks late missed errs cpu < <(record_stats "$build" "$shop" 100 5s $(flags_for "$mode"))
-    printf "   %-7s %-11s rbscope CPU %s%% of one core (%s ticks, %s errors)\n" "$build" "$mode" "$cpu" "$ticks" "$errs"
+    read -r ticks late missed errs cpu us < <(steady "$build" "$shop" 100 $(flags_for "$mode"))
+    printf "   %-7s %-11s rbscope CPU %s%% of one core, %s us per tick = %s x paced floor (%s ticks, %s errors)\n" "$build" "$mode" "$cpu" "$us" \
+      "$(awk -v u="$us" -v f="$paced_ns" 'BEGIN{printf "%.1f", u*1000/f}')" "$ticks" "$errs"
   done
 done
 kill -9 "$shop" 2>/dev/null || true
 
 echo
-echo "== 4. target slowdown at 1 kHz (10 x fib(27) timed inside Ruby, paired with an unprofiled run)"
+echo "== 4. target slowdown at 1 kHz (40 x fib(27) timed inside Ruby; 5 pairs, each profiled run next to an"
+echo "   unprofiled one; the median of the 5 ratios, and their range)"
 field() { grep -o "$1=[0-9.]*" | cut -d= -f2; }
 for build in "${builds[@]}"; do
   for mode in nonblocking blocking; do
-    b=$(ruby "$work/workload.rb" | field elapsed)
-    v=$("$work/$build" record --rate 1000 --format summary -o "$work/s.txt" --raw "$work/r.raw.gz" \
-      --silent $(flags_for "$mode") -- ruby "$work/workload.rb" | field elapsed)
-    printf "   %-7s %-11s %.3fs vs %.3fs unprofiled: x%.3f\n" "$build" "$mode" "$v" "$b" \
-      "$(awk -v v="$v" -v b="$b" 'BEGIN{print v/b}')"
+    ratios=()
+    for i in 1 2 3 4 5; do
+      b=$(ruby "$work/workload.rb" | field elapsed)
+      v=$("$work/$build" record --rate 1000 --format summary -o "$work/s.txt" --raw "$work/r.raw.gz" \
+        --silent $(flags_for "$mode") -- ruby "$work/workload.rb" | field elapsed)
+      ratios+=("$(awk -v v="$v" -v b="$b" 'BEGIN{printf "%.4f", v/b}')")
+    done
+    printf '%s\n' "${ratios[@]}" | sort -n | awk -v b="$build" -v m="$mode" '
+      { r[NR] = $1 } END { printf "   %-7s %-11s x%.3f (range x%.3f .. x%.3f)\n", b, m, r[3], r[1], r[5] }'
   done
 done
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -71,8 +72,35 @@ func exitCode(err error) int {
 }
 
 func main() {
-	if err := rootCmd.Execute(); err != nil {
+	stop := startCPUProfile()
+	err := rootCmd.Execute()
+	stop()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "rbscope: %v\n", err)
 		os.Exit(exitCode(err))
+	}
+}
+
+// startCPUProfile writes a Go CPU profile of rbscope itself to the file
+// named by RBSCOPE_CPUPROFILE, for work on rbscope's own cost (go tool
+// pprof rbscope FILE). It returns the function that stops it.
+func startCPUProfile() func() {
+	path := os.Getenv("RBSCOPE_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rbscope: RBSCOPE_CPUPROFILE: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "rbscope: RBSCOPE_CPUPROFILE: %v\n", err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
 	}
 }

@@ -61,8 +61,16 @@ func (r *rec) summarize(st sampler.Stats) {
 	}
 	r.con.say("%d samples of %d threads in %.1fs (%d ticks, %d late, %d missed); errors: %s",
 		st.Samples, len(st.Threads), st.End.Sub(st.Start).Seconds(), st.Ticks, st.Late, st.Missed, st.ErrorSummary())
-	if cpu, ok := selfCPU(); ok && st.End.Sub(st.Start) >= 100*time.Millisecond {
-		r.con.say("own CPU use: %.2fs (%.1f%% of one core)", cpu.Seconds(), 100*cpu.Seconds()/st.End.Sub(st.Start).Seconds())
+	if cpu, ok := sampler.SelfCPU(); ok && st.End.Sub(st.Start) >= 100*time.Millisecond {
+		// The whole run (opening the target included), then sampling
+		// alone: what a long recording costs.
+		wall := st.End.Sub(st.Start).Seconds()
+		perTick := ""
+		if st.Ticks > 0 {
+			perTick = fmt.Sprintf(", %.0f µs per tick", float64(st.CPU.Microseconds())/float64(st.Ticks))
+		}
+		r.con.say("own CPU use: %.2fs (%.1f%% of one core); while sampling %.2f%% of one core%s",
+			cpu.Seconds(), 100*cpu.Seconds()/wall, 100*st.CPU.Seconds()/wall, perTick)
 	}
 	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
 		r.con.say("last error: %v", st.LastError)

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/output"
@@ -301,15 +300,6 @@ func (r *rec) say() {
 		mode = "nonblocking"
 	}
 	r.con.say("recording %s at %g Hz (%s); raw samples to %s; Ctrl-C to stop", what, r.cfg.Rate, mode, r.cfg.Raw)
-}
-
-// selfCPU is rbscope's own CPU time (user+system) so far.
-func selfCPU() (time.Duration, bool) {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0, false
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
 }
 
 // chownToSudoUser gives a file rbscope created to the user who ran sudo.

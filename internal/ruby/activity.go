@@ -277,47 +277,43 @@ func (p *Process) ownerFrom(b []byte, vmStruct bool) (uint64, bool) {
 	return a.owner.u64(b), true
 }
 
-// setActivity sets th's activity from GVL ownership, Ruby's status and
-// the GC state, and adds the pseudo-frames on top of its Ruby stack (a
-// thread without Ruby frames, one just starting, gets none: it stays a
-// sample that the outputs skip).
-func (p *Process) setActivity(th *stack.Thread, ownerKnown, waiting bool, gc gcState) {
-	pseudo := len(th.Frames) > 0
+// Pseudo-frames put on top of a thread's Ruby stack by its activity
+// (walk copies them into each stack: these are never handed out).
+var (
+	gcFrames = [...][]stack.Frame{
+		{{Name: stack.FrameGC, Kind: stack.KindGC}},
+		{{Name: stack.FrameMarking, Kind: stack.KindGC}, {Name: stack.FrameGC, Kind: stack.KindGC}},
+		{{Name: stack.FrameSweeping, Kind: stack.KindGC}, {Name: stack.FrameGC, Kind: stack.KindGC}},
+		{{Name: stack.FrameCompacting, Kind: stack.KindGC}, {Name: stack.FrameGC, Kind: stack.KindGC}},
+	}
+	gvlWaitFrames = []stack.Frame{{Name: stack.FrameGVLWait, Kind: stack.KindGVL}}
+)
+
+// activity returns th's activity from GVL ownership, Ruby's status and
+// the GC state, and the pseudo-frames that go on top of its Ruby stack (a
+// thread without Ruby frames, one just starting, gets none: walk leaves
+// them out, and it stays a sample that the outputs skip).
+func activity(th *stack.Thread, ownerKnown, waiting bool, gc gcState) (string, []stack.Frame) {
 	switch {
 	case th.GVL && gc.known && gc.duringGC:
-		th.Activity = stack.ActivityGC
-		var gcFrames []stack.Frame
-		switch gc.mode {
-		case 1:
-			gcFrames = append(gcFrames, stack.Frame{Name: stack.FrameMarking, Kind: stack.KindGC})
-		case 2:
-			gcFrames = append(gcFrames, stack.Frame{Name: stack.FrameSweeping, Kind: stack.KindGC})
-		case 3:
-			gcFrames = append(gcFrames, stack.Frame{Name: stack.FrameCompacting, Kind: stack.KindGC})
+		mode := 0
+		if gc.mode >= 1 && gc.mode <= 3 {
+			mode = int(gc.mode)
 		}
-		gcFrames = append(gcFrames, stack.Frame{Name: stack.FrameGC, Kind: stack.KindGC})
-		if pseudo {
-			th.Frames = append(gcFrames, th.Frames...)
-		}
+		return stack.ActivityGC, gcFrames[mode]
 	case th.GVL:
-		th.Activity = stack.ActivityRunning
+		return stack.ActivityRunning, nil
 	case waiting || (ownerKnown && th.State == "running"):
 		// In the GVL's wait list (also after a blocking region or a
 		// sleep, whose status stays stopped until the GVL is back), or
 		// runnable without it.
-		th.Activity = stack.ActivityGVLWait
-		if pseudo {
-			th.Frames = append([]stack.Frame{{Name: stack.FrameGVLWait, Kind: stack.KindGVL}}, th.Frames...)
-		}
+		return stack.ActivityGVLWait, gvlWaitFrames
 	case th.State == "stopped" || th.State == "stopped_forever" || th.State == "killed" || th.State == "to_kill":
-		th.Activity = stack.ActivityBlocked
-	case !ownerKnown:
-		// Runnable but the lock cannot be read: the kernel's view decides
-		// (see KernelActivity).
-		th.Activity = stack.ActivityUnknown
-	default:
-		th.Activity = stack.ActivityUnknown
+		return stack.ActivityBlocked, nil
 	}
+	// Runnable but the lock cannot be read: the kernel's view decides
+	// (see KernelActivity).
+	return stack.ActivityUnknown, nil
 }
 
 // KernelActivity completes a thread whose activity Ruby's state could not

@@ -59,6 +59,11 @@ type caches struct {
 	knownRactor  uint64
 	tickReqs     []target.Read
 	nameCache    map[uint64]genString
+	// Per-snapshot buffers, reused (see scratch.go).
+	scratch   scratch
+	refsBuf   []threadRef
+	checksBuf []regionCheck
+	gcFresh   bool // the GC flags were read with the thread list
 }
 
 // genString is a cached string and the GC epoch it was read in.

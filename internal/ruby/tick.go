@@ -65,17 +65,23 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 	if o.vmRactorCnt.ok {
 		reqs = append(reqs, target.Read{Addr: p.vmAddr + o.vmRactorCnt.off, Buf: cnt[:]})
 	}
-	rb := make([]byte, o.ractorSize)
-	reqs = append(reqs, target.Read{Addr: p.knownRactor, Buf: rb})
-	refs := make([]threadRef, len(p.knownThreads))
-	for i, th := range p.knownThreads {
-		refs[i] = threadRef{addr: th, ractor: p.knownRactor, tb: make([]byte, o.thSize)}
-		reqs = append(reqs, target.Read{Addr: th, Buf: refs[i].tb})
+	gcReq, gcOK := p.gcRead()
+	if gcOK {
+		reqs = append(reqs, gcReq)
 	}
+	rb := p.scratch.take(int(o.ractorSize))
+	reqs = append(reqs, target.Read{Addr: p.knownRactor, Buf: rb})
+	refs := p.refsBuf[:0]
+	for _, th := range p.knownThreads {
+		refs = append(refs, threadRef{addr: th, ractor: p.knownRactor, tb: p.scratch.take(int(o.thSize))})
+		reqs = append(reqs, target.Read{Addr: th, Buf: refs[len(refs)-1].tb})
+	}
+	p.refsBuf = refs[:0]
 	p.tickReqs = reqs[:0]
 	if err := p.t.ReadBatch(reqs); err != nil {
 		return nil, false
 	}
+	p.gcFresh = gcOK
 	if le32(cnt[:], 0) > 1 {
 		return nil, false
 	}
@@ -132,7 +138,7 @@ func (p *Process) prefetch(refs []threadRef) {
 		if !isHeapPtr(ec) {
 			continue
 		}
-		r.eb = make([]byte, need)
+		r.eb = p.scratch.take(int(need))
 		reqs = append(reqs, target.Read{Addr: ec, Buf: r.eb})
 		if !o.thTID.ok && o.thNT.ok && o.ntTID.ok {
 			if nt := o.thNT.u64(r.tb); isHeapPtr(nt) {
@@ -158,12 +164,11 @@ func (p *Process) prefetch(refs []threadRef) {
 		}
 	}
 
-	type check struct {
-		r             *threadRef
-		first         []byte
-		before, after [8]byte
+	if cap(p.checksBuf) < len(refs) {
+		p.checksBuf = make([]regionCheck, len(refs))
 	}
-	checks := make([]check, len(refs))
+	checks := p.checksBuf[:len(refs)]
+	clear(checks)
 	reqs = reqs[:0]
 	for i := range refs {
 		r := &refs[i]
@@ -180,7 +185,7 @@ func (p *Process) prefetch(refs []threadRef) {
 		if n == 0 {
 			continue
 		}
-		r.region, r.regionCFP = make([]byte, n), cfp
+		r.region, r.regionCFP = p.scratch.take(int(n)), cfp
 		c := &checks[i]
 		c.r = r
 		if p.stopped {
@@ -188,7 +193,7 @@ func (p *Process) prefetch(refs []threadRef) {
 			continue
 		}
 		cfpAddr := o.thEC.u64(r.tb) + o.ecCFP.off
-		c.first = make([]byte, n)
+		c.first = p.scratch.take(int(n))
 		reqs = append(reqs,
 			target.Read{Addr: cfpAddr, Buf: c.before[:]}, target.Read{Addr: cfp, Buf: c.first},
 			target.Read{Addr: cfp, Buf: r.region}, target.Read{Addr: cfpAddr, Buf: c.after[:]})
@@ -216,6 +221,14 @@ func (p *Process) prefetch(refs []threadRef) {
 			c.r.region, c.r.regionTorn, c.r.regionCFP = nil, true, le64(c.after[:], 0)
 		}
 	}
+}
+
+// regionCheck frames a running thread's control-frame region with two
+// reads of its cfp and a second copy (see readFrames).
+type regionCheck struct {
+	r             *threadRef
+	first         []byte
+	before, after [8]byte
 }
 
 // threadName returns the Ruby name of a thread from its name String,

@@ -38,6 +38,8 @@ var statusNames = []string{"running", "stopped", "stopped_forever", "killed"}
 
 // Snapshot returns every Ruby thread's stack, innermost frame first.
 func (p *Process) Snapshot() ([]stack.Thread, error) {
+	p.scratch.reset()
+	p.gcFresh = false
 	refs, err := p.tickThreads()
 	if err != nil {
 		return nil, err
@@ -45,10 +47,15 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 	p.prefetch(refs)
 	out := make([]stack.Thread, 0, len(refs))
 	refreshed := false
-	gc := p.readGC()
+	var gc gcState
+	if p.gcFresh {
+		gc = p.decodeGC()
+	} else {
+		gc = p.readGC()
+	}
 	ownerKnown := p.act.owner.ok
 	for _, ref := range refs {
-		th, err := p.thread(ref)
+		th, err := p.thread(ref, ownerKnown, gc)
 		if err != nil {
 			if target.IsExited(err) {
 				return nil, err
@@ -61,7 +68,6 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 			th.Error = fmt.Sprintf("read thread 0x%x: %v", ref.addr, err)
 			th.Frames = nil
 		}
-		p.setActivity(&th, ownerKnown, ref.waiting, gc)
 		if th.Name == "" && th.TID != 0 {
 			// A thread without a Ruby name takes its native name; the
 			// /proc listing is read only when a new thread needs it.
@@ -88,7 +94,9 @@ func (p *Process) refreshOSNames() {
 	p.osNames = names
 }
 
-func (p *Process) thread(ref threadRef) (stack.Thread, error) {
+// thread reads one thread: its state, activity and stack (under the
+// activity's pseudo-frames, see activity).
+func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thread, error) {
 	o := &p.o
 	tb := ref.tb
 	if tb == nil {
@@ -111,6 +119,8 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 	if th.State == "" {
 		th.State = "unknown"
 	}
+	var prefix []stack.Frame
+	th.Activity, prefix = activity(&th, ownerKnown, ref.waiting, gc)
 	if ref.haveTID {
 		th.TID = int(int32(le32(ref.tid[:], 0)))
 	} else {
@@ -166,12 +176,12 @@ func (p *Process) thread(ref threadRef) (stack.Thread, error) {
 		p.tornReads++
 		cfp = ref.regionCFP
 	}
-	frames, err := p.walk(stackStart, stackSize, cfp, cfpAddr, pre)
+	frames, err := p.walk(stackStart, stackSize, cfp, cfpAddr, pre, prefix)
 	for retry := 0; retry < maxTornWalks && errors.Is(err, ErrTorn) && cfpAddr != 0; retry++ {
 		// The stack changed while its environments or method entries
 		// were read: read it again from its current cfp.
 		if cfp, err = p.r.u64(cfpAddr); err == nil {
-			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr, nil)
+			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr, nil, prefix)
 		}
 	}
 	th.Frames = frames
@@ -227,8 +237,10 @@ type frameData struct {
 // stack (unless pre holds them, read by prefetch) and names them. Reads
 // are batched: the frames in one call, then every frame's environment and
 // iseq header that changed in one process_vm_readv, then the method
-// entries they point to in another.
-func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte) ([]stack.Frame, error) {
+// entries they point to in another. The frames returned start with prefix
+// (the activity's pseudo-frames) when the stack has any frame, so that
+// they are not copied again to be prepended.
+func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, prefix []stack.Frame) ([]stack.Frame, error) {
 	o := &p.o
 	buf := pre
 	if buf == nil {
@@ -310,7 +322,8 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte) (
 	for i := range fds {
 		envs[fds[i].ep] = &fds[i]
 	}
-	frames := make([]stack.Frame, 0, count)
+	frames := make([]stack.Frame, 0, len(prefix)+count)
+	frames = append(frames, prefix...)
 	pending := p.pendingBuf[:0] // C frames waiting for their Ruby caller's path/line
 	for i := range fds {
 		fr, ok, err := p.frame(&fds[i], envs)
@@ -341,6 +354,10 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte) (
 		frames = append(frames, fr)
 	}
 	p.pendingBuf = pending[:0]
+	if len(frames) == len(prefix) {
+		// No frame: a thread just starting gets no pseudo-frames either.
+		return frames[:0], nil
+	}
 	return frames, nil
 }
 

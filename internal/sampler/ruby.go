@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"time"
 
-	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -49,9 +46,10 @@ type RubySource struct {
 	// rubyTIDs are the Ruby threads of the last sample, the ones a
 	// ThreadPauser stops (empty: stop every thread).
 	rubyTIDs []int
-	// sampledTIDs are the threads of the last sample, whose kernel states
-	// the next one reads (see refreshRuby).
+	// sampledTIDs are the threads of the last sample and needState says
+	// whose kernel state is read (see Sample).
 	sampledTIDs []int
+	needState   []bool
 }
 
 // NewRubySource samples the Ruby process p.
@@ -66,26 +64,39 @@ func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 // Process is the Ruby process sampled.
 func (s *RubySource) Process() *ruby.Process { return s.p }
 
-// Sample takes one sample of every Ruby thread. The kernel state of every
-// thread (for OnCPU) is read before the process is paused. The returned
-// slice is reused by the next call.
+// Sample takes one sample of every Ruby thread. The returned slice is
+// reused by the next call.
+//
+// A thread's kernel state (for OnCPU) is read only when Ruby's own state
+// does not already say it: not for a thread waiting for the GVL (it sleeps
+// on the lock's condition variable), which in a process of many threads
+// is most of them. A nonblocking sample reads the states after the walk;
+// a blocking one before pausing (a paused thread's state is "traced"),
+// choosing by the activities of the last sample. A thread whose state was
+// not read is on a CPU when it runs Ruby (holds the GVL).
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
-	if err := s.states.refreshRuby(s.sampledTIDs); err != nil {
-		return nil, err
+	if s.pauser != nil {
+		s.states.read(s.sampledTIDs, s.needState)
 	}
 	now := time.Now()
 	threads, err := s.snapshot()
 	if err != nil {
 		return nil, err
 	}
+	s.sampledTIDs, s.needState = s.sampledTIDs[:0], s.needState[:0]
+	for i := range threads {
+		if th := &threads[i]; th.TID != 0 {
+			s.sampledTIDs = append(s.sampledTIDs, th.TID)
+			s.needState = append(s.needState, th.Error == "" && th.Activity != stack.ActivityGVLWait)
+		}
+	}
+	if s.pauser == nil {
+		s.states.read(s.sampledTIDs, s.needState)
+	}
 	s.out = s.out[:0]
-	s.sampledTIDs = s.sampledTIDs[:0]
 	var failed *ThreadErrors
 	for i := range threads {
 		th := &threads[i]
-		if th.TID != 0 {
-			s.sampledTIDs = append(s.sampledTIDs, th.TID)
-		}
 		if th.Error != "" {
 			// A thread that changed under the walker (created, ending,
 			// or read without pausing): its partial stack would distort
@@ -98,6 +109,10 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		}
 		kstate := s.states.state(th.TID)
 		ruby.KernelActivity(th, kstate)
+		onCPU := kstate == 'R'
+		if kstate == 0 {
+			onCPU = th.Activity == stack.ActivityRunning || th.Activity == stack.ActivityGC
+		}
 		frames := th.Frames
 		if s.noGC {
 			frames = stack.WithoutGC(frames)
@@ -107,7 +122,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			Pid:        s.pid,
 			TID:        th.TID,
 			ThreadName: th.Name,
-			OnCPU:      kstate == 'R',
+			OnCPU:      onCPU,
 			Activity:   th.Activity,
 			GVL:        th.GVL,
 			Frames:     frames,
@@ -206,131 +221,6 @@ func (s *RubySource) pausedSnapshot(pause func() (func() error, error)) (threads
 func (s *RubySource) Close() error {
 	s.states.close()
 	return nil
-}
-
-// taskStates reads the kernel state of every thread of a process from
-// /proc/PID/task/TID/stat, keeping each file open and re-reading it with
-// pread (procfs regenerates the contents at offset 0).
-type taskStates struct {
-	pid    int
-	dir    string
-	files  map[int]*os.File
-	cur    map[int]byte
-	seen   map[int]bool
-	buf    []byte
-	listed time.Time // when the thread list was last read
-	relist bool      // a thread unknown to the list was seen
-	tids   []int
-}
-
-// relistEvery bounds how long a thread list is reused. Listing
-// /proc/PID/task costs as much as reading a few threads' states, so it is
-// done only this often, or when the walker reports a thread the list
-// does not have (a new thread's first sample then has no state).
-const relistEvery = 100 * time.Millisecond
-
-func newTaskStates(pid int) *taskStates {
-	return &taskStates{
-		pid: pid, dir: "/proc/" + strconv.Itoa(pid) + "/task/",
-		files: map[int]*os.File{}, cur: map[int]byte{}, seen: map[int]bool{},
-		buf: make([]byte, 1024),
-	}
-}
-
-func (ts *taskStates) refresh() error {
-	if ts.relist || time.Since(ts.listed) >= relistEvery {
-		if err := ts.list(); err != nil {
-			return err
-		}
-	}
-	alive := 0
-	for _, tid := range ts.tids {
-		f := ts.files[tid]
-		if f == nil {
-			continue
-		}
-		k, err := f.ReadAt(ts.buf, 0)
-		if k == 0 && err != nil {
-			// The thread exited.
-			f.Close()
-			delete(ts.files, tid)
-			delete(ts.cur, tid)
-			continue
-		}
-		alive++
-		ts.cur[tid] = procfs.StateLetter(ts.buf[:k])
-	}
-	if alive == 0 {
-		// Every thread gone: the process exited, or the list is stale.
-		if err := ts.list(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// note tells the cache which threads the walker saw; an unknown one
-// makes the next refresh re-list the threads.
-func (ts *taskStates) note(tid int) {
-	if tid != 0 && ts.files[tid] == nil {
-		ts.relist = true
-	}
-}
-
-// list re-reads the thread list, opening the stat file of new threads
-// and closing those of exited ones.
-func (ts *taskStates) list() error {
-	ts.listed = time.Now()
-	ts.relist = false
-	d, err := os.Open(ts.dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return target.ErrProcessExited{Pid: ts.pid}
-		}
-		return fmt.Errorf("list threads of process %d: %w", ts.pid, err)
-	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
-	if err != nil {
-		return fmt.Errorf("list threads of process %d: %w", ts.pid, err)
-	}
-	if len(names) == 0 {
-		return target.ErrProcessExited{Pid: ts.pid}
-	}
-	clear(ts.seen)
-	ts.tids = ts.tids[:0]
-	for _, n := range names {
-		tid, err := strconv.Atoi(n)
-		if err != nil {
-			continue
-		}
-		ts.seen[tid] = true
-		if ts.files[tid] == nil {
-			f, err := os.Open(ts.dir + n + "/stat")
-			if err != nil {
-				continue // exited meanwhile
-			}
-			ts.files[tid] = f
-		}
-		ts.tids = append(ts.tids, tid)
-	}
-	for tid, f := range ts.files {
-		if !ts.seen[tid] {
-			f.Close()
-			delete(ts.files, tid)
-			delete(ts.cur, tid)
-		}
-	}
-	return nil
-}
-
-func (ts *taskStates) state(tid int) byte { return ts.cur[tid] }
-
-func (ts *taskStates) close() {
-	for tid, f := range ts.files {
-		f.Close()
-		delete(ts.files, tid)
-	}
 }
 
 // OpenRuby opens live process pid as a Ruby process, retrying until Ruby

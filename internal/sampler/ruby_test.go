@@ -3,14 +3,17 @@ package sampler
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -189,12 +192,12 @@ func testRubySource(t *testing.T, rb testutil.RubyUnderTest) {
 }
 
 func threadStates(pid int) map[int]byte {
-	ts := newTaskStates(pid)
-	defer ts.close()
-	_ = ts.refresh()
 	out := map[int]byte{}
-	for k, v := range ts.cur {
-		out[k] = v
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, e := range ents {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			out[tid] = procfs.TaskState(pid, tid)
+		}
 	}
 	return out
 }

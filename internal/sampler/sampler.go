@@ -139,6 +139,10 @@ type Stats struct {
 	Exited bool
 	// SampleTime is the total time spent in Source.Sample.
 	SampleTime time.Duration
+	// CPU is the CPU time (user and system, every thread of this process)
+	// used from the first tick to the end: what sampling costs, without
+	// what came before (opening the target) or after (rendering).
+	CPU time.Duration
 	// Threads lists every thread seen, ordered by first sample.
 	Threads []ThreadSpan
 }
@@ -185,7 +189,14 @@ func (s Stats) ErrorSummary() string {
 // passed, ctx is cancelled or the target exits. It returns the statistics;
 // the error is non-nil only for an invalid configuration.
 func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
-	return run(ctx, src, cfg, sink, realClock{})
+	t, err := newTickTimer(ctx)
+	if err != nil {
+		// No timerfd (never seen on Linux since 2.6.25): sleep the
+		// thread instead.
+		return run(ctx, src, cfg, sink, realClock{})
+	}
+	defer t.Close()
+	return run(ctx, src, cfg, sink, t)
 }
 
 // clock is time as the sampler sees it; tests substitute a virtual one.
@@ -224,6 +235,7 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 
 	st := Stats{Rate: rate}
 	spans := make(map[threadKey]int) // index into st.Threads
+	cpu0, _ := SelfCPU()
 	start := clk.Now()
 	st.Start = start
 	var end time.Time
@@ -243,6 +255,9 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 			deadline = deadline.Add(time.Duration(j))
 		}
 		if err := clk.SleepUntil(ctx, deadline); err != nil {
+			if ctx.Err() == nil {
+				st.LastError = err
+			}
 			break
 		}
 		t0 := clk.Now()
@@ -315,8 +330,21 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 		}
 	}
 	st.End = clk.Now()
+	if cpu, ok := SelfCPU(); ok {
+		st.CPU = cpu - cpu0
+	}
 	sort.SliceStable(st.Threads, func(i, j int) bool { return st.Threads[i].First.Before(st.Threads[j].First) })
 	return st, nil
+}
+
+// SelfCPU is this process's CPU time so far (user and system, all
+// threads), from getrusage.
+func SelfCPU() (time.Duration, bool) {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
 }
 
 // maxSleep bounds one uninterruptible sleep, so that a cancelled context

@@ -1,19 +1,25 @@
 // Command readfloor measures, on a live Ruby process, the two baselines
 // scripts/bench-record.sh divides every cost by: one 8-byte
 // process_vm_readv, and the floor of a sample, one batched read of every
-// Ruby thread's control-frame region. It prints
-// "one_read_ns=N floor_ns=N threads=N bytes=N".
+// Ruby thread's control-frame region, both measured back to back (hot
+// caches); and the paced floor, that batched read made once per tick at
+// 100 Hz for 3 s by the sampler's own clock, in CPU time per tick (the
+// least a 100 Hz recording can cost: wake-up, read, sleep). It prints
+// "one_read_ns=N floor_ns=N paced_floor_ns=N threads=N bytes=N".
 //
 //	go run ./tools/readfloor PID [ITERATIONS]
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/sampler"
+	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 )
 
@@ -85,7 +91,22 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("floor read: %w", err)
 	}
-	fmt.Printf("one_read_ns=%d floor_ns=%d threads=%d bytes=%d\n", oneNS.Nanoseconds(), floorNS.Nanoseconds(), len(regions), bytes)
+	var readErr error
+	st, err := sampler.Run(context.Background(), sampler.SourceFunc(func(context.Context) ([]stack.Sample, error) {
+		if err := t.ReadBatch(regions); err != nil && readErr == nil {
+			readErr = err
+		}
+		return nil, nil
+	}), sampler.Config{Rate: 100, Duration: 3 * time.Second}, nil)
+	if err == nil {
+		err = readErr
+	}
+	if err != nil || st.Ticks == 0 {
+		return fmt.Errorf("paced floor: %v (%d ticks)", err, st.Ticks)
+	}
+	paced := st.CPU / time.Duration(st.Ticks)
+	fmt.Printf("one_read_ns=%d floor_ns=%d paced_floor_ns=%d threads=%d bytes=%d\n",
+		oneNS.Nanoseconds(), floorNS.Nanoseconds(), paced.Nanoseconds(), len(regions), bytes)
 	return nil
 }
 
