@@ -172,7 +172,7 @@ const (
 	// objects, swept lazily, in a steady loop) must have had the time to
 	// fall behind. Windows here are checks: window ends and the
 	// checkpoints inside windows.
-	calMinWindows = 8
+	calMinWindows = 4
 	calMinEvents  = 2000
 	calMaxRatio   = 50
 )
