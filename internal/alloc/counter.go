@@ -173,8 +173,11 @@ const (
 	// fall behind. Windows here are checks: window ends and the
 	// checkpoints inside windows.
 	calMinWindows = 4
-	calMinEvents  = 2000
-	calMaxRatio   = 50
+	// calMinFinalWindows is what a choice needs when counting stops
+	// before calMinWindows checks (a short run).
+	calMinFinalWindows = 2
+	calMinEvents       = 2000
+	calMaxRatio        = 50
 )
 
 // newCalibration lists the blocks that rb_vm_t (vmSize bytes at vm)
@@ -340,7 +343,14 @@ func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyC
 	if events > 0 {
 		c.windows++
 	}
-	if c.windows < calMinWindows || c.events < calMinEvents || len(c.cands) == 0 {
+	return c.choose(now, calMinWindows)
+}
+
+// choose returns the counter the candidates point to once minWindows
+// checks and calMinEvents events are in (see close); now is the last
+// read.
+func (c *calibration) choose(now [][]uint64, minWindows int) (counter *rubyCounter, start, grown, cur uint64) {
+	if c.windows < minWindows || c.events < calMinEvents || len(c.cands) == 0 {
 		return nil, 0, 0, 0
 	}
 	// Before Ruby 3.2 (c.pools 0): the single word that grew least;
@@ -349,11 +359,11 @@ func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyC
 	// size pools), the counter is a sum of c.pools words: the candidates
 	// that complete to one (see complete), by least growth. Candidates
 	// that grew by all the events surely counted, summed over the
-	// windows, come first: the slack each window allows would otherwise
-	// favour a sum that leaves out a pool allocating a few objects per
-	// window.
+	// windows, come first among sums: the slack each window allows would
+	// otherwise favour a sum that leaves out a pool allocating a few
+	// objects per window.
 	better := func(k, b *calCand) bool {
-		if kf, bf := k.grown >= c.sure, b.grown >= c.sure; kf != bf {
+		if kf, bf := k.grown >= c.sure, b.grown >= c.sure; c.pools > 0 && kf != bf {
 			return kf
 		}
 		if c.pools == 0 && (k.n == 1) != (b.n == 1) {

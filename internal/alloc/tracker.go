@@ -455,6 +455,14 @@ func (tr *Tracker) Stop() {
 	tr.mu.Lock()
 	tr.detach()
 	tr.end = time.Now()
+	if tr.cal != nil && tr.cal.last != nil {
+		// A run too short for the usual evidence: choose on what there
+		// is, rather than scale by time.
+		if c, start, grown, _ := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
+			tr.counter, tr.cal = c, nil
+			tr.counterStart, tr.counterOn = start, grown
+		}
+	}
 	if tr.counter != nil {
 		// The total runs to the end, not to the last window's close.
 		if v, err := tr.counter.read(); err == nil {
