@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 )
 
@@ -31,11 +33,16 @@ type caches struct {
 	idCache     map[uint64]string
 	reqBuf      []target.Read
 	osNames     map[int]string
-	slotCache   map[uint64]slotEntry
+	slotCache   map[uint64][]slotEntry // by VM stack end, see stackSlots
+	slotTotal   int
 	fdsBuf      []frameData
 	cachedBuf   []bool
 	pendingBuf  []int
+	frameBuf    []stack.Frame            // a stack being named (see keepFrames)
+	lastFrames  map[uint64][]stack.Frame // each thread's last stack, by thread address
 	envs        map[uint64]*frameData
+	walkFds     []frameData // the frames of the walk in progress
+	envsIndexed bool        // envs indexes walkFds
 	ownerTmp    frameData
 	symScanDone bool
 	classpathSerial,
@@ -86,7 +93,7 @@ func (c *caches) init() {
 	c.classCache = map[uint64]className{}
 	c.idCache = map[uint64]string{}
 	c.osNames = map[int]string{}
-	c.slotCache = map[uint64]slotEntry{}
+	c.slotCache = map[uint64][]slotEntry{}
 	c.nameCache = map[uint64]genString{}
 }
 

@@ -3,6 +3,7 @@ package ruby
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/rbscope/rbscope/internal/stack"
@@ -184,7 +185,10 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr, nil, prefix)
 		}
 	}
-	th.Frames = frames
+	if cap(frames) > cap(p.frameBuf) {
+		p.frameBuf = frames[:0]
+	}
+	th.Frames = p.keepFrames(ref.addr, frames)
 	if err != nil {
 		if len(frames) == 0 || target.IsExited(err) {
 			return th, err
@@ -264,6 +268,11 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 	}
 	modern := p.ver >= v(2, 3, 0)
 	reqs := p.reqBuf[:0]
+	// The slot cache of this VM stack, indexed by slot from the stack's
+	// end: slot top-i is frame i.
+	end := stackStart + stackSize*8
+	top := int((end - cfp) / o.cfpSize)
+	slots := p.stackSlots(end, top+1)
 	for i := range fds {
 		fd := &fds[i]
 		fd.cf = buf[uint64(i)*o.cfpSize : uint64(i+1)*o.cfpSize]
@@ -274,8 +283,7 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 		// A frame whose iseq, self, environment and block are those seen
 		// in this slot before is the same frame (only its pc moves): its
 		// environment, iseq header and method entry are not read again.
-		addr := cfp + uint64(i)*o.cfpSize
-		if e, ok := p.slotCache[addr]; ok && e.key == slotKeyOf(o, fd.cf) && e.gen == p.epoch {
+		if e := &slots[top-i]; e.gen == p.epoch && e.key == slotKeyOf(o, fd.cf) {
 			fd.epData, fd.iseqHdr, fd.meHdr = e.epData, e.iseqHdr, e.meHdr
 			cached[i] = true
 			continue
@@ -303,30 +311,20 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 	}
 	p.reqBuf = reqs[:0]
 
-	if len(p.slotCache) > maxSlotCache {
-		p.slotCache = map[uint64]slotEntry{}
-	}
 	for i := range fds {
 		if !cached[i] {
 			fd := &fds[i]
-			p.slotCache[cfp+uint64(i)*o.cfpSize] = slotEntry{key: slotKeyOf(o, fd.cf), gen: p.epoch, epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
+			slots[top-i] = slotEntry{key: slotKeyOf(o, fd.cf), gen: p.epoch, epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
 		}
 	}
 	// Environments of this stack by address, for block frames whose
-	// method entry is in an outer frame's environment.
-	if p.envs == nil {
-		p.envs = map[uint64]*frameData{}
-	}
-	envs := p.envs
-	clear(envs)
+	// method entry is in an outer frame's environment: indexed when first
+	// needed (see env).
+	p.walkFds, p.envsIndexed = fds, false
+	frames := append(p.frameBuf[:0], prefix...) // copied by keepFrames
+	pending := p.pendingBuf[:0]                 // C frames waiting for their Ruby caller's path/line
 	for i := range fds {
-		envs[fds[i].ep] = &fds[i]
-	}
-	frames := make([]stack.Frame, 0, len(prefix)+count)
-	frames = append(frames, prefix...)
-	pending := p.pendingBuf[:0] // C frames waiting for their Ruby caller's path/line
-	for i := range fds {
-		fr, ok, err := p.frame(&fds[i], envs)
+		fr, ok, err := p.frame(&fds[i])
 		if errors.Is(err, ErrTorn) {
 			return nil, err
 		}
@@ -359,6 +357,29 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 		return frames[:0], nil
 	}
 	return frames, nil
+}
+
+// maxLastFrames bounds the stacks kept by keepFrames.
+const maxLastFrames = 1 << 14
+
+// keepFrames returns a stack of its own for frames (which are scratch):
+// the thread's stack of the last snapshot when it is the same (threads
+// that wait, and most that run, show the same stack tick after tick, and
+// sharing it costs no allocation; nothing modifies a stack once
+// returned), else a copy, remembered for the next snapshot.
+func (p *Process) keepFrames(thread uint64, frames []stack.Frame) []stack.Frame {
+	if len(frames) == 0 {
+		return nil
+	}
+	if last, ok := p.lastFrames[thread]; ok && slices.Equal(last, frames) {
+		return last
+	}
+	out := slices.Clone(frames)
+	if p.lastFrames == nil || len(p.lastFrames) >= maxLastFrames {
+		p.lastFrames = map[uint64][]stack.Frame{}
+	}
+	p.lastFrames[thread] = out
+	return out
 }
 
 // ErrTorn reports a stack that kept changing while it was read (a running
@@ -459,9 +480,29 @@ func sameFrames(o *offsets, a, b []byte) bool {
 	return string(a[first:]) == string(b[first:])
 }
 
-// maxSlotCache bounds the per-slot frame cache (control frames of every
-// thread, by address).
+// maxSlotCache bounds the per-slot frame cache (control-frame slots of
+// every VM stack).
 const maxSlotCache = 1 << 16
+
+// stackSlots returns the slot cache of the VM stack that ends at end, with
+// at least n slots (one map lookup per stack and snapshot, not per frame).
+// An entry of generation 0 is empty: epochs start at 1.
+func (p *Process) stackSlots(end uint64, n int) []slotEntry {
+	s := p.slotCache[end]
+	if len(s) >= n {
+		return s
+	}
+	if p.slotTotal+n > maxSlotCache {
+		clear(p.slotCache)
+		p.slotTotal = 0
+		s = nil
+	}
+	ns := make([]slotEntry, max(n, 2*len(s), 64))
+	copy(ns, s)
+	p.slotTotal += len(ns) - len(s)
+	p.slotCache[end] = ns
+	return ns
+}
 
 // slotKey identifies the frame in a control-frame slot.
 type slotKey struct{ iseq, self, ep, block uint64 }
@@ -488,7 +529,7 @@ func (p *Process) batch(reqs []target.Read) error {
 
 // frame names one control frame; ok is false for frames Ruby's own
 // backtraces skip (dummy and finish frames).
-func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame, bool, error) {
+func (p *Process) frame(fd *frameData) (stack.Frame, bool, error) {
 	o := &p.o
 	cf := fd.cf
 	p.frameDone = false
@@ -552,7 +593,7 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 	}
 	name := info.label
 	if modern && info.qualifiable {
-		if owner, ok := p.methodOwner(fd, envs); ok {
+		if owner, ok := p.methodOwner(fd); ok {
 			name = info.qualify(owner)
 		} else if !p.stopped {
 			// Every method and block of a method has a method entry in
@@ -568,7 +609,7 @@ func (p *Process) frame(fd *frameData, envs map[uint64]*frameData) (stack.Frame,
 // methodOwner finds the method entry of a frame through its environment
 // chain (rb_vm_frame_method_entry) and returns the qualified owner prefix
 // ("Foo#", "Foo.") or "" for anonymous owners.
-func (p *Process) methodOwner(fd *frameData, envs map[uint64]*frameData) (string, bool) {
+func (p *Process) methodOwner(fd *frameData) (string, bool) {
 	epData := fd.epData[:]
 	meHdr := fd.meHdr[:]
 	tmp := &p.ownerTmp
@@ -589,7 +630,7 @@ func (p *Process) methodOwner(fd *frameData, envs map[uint64]*frameData) (string
 		if !isHeapPtr(prev) {
 			return "", false
 		}
-		if e, ok := envs[prev]; ok {
+		if e := p.env(prev); e != nil {
 			epData, meHdr = e.epData[:], e.meHdr[:]
 			continue
 		}
@@ -606,6 +647,22 @@ func (p *Process) methodOwner(fd *frameData, envs map[uint64]*frameData) (string
 		epData = tmp.epData[:]
 	}
 	return "", false
+}
+
+// env returns the frame of the stack being walked whose environment is at
+// ep, or nil. The index is built on the first call of a walk.
+func (p *Process) env(ep uint64) *frameData {
+	if !p.envsIndexed {
+		if p.envs == nil {
+			p.envs = map[uint64]*frameData{}
+		}
+		clear(p.envs)
+		for i := range p.walkFds {
+			p.envs[p.walkFds[i].ep] = &p.walkFds[i]
+		}
+		p.envsIndexed = true
+	}
+	return p.envs[ep]
 }
 
 // checkMethodEntry returns obj when it is a method entry imemo (or an svar

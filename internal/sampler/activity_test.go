@@ -344,7 +344,7 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 	proc := rb.Start(t, "gcshare.rb", out, secs, gc, ext, goFile)
 	// The loop starts when sampling does (a loaded machine can take
 	// seconds to open the process).
-	samples, _, ps := sampleForGo(t, proc.Pid, blocking, 250, 60*time.Second, waitFile(out), func() {
+	samples, st, ps := sampleForGo(t, proc.Pid, blocking, 250, 60*time.Second, waitFile(out), func() {
 		if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -360,11 +360,13 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 	}
 	res.GCms, res.Wallms, res.CPUms, res.GCWallms = raw["gc_ms"], raw["wall_ms"], raw["cpu_ms"], raw["gc_wall_ms"]
 	var onGVL, inGC, phases int
+	byActivity := map[string]int{}
 	for i := range samples {
 		s := &samples[i]
 		if s.TID != proc.Pid {
 			continue
 		}
+		byActivity[s.Activity]++
 		switch s.Activity {
 		case stack.ActivityRunning:
 			onGVL++
@@ -390,8 +392,9 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 	got := 100 * float64(inGC) / float64(onGVL)
 	wantWall := 100 * res.GCWallms / res.Wallms
 	wantCPU := 100 * res.GCms / res.CPUms
-	t.Logf("rbscope GC share %.1f%% (%d of %d samples, %d with a phase); gc_enter..gc_exit %.0f of %.0f ms wall: %.1f%%; GC.stat(:time) %.0f of %.0f ms CPU: %.1f%%",
-		got, inGC, onGVL, phases, res.GCWallms, res.Wallms, wantWall, res.GCms, res.CPUms, wantCPU)
+	t.Logf("main thread's samples by activity: %v", byActivity)
+	t.Logf("rbscope GC share %.1f%% (%d of %d samples, %d with a phase; %d ticks, errors: %s); gc_enter..gc_exit %.0f of %.0f ms wall: %.1f%%; GC.stat(:time) %.0f of %.0f ms CPU: %.1f%%",
+		got, inGC, onGVL, phases, st.Ticks, st.ErrorSummary(), res.GCWallms, res.Wallms, wantWall, res.GCms, res.CPUms, wantCPU)
 	if gc == "nogc" {
 		// No collection at all: no GC.stat(:time), no sample
 		// marking or sweeping. Ruby 3.3 may still pass

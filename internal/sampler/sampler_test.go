@@ -239,9 +239,11 @@ func (inconsistent) Inconsistent() bool { return true }
 // one's first and last sample times are kept, and OnCPUOnly filters.
 func TestThreadsOverTime(t *testing.T) {
 	var tick int
+	clk := newFakeClock() // exact tick counts whatever the machine's load
 	src := SourceFunc(func(ctx context.Context) ([]stack.Sample, error) {
 		tick++
-		now := time.Now()
+		clk.advance(50 * time.Microsecond)
+		now := clk.Now()
 		out := []stack.Sample{{Pid: 1, TID: 1, ThreadName: "main", OnCPU: true, Time: now}}
 		if tick >= 10 && tick < 20 {
 			out = append(out, stack.Sample{Pid: 1, TID: 2, ThreadName: "worker", OnCPU: tick%2 == 0, Time: now})
@@ -252,7 +254,7 @@ func TestThreadsOverTime(t *testing.T) {
 		return out, nil
 	})
 	var got int
-	st, err := Run(context.Background(), src, Config{Rate: 1000, Duration: 30 * time.Millisecond, OnCPUOnly: true},
+	st, err := run(context.Background(), src, Config{Rate: 1000, Duration: 30 * time.Millisecond, OnCPUOnly: true},
 		func(b []stack.Sample) {
 			for _, s := range b {
 				if !s.OnCPU {
@@ -260,12 +262,12 @@ func TestThreadsOverTime(t *testing.T) {
 				}
 			}
 			got += len(b)
-		})
+		}, clk)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Ticks != 30 {
-		t.Skipf("%d ticks in 30 ms (%d missed): machine too busy for the exact count", st.Ticks, st.Missed)
+	if st.Ticks != 30 || st.Missed != 0 {
+		t.Fatalf("%d ticks (%d missed) in 30 virtual ms, want 30", st.Ticks, st.Missed)
 	}
 	if st.Filtered != 5 || got != st.Samples || st.Samples != 30+5+16 {
 		t.Errorf("filtered %d samples %d sink %d, want 5, 51, 51", st.Filtered, st.Samples, got)

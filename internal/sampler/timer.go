@@ -42,6 +42,10 @@ func newTickTimer(ctx context.Context) (*tickTimer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create the sampling timer (timerfd): %w", err)
 	}
+	// The wall clock first: the monotonic reading taken after it is later
+	// by the time between the two calls, so deadlines err late, never
+	// early.
+	base := time.Now()
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		unix.Close(fd)
@@ -49,7 +53,7 @@ func newTickTimer(ctx context.Context) (*tickTimer, error) {
 	}
 	// A non-blocking descriptor given to os.NewFile is registered with the
 	// poller: Read parks the goroutine instead of its thread.
-	t := &tickTimer{f: os.NewFile(uintptr(fd), "timerfd"), fd: fd, base: time.Now(), baseMono: ts.Nano()}
+	t := &tickTimer{f: os.NewFile(uintptr(fd), "timerfd"), fd: fd, base: base, baseMono: ts.Nano()}
 	rc, err := t.f.SyscallConn()
 	if err != nil {
 		t.f.Close()
