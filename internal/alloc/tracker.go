@@ -470,7 +470,38 @@ func (tr *Tracker) Stop() {
 		}
 	}
 	tr.mu.Unlock()
+	tr.drainStacks()
 }
+
+// drainStacks waits (at most stackDrainTimeout) until the stack reader
+// has taken every stack the program copied before Stop detached it, so
+// that the report after Stop holds them: the reader may still be opening
+// its walker (seconds for a large static Ruby) when a short run ends.
+func (tr *Tracker) drainStacks() {
+	if tr.stackRd == nil {
+		return
+	}
+	want, err := tr.statSum(statStacks)
+	if err != nil {
+		return
+	}
+	deadline := time.Now().Add(stackDrainTimeout)
+	for time.Now().Before(deadline) {
+		tr.mu.Lock()
+		got := tr.stacks.total
+		tr.mu.Unlock()
+		if got >= want {
+			return
+		}
+		select {
+		case <-tr.stackDone:
+			return // the reader gave up (no walker)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+const stackDrainTimeout = 10 * time.Second
 
 // Close detaches and frees everything. The kernel also detaches (and
 // decrements the probes' semaphores) when rbscope dies, because the links
