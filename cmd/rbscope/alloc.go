@@ -1,10 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -65,6 +66,10 @@ allocation-bound loop runs 10-20 times slower. One in 64 counted
 allocations (one in 4096 with --exact) also has its Ruby stack copied:
 --format flamegraph, speedscope, collapsed and pprof show where
 allocations come from.
+
+--upload pushes one allocation profile (alloc_objects, alloc_space) per
+--upload-interval to a Pyroscope server while counting, as record
+--upload pushes CPU profiles, and the last partial interval at the end.
 
 Exit status: 0 when stopped by Ctrl-C/SIGTERM, --duration or the target's
 exit (the report covers what was seen); 1 on errors; 2 on bad flags.
@@ -131,47 +136,83 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 			live.Draw(v.Summary(r), v.Lines(r, 10))
 		}
 	}
-	var up *upload.Config
+	var push *allocPusher
 	if f.upload.url != "" {
 		argv, _ := procfs.Cmdline(f.pid)
-		c, err := f.upload.config(0, argv, "")
+		up, err := f.upload.start(stderr, 0, argv)
 		if err != nil {
 			return err
 		}
-		up = &c
+		push = &allocPusher{up: up, iv: alloc.NewIntervals(), stderr: stderr}
+		cfg.PushInterval, cfg.OnPush = f.upload.interval, push.push
 	}
 	r, err := alloc.Run(ctx, cfg)
 	if err != nil {
+		if push != nil {
+			push.up.Close(context.Background())
+		}
 		var ex target.ErrProcessExited
 		if errors.As(err, &ex) {
 			return fmt.Errorf("process %d not found: check the pid", f.pid)
 		}
 		return fmt.Errorf("attach to process %d: %w", f.pid, err)
 	}
-	if err := writeAllocReport(cmd, f, r); err != nil {
-		return err
+	werr := writeAllocReport(cmd, f, r)
+	if push != nil {
+		push.push(r)
+		if err := push.finish(f.upload); err != nil {
+			return errors.Join(werr, err)
+		}
 	}
-	if up != nil {
-		return pushAlloc(cmd, f, r, *up)
-	}
-	return nil
+	return werr
 }
 
-// pushAlloc sends the allocation profile to Pyroscope: one profile for
-// the whole run (alloc_objects and alloc_space, by stack where stacks
-// were sampled).
-func pushAlloc(cmd *cobra.Command, f allocFlags, r *alloc.Report, cfg upload.Config) error {
-	var b bytes.Buffer
-	if err := r.WritePprof(&b); err != nil {
-		return err
+// allocPusher pushes one allocation profile (alloc_objects and
+// alloc_space, by stack where stacks were sampled) per --upload-interval,
+// as record --upload pushes CPU profiles: the growth of the cumulative
+// report since the last push.
+type allocPusher struct {
+	up     *upload.Uploader
+	iv     *alloc.Intervals
+	stderr io.Writer
+	from   time.Time // end of the last pushed interval
+	total  uint64    // allocations given to the uploader
+}
+
+func (a *allocPusher) push(r *alloc.Report) {
+	now := time.Now()
+	if a.from.IsZero() {
+		a.from = now.Add(-r.Duration)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), f.upload.timeout)
+	d := a.iv.Next(r)
+	n := d.Total()
+	if n == 0 {
+		return // an interval without allocations pushes nothing
+	}
+	p, err := d.Profile()
+	if err == nil {
+		err = a.up.AddProfile(a.from, now, p, int(min(n, math.MaxInt32)))
+	}
+	if err != nil {
+		fmt.Fprintf(a.stderr, "rbscope alloc: upload: dropping an interval: %v\n", err)
+		return
+	}
+	a.from = now
+	a.total += n
+}
+
+// finish pushes what is still queued, for at most --upload-timeout, and
+// says what was pushed.
+func (a *allocPusher) finish(o uploadOpts) error {
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
-	until := time.Now()
-	if err := upload.PushProfile(ctx, cfg, until.Add(-r.Duration), until, b.Bytes()); err != nil {
-		return fmt.Errorf("upload allocation profile: %w", err)
+	err := a.up.Close(ctx)
+	st := a.up.Stats()
+	fmt.Fprintf(a.stderr, "rbscope alloc: pushed %d allocation profiles (%d allocations) to %s as %s\n",
+		st.Pushed, st.PushedSamples, o.url, a.up.SeriesName())
+	if err != nil {
+		return fmt.Errorf("upload allocation profiles to %s: %w", o.url, err)
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "rbscope alloc: pushed the allocation profile to %s as %s\n", cfg.URL, cfg.AppName)
 	return nil
 }
 

@@ -87,6 +87,29 @@ func (p *allocRuby) expect(t *testing.T, want string) {
 	}
 }
 
+// expectInt waits for a line "<prefix>N" and returns N.
+func (p *allocRuby) expectInt(t *testing.T, prefix string) int64 {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case l, ok := <-p.lines:
+			if !ok {
+				t.Fatalf("script ended before printing %q", prefix)
+			}
+			if rest, found := strings.CutPrefix(l, prefix); found {
+				n, err := strconv.ParseInt(rest, 10, 64)
+				if err != nil {
+					t.Fatalf("line %q: %v", l, err)
+				}
+				return n
+			}
+		case <-deadline:
+			t.Fatalf("timed out waiting for %q", prefix)
+		}
+	}
+}
+
 // objectSemaphore reads object__create's semaphore in pid.
 func objectSemaphore(t *testing.T, pid int) uint16 {
 	t.Helper()
@@ -286,21 +309,25 @@ func TestAllocBadFlags(t *testing.T) {
 	oneLineError(t, stderr, code, "--exact and --duty-cycle exclude each other")
 }
 
-// TestAllocUpload traces the stacks fixture with --upload to a real
-// Pyroscope server: the server's allocation totals (alloc_objects) equal
-// the local report's, and its stacks hold C#inner < B#middle < A#outer.
+// TestAllocUpload traces the stacks fixture, allocating for 3.5 s, with
+// --upload to a real Pyroscope server and one profile per second: more
+// than one interval arrives (profiles stamped before and after the
+// middle of the workload both hold Widgets), the server's allocation
+// totals (alloc_objects) equal the local report's and the Widgets the
+// script counted, and its stacks hold C#inner < B#middle < A#outer.
 func TestAllocUpload(t *testing.T) {
 	allocNeedRoot(t)
 	srv := pyroscopetest.Start(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		p := startAllocRuby(t, rb, nil, "stacks.rb", "20000")
+		const secs = 3.5
+		p := startAllocRuby(t, rb, nil, "stacks.rb", "2000", fmt.Sprint(secs))
 		p.expect(t, "ready")
 		pid := p.cmd.Process.Pid
 		app := "ci-alloc-" + strings.ReplaceAll(rb.Name, ".", "_")
 		local := filepath.Join(t.TempDir(), "alloc.json")
 		start := time.Now()
 		cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--exact", "--silent", "--format", "json",
-			"-o", local, "--upload", srv.URL(), "--app-name", app)
+			"-o", local, "--upload", srv.URL(), "--app-name", app, "--upload-interval", "1s")
 		cmd.Env = rb.ProfilerEnv(t)
 		var errb bytes.Buffer
 		cmd.Stderr = &errb
@@ -309,11 +336,21 @@ func TestAllocUpload(t *testing.T) {
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		waitSemaphore(t, pid, 1, 30*time.Second)
+		tGo := time.Now()
 		io.WriteString(p.stdin, "go\n")
+		made := p.expectInt(t, "widgets ")
 		p.expect(t, "done")
 		cmd.Process.Signal(syscall.SIGINT)
 		if err := cmd.Wait(); err != nil {
 			t.Fatalf("rbscope alloc --upload: %v\n%s", err, errb.String())
+		}
+		var pushed, pushedAllocs int64
+		_, said, _ := strings.Cut(errb.String(), "rbscope alloc: pushed ")
+		if _, err := fmt.Sscanf(said, "%d allocation profiles (%d allocations)", &pushed, &pushedAllocs); err != nil {
+			t.Fatalf("rbscope alloc did not say what it pushed (%v):\n%s", err, errb.String())
+		}
+		if pushed < 2 {
+			t.Errorf("pushed %d profiles in %.1f s of allocations at --upload-interval 1s, want several", pushed, secs)
 		}
 		b, err := os.ReadFile(local)
 		if err != nil {
@@ -335,8 +372,11 @@ func TestAllocUpload(t *testing.T) {
 				widgets = c.Count
 			}
 		}
-		if widgets != 20000 {
-			t.Fatalf("local report: %d Widgets, want 20000", widgets)
+		if widgets != made {
+			t.Fatalf("local report: %d Widgets, the script made %d", widgets, made)
+		}
+		if pushedAllocs != total {
+			t.Errorf("pushed %d allocations, the local report has %d", pushedAllocs, total)
 		}
 		ctx := context.Background()
 		from, until := start.Add(-time.Minute), time.Now().Add(time.Minute)
@@ -367,6 +407,20 @@ func TestAllocUpload(t *testing.T) {
 		}
 		if got.Self["Widget"] != widgets {
 			t.Errorf("server: %d Widgets, local %d", got.Self["Widget"], widgets)
+		}
+		// Profiles are stamped with their interval's start: both halves
+		// of the workload hold some.
+		mid := tGo.Add(time.Duration(secs / 2 * float64(time.Second)))
+		var halves [2]pyroscopetest.Counts
+		for i, r := range [][2]time.Time{{from, mid}, {mid, until}} {
+			if halves[i], err = srv.QueryType(ctx, typeID, pyroscopetest.AppSelector(app), r[0], r[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("server: %d Widgets in profiles stamped before the middle of the workload, %d after", halves[0].Self["Widget"], halves[1].Self["Widget"])
+		if halves[0].Self["Widget"] == 0 || halves[1].Self["Widget"] == 0 || halves[0].Total+halves[1].Total != got.Total {
+			t.Errorf("server: %d + %d allocations (%d + %d Widgets) stamped before and after the middle, want both halves holding Widgets and %d in all",
+				halves[0].Total, halves[1].Total, halves[0].Self["Widget"], halves[1].Self["Widget"], got.Total)
 		}
 		chained := int64(0)
 		for st, v := range got.Stacks {

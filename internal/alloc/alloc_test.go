@@ -17,6 +17,7 @@ import (
 
 	"github.com/cilium/ebpf/link"
 
+	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -484,7 +485,7 @@ func TestProbeBusy(t *testing.T) {
 		t.Fatalf("load the foreign program: %v", err)
 	}
 	defer foreign.Close()
-	ex, err := link.OpenExecutable(plan.HostPath)
+	ex, err := link.OpenExecutable(target.HostPath(pid, plan.Binary))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,6 +83,7 @@ const (
 	allocMapPendingNew       = "pending_new"
 	allocMapProbeSpecs       = "probe_specs"
 	allocMapSites            = "sites"
+	allocMapStackCountdown   = "stack_countdown"
 	allocMapStacks           = "stacks"
 	allocMapStats            = "stats"
 	allocProgRubyAlloc       = "ruby_alloc"
@@ -150,14 +151,15 @@ type allocProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocMapSpecs struct {
-	Classes    *ebpf.MapSpec `ebpf:"classes"`
-	Gate       *ebpf.MapSpec `ebpf:"gate"`
-	GcStart    *ebpf.MapSpec `ebpf:"gc_start"`
-	PendingNew *ebpf.MapSpec `ebpf:"pending_new"`
-	ProbeSpecs *ebpf.MapSpec `ebpf:"probe_specs"`
-	Sites      *ebpf.MapSpec `ebpf:"sites"`
-	Stacks     *ebpf.MapSpec `ebpf:"stacks"`
-	Stats      *ebpf.MapSpec `ebpf:"stats"`
+	Classes        *ebpf.MapSpec `ebpf:"classes"`
+	Gate           *ebpf.MapSpec `ebpf:"gate"`
+	GcStart        *ebpf.MapSpec `ebpf:"gc_start"`
+	PendingNew     *ebpf.MapSpec `ebpf:"pending_new"`
+	ProbeSpecs     *ebpf.MapSpec `ebpf:"probe_specs"`
+	Sites          *ebpf.MapSpec `ebpf:"sites"`
+	StackCountdown *ebpf.MapSpec `ebpf:"stack_countdown"`
+	Stacks         *ebpf.MapSpec `ebpf:"stacks"`
+	Stats          *ebpf.MapSpec `ebpf:"stats"`
 }
 
 // allocVariableSpecs contains global variables before they are loaded into the kernel.
@@ -197,14 +199,15 @@ func (o *allocObjects) Close() error {
 //
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocMaps struct {
-	Classes    *ebpf.Map `ebpf:"classes"`
-	Gate       *ebpf.Map `ebpf:"gate"`
-	GcStart    *ebpf.Map `ebpf:"gc_start"`
-	PendingNew *ebpf.Map `ebpf:"pending_new"`
-	ProbeSpecs *ebpf.Map `ebpf:"probe_specs"`
-	Sites      *ebpf.Map `ebpf:"sites"`
-	Stacks     *ebpf.Map `ebpf:"stacks"`
-	Stats      *ebpf.Map `ebpf:"stats"`
+	Classes        *ebpf.Map `ebpf:"classes"`
+	Gate           *ebpf.Map `ebpf:"gate"`
+	GcStart        *ebpf.Map `ebpf:"gc_start"`
+	PendingNew     *ebpf.Map `ebpf:"pending_new"`
+	ProbeSpecs     *ebpf.Map `ebpf:"probe_specs"`
+	Sites          *ebpf.Map `ebpf:"sites"`
+	StackCountdown *ebpf.Map `ebpf:"stack_countdown"`
+	Stacks         *ebpf.Map `ebpf:"stacks"`
+	Stats          *ebpf.Map `ebpf:"stats"`
 }
 
 func (m *allocMaps) Close() error {
@@ -215,6 +218,7 @@ func (m *allocMaps) Close() error {
 		m.PendingNew,
 		m.ProbeSpecs,
 		m.Sites,
+		m.StackCountdown,
 		m.Stacks,
 		m.Stats,
 	)

@@ -50,7 +50,7 @@ var counterStructs = []string{"rb_vm_struct", "rb_objspace", "rb_size_pool_struc
 func counterFromDWARF(t target.Target, p *ruby.Process, vm uint64) (*rubyCounter, error) {
 	var errs []error
 	for _, b := range p.Info().Binaries {
-		l, err := layout.FromBinaryFile(target.HostPath(t.Pid(), b.Path), counterStructs, layout.WithDefaultDebugRoots(nil))
+		l, err := counterLayout(t, b.Path)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -63,6 +63,18 @@ func counterFromDWARF(t target.Target, p *ruby.Process, vm uint64) (*rubyCounter
 		return c, nil
 	}
 	return nil, errors.Join(errs...)
+}
+
+// counterLayout reads the counter's structs from the DWARF of the binary
+// the process mapped as path (never another file now at that path), or
+// from its separate debug file.
+func counterLayout(t target.Target, path string) (*layout.Layout, error) {
+	f, err := t.OpenFile(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return layout.FromBinary(f, path, target.HostPath(t.Pid(), path), counterStructs, layout.WithDefaultDebugRoots(nil))
 }
 
 func counterFromLayout(t target.Target, l *layout.Layout, vm uint64) (*rubyCounter, error) {
@@ -108,32 +120,64 @@ func counterFromLayout(t target.Target, l *layout.Layout, vm uint64) (*rubyCount
 // words near the start of every block the VM struct points to (the object
 // space is one), the one that never decreases and grows in every counting
 // window by at least the number of allocations the probes counted in it,
-// by the least margin. The check goes on after the choice: a window in
-// which the chosen word grows by less than the events counted drops it
-// (the report then falls back to scaling by time).
+// by the least margin. Ruby 3.2+ keeps one counter per size pool
+// (GC.stat(:total_allocated_objects) is their sum), none of which grows
+// by all the allocations: failing a single word, the candidates are sums
+// of words at a fixed stride in one block (the same field of consecutive
+// pool structs), checked the same way. The check goes on after the
+// choice: a window in which the chosen counter grows by less than the
+// events counted drops it (the report then falls back to scaling by time).
 type calibration struct {
 	t       target.Target
 	regions []uint64   // block addresses
 	cands   []calCand  // surviving candidates
 	first   [][]uint64 // words of each region when the first window opened
 	last    [][]uint64 // words of each region at the last read
-	windows int        // windows with events seen
-	events  uint64     // events in all windows
+	live    []bool     // regions holding a candidate (nil: all, before the first check)
+	// pools is how many size-pool counters Ruby sums (0: unknown): a
+	// sum found is completed with the pools that did not allocate
+	// while calibrating (see complete).
+	pools   int
+	windows int    // windows with events seen
+	events  uint64 // events in all windows
+	sure    uint64 // events surely counted before each read, summed
+	// quiet holds the reads (before, after) of the windows that counted
+	// too few events to list candidates from.
+	quiet [][2][][]uint64
 }
 
+// calCand is n words of one region, word, word+stride, ...: one word when
+// n is 1, the counters of consecutive size pools otherwise.
 type calCand struct {
 	region, word int
-	grown        uint64 // sum over windows of the word's growth
+	stride, n    int
+	grown        uint64 // sum over windows of the words' growth
 }
 
 const (
-	calWords      = 64   // words read from the start of each block
+	calWords      = 256  // words read from the start of each block
 	calMaxRegions = 2048 // blocks considered
+	// Sums: at most calMaxPools words, calMaxStride words apart (Ruby
+	// 3.3's size pool is 28 words, and it has 5 of them).
+	calMaxPools  = 8
+	calMaxStride = 96
+	calMaxCands  = 1 << 18
+	// calMinFirstEvents is what the window the candidates are listed
+	// from must have counted.
+	calMinFirstEvents = 200
+	calMaxQuiet       = 8
 	// calMinWindows and calMinEvents are what a choice needs: the
-	// counter of a process that does not allocate cannot be told apart.
-	calMinWindows = 2
-	calMinEvents  = 2000
-	calMaxRatio   = 50
+	// counter of a process that does not allocate cannot be told apart,
+	// and a word that follows the allocations for a while (the freed
+	// objects, swept lazily, in a steady loop) must have had the time to
+	// fall behind. Windows here are checks: window ends and the
+	// checkpoints inside windows.
+	calMinWindows = 4
+	// calMinFinalWindows is what a choice needs when counting stops
+	// before calMinWindows checks (a short run).
+	calMinFinalWindows = 2
+	calMinEvents       = 2000
+	calMaxRatio        = 50
 )
 
 // newCalibration lists the blocks that rb_vm_t (vmSize bytes at vm)
@@ -174,25 +218,32 @@ func newCalibration(t target.Target, vm, vmSize uint64) (*calibration, error) {
 	return c, nil
 }
 
-// read returns the words of every region (nil for one that cannot be read).
+// read returns the words of every live region (nil for one that is not
+// live or cannot be read).
 func (c *calibration) read() [][]uint64 {
 	out := make([][]uint64, len(c.regions))
-	bufs := make([]byte, len(c.regions)*calWords*8)
-	reqs := make([]target.Read, len(c.regions))
-	for i, a := range c.regions {
-		reqs[i] = target.Read{Addr: a, Buf: bufs[i*calWords*8 : (i+1)*calWords*8]}
+	var idx []int
+	for i := range c.regions {
+		if c.live == nil || c.live[i] {
+			idx = append(idx, i)
+		}
+	}
+	bufs := make([]byte, len(idx)*calWords*8)
+	reqs := make([]target.Read, len(idx))
+	for j, i := range idx {
+		reqs[j] = target.Read{Addr: c.regions[i], Buf: bufs[j*calWords*8 : (j+1)*calWords*8]}
 	}
 	batchErr := c.t.ReadBatch(reqs)
-	for i := range c.regions {
-		b := reqs[i].Buf
+	for j, i := range idx {
+		b := reqs[j].Buf
 		if batchErr != nil {
-			if c.t.ReadAt(b, reqs[i].Addr) != nil {
+			if c.t.ReadAt(b, reqs[j].Addr) != nil {
 				continue
 			}
 		}
 		w := make([]uint64, calWords)
-		for j := range w {
-			w[j] = binary.LittleEndian.Uint64(b[j*8:])
+		for k := range w {
+			w[k] = binary.LittleEndian.Uint64(b[k*8:])
 		}
 		out[i] = w
 	}
@@ -222,29 +273,54 @@ func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyC
 	if prev == nil {
 		return nil, 0, 0, 0
 	}
-	grew := func(r, w int) (uint64, bool) {
-		if prev[r] == nil || now[r] == nil || now[r][w] < prev[r][w] {
+	// growth is k's growth since prev; false if a word decreased or
+	// cannot be read.
+	growth := func(k calCand) (uint64, bool) {
+		p, n := prev[k.region], now[k.region]
+		if p == nil || n == nil {
 			return 0, false
 		}
-		d := now[r][w] - prev[r][w]
-		return d, d+calSlack >= sure
+		var d uint64
+		for i, w := 0, k.word; i < k.n; i, w = i+1, w+k.stride {
+			if n[w] < p[w] {
+				return 0, false
+			}
+			d += n[w] - p[w]
+		}
+		return d, true
+	}
+	if c.cands == nil && sure < calMinFirstEvents && len(c.quiet) < calMaxQuiet {
+		// Too few events to tell words apart (with the slack, nearly
+		// every sum would pass, and the candidates overflow): wait for
+		// a busier window. The candidates' growth will count this
+		// one's, as the tracker's counts do.
+		c.quiet = append(c.quiet, [2][][]uint64{prev, now})
+		c.events += events
+		c.sure += sure
+		return nil, 0, 0, 0
 	}
 	if c.cands == nil {
-		// Every word that has not decreased since the first window.
-		for r := range c.regions {
-			for w := 0; w < calWords; w++ {
-				if c.first[r] == nil || now[r] == nil || now[r][w] < c.first[r][w] || now[r][w]-c.first[r][w] > 1<<40 {
-					continue
-				}
-				if d, ok := grew(r, w); ok {
-					c.cands = append(c.cands, calCand{region: r, word: w, grown: d})
+		c.cands = c.enumerate(prev, now, sure)
+		for _, q := range c.quiet {
+			for i := range c.cands {
+				k := &c.cands[i]
+				p, n := q[0][k.region], q[1][k.region]
+				for j, w := 0, k.word; j < k.n && p != nil && n != nil; j, w = j+1, w+k.stride {
+					if n[w] >= p[w] {
+						k.grown += n[w] - p[w]
+					}
 				}
 			}
+		}
+		c.quiet = nil
+		c.live = make([]bool, len(c.regions))
+		for _, k := range c.cands {
+			c.live[k.region] = true
 		}
 	} else {
 		kept := c.cands[:0]
 		for _, k := range c.cands {
-			if d, ok := grew(k.region, k.word); ok {
+			if d, ok := growth(k); ok && d+calSlack >= sure {
 				k.grown += d
 				kept = append(kept, k)
 			}
@@ -252,6 +328,7 @@ func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyC
 		c.cands = kept
 	}
 	c.events += events
+	c.sure += sure
 	// A word that grows far faster than the allocations (a clock, a
 	// byte count, a pointer) is not the counter: Ruby's internal objects
 	// (the ones no probe reports) are rarely more than a few per object
@@ -266,22 +343,169 @@ func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyC
 	if events > 0 {
 		c.windows++
 	}
-	if c.windows < calMinWindows || c.events < calMinEvents || len(c.cands) == 0 {
+	return c.choose(now, calMinWindows)
+}
+
+// choose returns the counter the candidates point to once minWindows
+// checks and calMinEvents events are in (see close); now is the last
+// read.
+func (c *calibration) choose(now [][]uint64, minWindows int) (counter *rubyCounter, start, grown, cur uint64) {
+	if c.windows < minWindows || c.events < calMinEvents || len(c.cands) == 0 {
 		return nil, 0, 0, 0
 	}
-	best := c.cands[0]
-	for _, k := range c.cands[1:] {
-		if k.grown < best.grown {
-			best = k
+	// Before Ruby 3.2 (c.pools 0): the single word that grew least;
+	// failing one, the sum that did (the fewest words on a tie: a word
+	// that never moved adds nothing to the evidence). Since (c.pools
+	// size pools), the counter is a sum of c.pools words: the candidates
+	// that complete to one (see complete), by least growth. Candidates
+	// that grew by all the events surely counted, summed over the
+	// windows, come first among sums: the slack each window allows would
+	// otherwise favour a sum that leaves out a pool allocating a few
+	// objects per window.
+	better := func(k, b *calCand) bool {
+		if kf, bf := k.grown >= c.sure, b.grown >= c.sure; c.pools > 0 && kf != bf {
+			return kf
+		}
+		if c.pools == 0 && (k.n == 1) != (b.n == 1) {
+			return k.n == 1
+		}
+		return k.grown < b.grown || k.grown == b.grown && k.n < b.n
+	}
+	var best *calCand
+	var chosen calCand
+	for i := range c.cands {
+		k := &c.cands[i]
+		if best != nil && !better(k, best) {
+			continue
+		}
+		full := *k
+		if c.pools > 0 {
+			if full = c.complete(*k, now); full.n != c.pools {
+				continue
+			}
+		}
+		best, chosen = k, full
+	}
+	if best == nil {
+		return nil, 0, 0, 0
+	}
+	chosen0 := *best
+	best = &chosen
+	counter = &rubyCounter{t: c.t}
+	for i := 0; i < best.n; i++ {
+		w := best.word + i*best.stride
+		counter.addrs = append(counter.addrs, c.regions[best.region]+uint64(w)*8)
+		start += c.first[best.region][w]
+		cur += now[best.region][w]
+	}
+	what := fmt.Sprintf("the word at +0x%x", best.word*8)
+	if best.n > 1 {
+		what = fmt.Sprintf("the sum of %d words from +0x%x, 0x%x apart (Ruby's per-size-pool counters),", best.n, best.word*8, best.stride*8)
+	}
+	if best.n > chosen0.n {
+		what = fmt.Sprintf("%s %d of which allocated while calibrating,", what, chosen0.n)
+	}
+	counter.source = fmt.Sprintf("calibrated: %s of block 0x%x grew by at least the allocations counted in each of %d windows (%d events, %+.2f%%)",
+		what, c.regions[best.region], c.windows, c.events, 100*(float64(best.grown)-float64(c.events))/float64(c.events))
+	return counter, start, best.grown, cur
+}
+
+// calMinPoolWords is the least size of a size pool struct, in words.
+const calMinPoolWords = 8
+
+// complete extends a size-pool counter, or a sum of them, to all c.pools
+// pools: the calibration sees only the pools that allocated while it ran
+// (the objects a program makes fill one to three of Ruby's five), so k
+// may be one word, skip some (a stride of two pools) or stop short. The
+// pools' counters are the same field of consecutive structs: the
+// smallest stride dividing k's (any stride for one word; at least
+// calMinPoolWords) at which c.pools words from k's first all look like
+// counters (more than 0 since Ruby's boot allocated in every pool, below
+// 2^40, not decreased since the first window) gives the array. Without
+// c.pools, or with no such stride, k stays as found. A wrong guess shows
+// as a window in which the sum grows by less than the events counted.
+func (c *calibration) complete(k calCand, now [][]uint64) calCand {
+	if c.pools <= k.n {
+		return k
+	}
+	f, n := c.first[k.region], now[k.region]
+	like := func(w int) bool { return w < calWords && n[w] > 0 && n[w] < 1<<40 && n[w] >= f[w] }
+	if k.n == 1 {
+		// One pool allocated: the smallest stride that fits.
+		for s := calMinPoolWords; s <= calMaxStride; s++ {
+			ok := true
+			for i := 1; i < c.pools && ok; i++ {
+				ok = like(k.word + i*s)
+			}
+			if ok {
+				return calCand{region: k.region, word: k.word, stride: s, n: c.pools, grown: k.grown}
+			}
+		}
+		return k
+	}
+	for g := k.stride / calMinPoolWords; g >= 1; g-- {
+		if k.stride%g != 0 || (k.n-1)*g+1 > c.pools {
+			continue
+		}
+		s, ok := k.stride/g, true
+		for i := 0; i < c.pools && ok; i++ {
+			ok = like(k.word + i*s)
+		}
+		if ok {
+			return calCand{region: k.region, word: k.word, stride: s, n: c.pools, grown: k.grown}
 		}
 	}
-	counter = &rubyCounter{
-		t:     c.t,
-		addrs: []uint64{c.regions[best.region] + uint64(best.word)*8},
-		source: fmt.Sprintf("calibrated: the word at +0x%x of block 0x%x grew by at least the allocations counted in each of %d windows (%d events, %+.2f%%)",
-			best.word*8, c.regions[best.region], c.windows, c.events, 100*(float64(best.grown)-float64(c.events))/float64(c.events)),
+	return k
+}
+
+// sizePools is how many size pools (3.4: heaps) Ruby 3.2 to 3.4 keep on
+// 64-bit Linux, the counters GC.stat(:total_allocated_objects) sums
+// (SIZE_POOL_COUNT, HEAP_COUNT: 5); 0 for other versions.
+func sizePools(version string) int {
+	if layout.CompareVersions(version, "3.2") >= 0 && layout.CompareVersions(version, "3.5") < 0 {
+		return 5
 	}
-	return counter, c.first[best.region][best.word], best.grown, now[best.region][best.word]
+	return 0
+}
+
+// enumerate lists the candidates of a first window: every word that has
+// not decreased since the first window opened and grew in this one by at
+// least sure, and every sum of such words at a stride whose first word
+// grew and whose words grew by at least sure together.
+func (c *calibration) enumerate(prev, now [][]uint64, sure uint64) []calCand {
+	var out []calCand
+	for r := range c.regions {
+		f, p, n := c.first[r], prev[r], now[r]
+		if f == nil || p == nil || n == nil {
+			continue
+		}
+		ok := make([]bool, calWords)
+		for w := range ok {
+			ok[w] = n[w] >= f[w] && n[w]-f[w] <= 1<<40 && n[w] >= p[w]
+		}
+		for a := 0; a < calWords; a++ {
+			if !ok[a] || n[a] == p[a] {
+				continue
+			}
+			d0 := n[a] - p[a]
+			if d0+calSlack >= sure {
+				out = append(out, calCand{region: r, word: a, stride: 1, n: 1, grown: d0})
+			}
+			for s := 1; s <= calMaxStride; s++ {
+				d := d0
+				for i, w := 1, a+s; i < calMaxPools && w < calWords && ok[w]; i, w = i+1, w+s {
+					d += n[w] - p[w]
+					if d+calSlack >= sure {
+						out = append(out, calCand{region: r, word: a, stride: s, n: i + 1, grown: d})
+					}
+				}
+			}
+			if len(out) > calMaxCands {
+				return out
+			}
+		}
+	}
+	return out
 }
 
 // failed reports whether no candidate is left.

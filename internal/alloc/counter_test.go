@@ -59,7 +59,8 @@ func TestCalibration(t *testing.T) {
 	cal.open()
 	var found *rubyCounter
 	var start, grown uint64
-	windows := []struct{ events, internal, freed uint64 }{{1500, 20, 1600}, {1200, 10, 900}, {1300, 15, 1400}}
+	windows := []struct{ events, internal, freed uint64 }{{1500, 20, 1600}, {1200, 10, 900}, {1300, 15, 1400}, {1400, 12, 1500},
+		{1100, 9, 1200}, {1250, 11, 1300}, {1350, 14, 1450}, {1450, 16, 1550}, {1000, 8, 1100}}
 	var want uint64
 	for i, w := range windows {
 		m.words[counter] += w.events + w.internal
@@ -95,6 +96,81 @@ func TestCalibration(t *testing.T) {
 	}
 	if !cal.failed() {
 		t.Errorf("calibration kept %d candidates for a counter that cannot be there", len(cal.cands))
+	}
+}
+
+// TestCalibrationSizePools: Ruby 3.2+ counts allocations per size pool
+// (GC.stat(:total_allocated_objects) is the sum), so no single word grows
+// by all the allocations. Calibration must find the pools' counters (same
+// field of consecutive structs) and sum them, not a pool's freed counter
+// (which sometimes grows less), a clock, or the pools that allocated while
+// calibrating alone: the array of all five pools' counters.
+func TestCalibrationSizePools(t *testing.T) {
+	const vm, objspace = 0x10000, 0x20000
+	const poolWords, counterWord, freedWord = 28, 10, 11
+	m := &memTarget{words: map[uint64]uint64{}, maps: []target.Mapping{{Start: 0x10000, End: 0x40000, Perms: "rw-p"}}}
+	m.words[vm+8] = objspace
+	pool := func(i, w int) uint64 { return objspace + uint64(8*(i*poolWords+w)) }
+	for i := 0; i < 5; i++ {
+		m.words[pool(i, counterWord)] = uint64(10_000 * (i + 1))
+		m.words[pool(i, freedWord)] = uint64(9_000 * (i + 1))
+	}
+	m.words[objspace+8] = 1 << 30 // a clock
+	cal, err := newCalibration(m, vm, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal.pools = 5
+	cal.open()
+	// Allocations per pool and window; pools 1 and 3 allocate nothing,
+	// pool 4 a few (within each window's slack). The first window counts
+	// too few to list candidates from; its growth still counts.
+	windows := [][5]uint64{{30, 0, 10, 0, 0}, {900, 0, 300, 0, 5}, {700, 0, 200, 0, 9}, {800, 0, 250, 0, 3}, {1000, 0, 310, 0, 7}, {600, 0, 150, 0, 4},
+		{650, 0, 180, 0, 6}, {720, 0, 210, 0, 2}, {880, 0, 260, 0, 8}, {910, 0, 290, 0, 5}}
+	var found *rubyCounter
+	var start, grown, want uint64
+	for i, w := range windows {
+		var events uint64
+		for p, n := range w {
+			if n > 0 {
+				m.words[pool(p, counterWord)] += n + 1 // and one internal object
+				want += n + 1
+				events += n
+			}
+			// Freed objects: the pool's allocations but late.
+			if i%2 == 1 {
+				m.words[pool(p, freedWord)] += 2 * n
+			}
+		}
+		m.words[objspace+8] += 1 << 20
+		c, s, g, _ := cal.close(cal.read(), events, events)
+		if c != nil {
+			found, start, grown = c, s, g
+			t.Logf("window %d: %s", i, c.source)
+			break
+		}
+	}
+	if found == nil {
+		t.Fatalf("no counter found (%d candidates left)", len(cal.cands))
+	}
+	// All five pools: not pools 0 and 2 alone, which grew by the events
+	// but for pool 4's few, within each window's slack, nor 0, 2 and 4
+	// at twice the pool stride.
+	var sum, wantStart uint64
+	for _, a := range found.addrs {
+		sum += m.words[a]
+	}
+	for p := 0; p < 5; p++ {
+		wantStart += uint64(10_000 * (p + 1))
+	}
+	if len(found.addrs) != 5 || found.addrs[0] != pool(0, counterWord) || found.addrs[4] != pool(4, counterWord) {
+		t.Errorf("chose %x, want the counters of pools 0-4 (%x...%x)", found.addrs, pool(0, counterWord), pool(4, counterWord))
+	}
+	if start != wantStart || grown != want {
+		t.Errorf("start %d grown %d, want %d and %d", start, grown, wantStart, want)
+	}
+	if v, err := found.read(); err != nil || v != wantStart+want || v != sum {
+		t.Errorf("counter reads %d (%v), want %d", v, err, wantStart+want)
 	}
 }
 

@@ -121,18 +121,10 @@ func TestDefaultMode(t *testing.T) {
 			}
 		}
 		// Totals, against Ruby's own count. Without DWARF the counter is
-		// found by calibration, which looks for one word: Ruby 3.2+
-		// counts per size pool (a sum of words), so there the estimate
-		// falls back to scaling by time, says so, and only shares hold.
+		// found by calibration: one word before Ruby 3.2, the sum of the
+		// size pools' counters since.
 		if r.Scaling != "counter" {
-			if rb.HasDWARF || !(rb.Version >= "3.2") {
-				t.Fatalf("scaling %q, want counter (%s)", r.Scaling, r.CounterSource)
-			}
-			if r.Scaling != "time" || !r.Estimated {
-				t.Errorf("scaling %q estimated %v, want an estimate scaled by time", r.Scaling, r.Estimated)
-			}
-			t.Logf("Ruby %s without DWARF: totals not checked (%s)", rb.Version, r.CounterSource)
-			return
+			t.Fatalf("scaling %q, want counter (%s)", r.Scaling, r.CounterSource)
 		}
 		if d := float64(r.RubyAllocated)/float64(truth) - 1; math.Abs(d) > 0.05 {
 			t.Errorf("Ruby's counter read by rbscope grew by %d, GC.stat by %d", r.RubyAllocated, truth)
@@ -145,6 +137,40 @@ func TestDefaultMode(t *testing.T) {
 		}
 		if t.Failed() {
 			logReport(t, r)
+		}
+	})
+}
+
+// TestDefaultModePoolsChange reads Ruby's counter while the program moves
+// from small objects only to larger strings and arrays, which Ruby 3.2+
+// counts in other size pools than the ones allocating while the counter
+// was found (by calibration where there is no DWARF): the counter rbscope
+// reads must still grow by what GC.stat(:total_allocated_objects) says,
+// within 5%, and never be dropped.
+func TestDefaultModePoolsChange(t *testing.T) {
+	needBPF(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startRuby(t, rb, script(t, "phases.rb"), "1.2")
+		p.expect(t, "ready")
+		tr := attachOrMissing(t, p.cmd.Process.Pid, Options{})
+		p.send(t)
+		var before, after uint64
+		line := p.expectPrefix(t, "stat ")
+		if _, err := fmt.Sscanf(line, "stat %d %d", &before, &after); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		tr.Stop()
+		r, err := tr.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		truth := after - before
+		t.Logf("%s: scaling %s, Ruby counted %d (GC.stat: %d); counter: %s", rb.Name, r.Scaling, r.RubyAllocated, truth, r.CounterSource)
+		if r.Scaling != "counter" || strings.Contains(r.CounterSource, "dropped") {
+			t.Fatalf("scaling %q, want counter (%s)", r.Scaling, r.CounterSource)
+		}
+		if d := float64(r.RubyAllocated)/float64(truth) - 1; math.Abs(d) > 0.05 {
+			t.Errorf("Ruby's counter read by rbscope grew by %d, GC.stat by %d (%+.1f%%)", r.RubyAllocated, truth, 100*d)
 		}
 	})
 }

@@ -4,10 +4,10 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/usdt"
 )
@@ -65,10 +65,12 @@ type Site struct {
 // Plan is what Attach will attach to in one process.
 type Plan struct {
 	// Binary is the path of the ELF file in the target's mount namespace
-	// ("/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1").
+	// ("/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"). The plan was
+	// read from the file the process mapped (target.Target.OpenFile),
+	// never from another file now at that path.
 	Binary string
-	// HostPath opens Binary from this host (through /proc/PID/root).
-	HostPath string
+	// BuildID is the mapped binary's GNU build id (hex, "" if none).
+	BuildID string
 	// Mode is "usdt" or "symbols".
 	Mode  string
 	Sites []Site
@@ -126,12 +128,13 @@ func PlanFor(t target.Target, forceSymbols bool) (*Plan, error) {
 	var errs []error
 	var symPlan *Plan
 	for _, c := range cands {
-		host := target.HostPath(t.Pid(), c)
-		if _, err := os.Stat(host); err != nil {
-			host = c
-		}
-		p, err := planBinary(c, host, forceSymbols)
+		p, err := planMapped(t, c, forceSymbols)
 		if err != nil {
+			if target.IsReplaced(err) || target.IsExited(err) {
+				// Another Ruby binary would not help: the VM is
+				// in this one.
+				return nil, err
+			}
 			errs = append(errs, err)
 			continue
 		}
@@ -154,18 +157,35 @@ func PlanFor(t target.Target, forceSymbols bool) (*Plan, error) {
 	return nil, fmt.Errorf("%w: looked in %s", ErrNoProbes, strings.Join(cands, ", "))
 }
 
+// planMapped opens the binary the process mapped as path (the mapped
+// object itself, or the file at the path once its inode and build id are
+// checked: target.ErrReplaced otherwise) and plans for it.
+func planMapped(t target.Target, path string, forceSymbols bool) (*Plan, error) {
+	r, err := t.OpenFile(path)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return nil, fmt.Errorf("read ELF %s of process %d: %w", path, t.Pid(), err)
+	}
+	p, err := planBinary(f, path, forceSymbols)
+	if p != nil {
+		if p.BuildID, err = elfx.FileBuildID(r); err != nil {
+			return nil, fmt.Errorf("build id of %s: %w", path, err)
+		}
+	}
+	return p, err
+}
+
 // planBinary returns the plan for one binary, nil if it has nothing to
 // attach to.
-func planBinary(path, host string, forceSymbols bool) (*Plan, error) {
-	f, err := elf.Open(host)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	defer f.Close()
+func planBinary(f *elf.File, path string, forceSymbols bool) (*Plan, error) {
 	if f.Machine != elf.EM_X86_64 {
 		return nil, fmt.Errorf("%s: %v is not supported (x86_64 only)", path, f.Machine)
 	}
-	plan := &Plan{Binary: path, HostPath: host}
+	plan := &Plan{Binary: path}
 	if !forceSymbols {
 		probes, err := usdt.FromELF(f)
 		if err != nil {

@@ -22,6 +22,12 @@ type RunConfig struct {
 	// OnReport is called every Interval with the cumulative report and
 	// the previous one (nil the first time): the live view.
 	OnReport func(r, prev *Report)
+	// OnPush is called every PushInterval (default 10s) with the
+	// cumulative report, while counting (rbscope alloc --upload cuts it
+	// with Intervals; the final report, which Run returns, ends the last
+	// interval).
+	OnPush       func(r *Report)
+	PushInterval time.Duration
 }
 
 // Run attaches to the process, counts until ctx is done, Duration has
@@ -29,6 +35,9 @@ type RunConfig struct {
 func Run(ctx context.Context, cfg RunConfig) (*Report, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
+	}
+	if cfg.PushInterval <= 0 {
+		cfg.PushInterval = 10 * time.Second
 	}
 	logf := func(format string, args ...any) {
 		if cfg.Log != nil {
@@ -75,7 +84,7 @@ func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err 
 	resolve := time.NewTicker(250 * time.Millisecond)
 	defer resolve.Stop()
 	var last *Report
-	lastDraw := time.Now()
+	lastDraw, lastPush := time.Now(), time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -95,6 +104,13 @@ func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err 
 		if cfg.OnReport != nil && time.Since(lastDraw) >= cfg.Interval {
 			cfg.OnReport(r, last)
 			last, lastDraw = r, time.Now()
+		}
+		if cfg.OnPush != nil && time.Since(lastPush) >= cfg.PushInterval {
+			cfg.OnPush(r)
+			lastPush = lastPush.Add(cfg.PushInterval)
+			if time.Since(lastPush) >= cfg.PushInterval {
+				lastPush = time.Now() // fell behind: no burst of catch-up pushes
+			}
 		}
 	}
 }

@@ -22,6 +22,8 @@ const (
 	statGCSweepNS
 	statGCSweepCount
 	statObjects
+	statStacks     // stacks copied to the ring buffer
+	statStacksLost // stacks the ring buffer had no room for
 )
 
 // AnonymousClass names the objects of anonymous classes (Class.new),

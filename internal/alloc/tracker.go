@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/rbscope/rbscope/internal/elfx"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 )
@@ -84,6 +85,7 @@ type Tracker struct {
 	prog  *ebpf.Program // the program attached (multi or per-site)
 	multi bool          // one uprobe_multi link instead of one link per site
 	exe   *link.Executable
+	bin   target.File // the mapped binary, which exe names by descriptor
 	start time.Time
 
 	mu       sync.Mutex
@@ -104,14 +106,18 @@ type Tracker struct {
 	// being found), counterStart its value when counting began,
 	// counterOn its growth inside counting windows, winCounter its value
 	// when the current window opened, winEvents the events then.
-	counter      *rubyCounter
-	cal          *calibration
-	counterNote  string
-	counterStart uint64
-	counterEnd   uint64
-	counterOn    uint64
-	winCounter   uint64
-	winEvents    uint64
+	counter     *rubyCounter
+	cal         *calibration
+	counterNote string
+	// calVM and calSize locate rb_vm_t for calibrating (again): 0 when
+	// the counter came from DWARF.
+	calVM, calSize uint64
+	recalibrations int
+	counterStart   uint64
+	counterEnd     uint64
+	counterOn      uint64
+	winCounter     uint64
+	winEvents      uint64
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader
@@ -213,14 +219,14 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 		}
 	}
 	var err2 error
-	tr.exe, err2 = link.OpenExecutable(plan.HostPath)
-	if err2 != nil {
+	if tr.bin, tr.exe, err2 = openMapped(t, plan); err2 != nil {
 		tr.maps.Close()
-		return nil, fmt.Errorf("open %s: %w", plan.Binary, err2)
+		return nil, err2
 	}
 	tr.start = time.Now()
 	if err := tr.loadAndAttach(spec); err != nil {
 		tr.maps.Close()
+		tr.bin.Close()
 		return nil, err
 	}
 	if stackPeriod > 0 {
@@ -285,13 +291,14 @@ var forcePerSite = false
 
 func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
-		allocMapProbeSpecs: tr.maps.ProbeSpecs,
-		allocMapSites:      tr.maps.Sites,
-		allocMapClasses:    tr.maps.Classes,
-		allocMapStats:      tr.maps.Stats,
-		allocMapGcStart:    tr.maps.GcStart,
-		allocMapGate:       tr.maps.Gate,
-		allocMapStacks:     tr.maps.Stacks,
+		allocMapProbeSpecs:     tr.maps.ProbeSpecs,
+		allocMapSites:          tr.maps.Sites,
+		allocMapClasses:        tr.maps.Classes,
+		allocMapStats:          tr.maps.Stats,
+		allocMapGcStart:        tr.maps.GcStart,
+		allocMapGate:           tr.maps.Gate,
+		allocMapStackCountdown: tr.maps.StackCountdown,
+		allocMapStacks:         tr.maps.Stacks,
 	}
 }
 
@@ -448,6 +455,14 @@ func (tr *Tracker) Stop() {
 	tr.mu.Lock()
 	tr.detach()
 	tr.end = time.Now()
+	if tr.cal != nil && tr.cal.last != nil {
+		// A run too short for the usual evidence: choose on what there
+		// is, rather than scale by time.
+		if c, start, grown, _ := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
+			tr.counter, tr.cal = c, nil
+			tr.counterStart, tr.counterOn = start, grown
+		}
+	}
 	if tr.counter != nil {
 		// The total runs to the end, not to the last window's close.
 		if v, err := tr.counter.read(); err == nil {
@@ -455,7 +470,38 @@ func (tr *Tracker) Stop() {
 		}
 	}
 	tr.mu.Unlock()
+	tr.drainStacks()
 }
+
+// drainStacks waits (at most stackDrainTimeout) until the stack reader
+// has taken every stack the program copied before Stop detached it, so
+// that the report after Stop holds them: the reader may still be opening
+// its walker (seconds for a large static Ruby) when a short run ends.
+func (tr *Tracker) drainStacks() {
+	if tr.stackRd == nil {
+		return
+	}
+	want, err := tr.statSum(statStacks)
+	if err != nil {
+		return
+	}
+	deadline := time.Now().Add(stackDrainTimeout)
+	for time.Now().Before(deadline) {
+		tr.mu.Lock()
+		got := tr.stacks.total
+		tr.mu.Unlock()
+		if got >= want {
+			return
+		}
+		select {
+		case <-tr.stackDone:
+			return // the reader gave up (no walker)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+const stackDrainTimeout = 10 * time.Second
 
 // Close detaches and frees everything. The kernel also detaches (and
 // decrements the probes' semaphores) when rbscope dies, because the links
@@ -478,7 +524,38 @@ func (tr *Tracker) Close() error {
 		tr.prog.Close()
 	}
 	tr.maps.Close()
+	tr.bin.Close()
 	return tr.t.Close()
+}
+
+// openMapped opens the binary the process mapped as plan.Binary (see
+// target.Target.OpenFile: the mapped object itself, or the file at the
+// path once its inode and build id are checked) and names it for the
+// kernel by its descriptor, /proc/<rbscope's pid>/fd/N. Uprobes live on
+// an inode, which the kernel finds from a path at every attach (every
+// window): a path in the target's file system could by then name another
+// file (a libruby replaced by an upgrade), the descriptor cannot.
+func openMapped(t target.Target, plan *Plan) (target.File, *link.Executable, error) {
+	f, err := t.OpenFile(plan.Binary)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s of process %d to attach to it: %w", plan.Binary, t.Pid(), err)
+	}
+	fd, ok := f.(interface{ Fd() uintptr })
+	if !ok {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s of process %d has no file descriptor to attach to", plan.Binary, t.Pid())
+	}
+	if id, err := elfx.FileBuildID(f); err != nil || id != plan.BuildID {
+		f.Close()
+		return nil, nil, target.ErrReplaced{Pid: t.Pid(), Path: plan.Binary,
+			Why: fmt.Sprintf("build id %q when probes were planned, %q now (%v)", plan.BuildID, id, err)}
+	}
+	exe, err := link.OpenExecutable(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd.Fd()))
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("open %s of process %d to attach to it: %w", plan.Binary, t.Pid(), err)
+	}
+	return f, exe, nil
 }
 
 // Alive reports whether the traced process still exists (a zombie has

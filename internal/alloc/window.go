@@ -43,7 +43,8 @@ func (tr *Tracker) findCounter() {
 		tr.counterNote += fmt.Sprintf("; calibration: %v", err)
 		return
 	}
-	tr.cal = cal
+	cal.pools = sizePools(p.Version())
+	tr.cal, tr.calVM, tr.calSize = cal, vm, size
 }
 
 // statSum reads one statistics slot, summed over CPUs.
@@ -59,16 +60,15 @@ func (tr *Tracker) statSum(slot uint32) (uint64, error) {
 	return sum, nil
 }
 
-// setGate opens or closes the counting gate; the first failure is kept
-// in dutyErr (the next snapshot reports it).
-func (tr *Tracker) setGate(open bool) {
+func (tr *Tracker) setGate(open bool) error {
 	v := uint32(0)
 	if open {
 		v = 1
 	}
-	if err := tr.maps.Gate.Put(uint32(0), v); err != nil && tr.dutyErr == nil {
-		tr.dutyErr = fmt.Errorf("set counting gate: %w", err)
+	if err := tr.maps.Gate.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("set counting gate: %w", err)
 	}
+	return nil
 }
 
 // openWindow starts counting once the probes are attached: it reads Ruby's
@@ -76,45 +76,55 @@ func (tr *Tracker) setGate(open bool) {
 // not by Ruby's count: a few at most per window).
 func (tr *Tracker) openWindow() {
 	tr.winEvents, _ = tr.statSum(statObjects)
-	if v, ok := tr.readCounter(); ok {
+	switch {
+	case tr.counter != nil:
+		v, err := tr.counter.read()
+		if err != nil {
+			tr.dropCounter(err.Error())
+			break
+		}
 		tr.winCounter = v
 		if tr.counterStart == 0 {
 			tr.counterStart = v
 		}
-	} else if tr.cal != nil {
+	case tr.cal != nil:
 		tr.cal.open()
 	}
-	tr.setGate(true)
+	if err := tr.setGate(true); err != nil && tr.dutyErr == nil {
+		tr.dutyErr = err
+	}
 	tr.onSince = time.Now()
 }
 
 // closeWindow stops counting (before the probes are detached): it closes
 // the gate, then reads Ruby's counter.
 func (tr *Tracker) closeWindow() {
-	tr.setGate(false)
+	if err := tr.setGate(false); err != nil && tr.dutyErr == nil {
+		tr.dutyErr = err
+	}
 	tr.onTotal += time.Since(tr.onSince)
 	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
-	if v, ok := tr.readCounter(); ok {
-		tr.counterWindow(v, events)
-	} else if tr.cal != nil {
+	switch {
+	case tr.counter != nil:
+		v, err := tr.counter.read()
+		if err != nil {
+			tr.dropCounter(err.Error())
+			break
+		}
+		tr.counterEnd = v
+		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "window: events %d counter +%d\n", events, int64(v-tr.winCounter))
+		}
+		if v < tr.winCounter || v-tr.winCounter+calSlack < events {
+			// The check that chose the counter, repeated on every window.
+			tr.dropCounter(fmt.Sprintf("it grew by %d in a window that counted %d allocations", int64(v-tr.winCounter), events))
+			break
+		}
+		tr.counterOn += v - tr.winCounter
+	case tr.cal != nil:
 		tr.calClose(tr.cal.read(), events, events)
 	}
-}
-
-// counterWindow adds the growth of Ruby's counter over a window that
-// counted events allocations, and drops a counter that grew by less.
-func (tr *Tracker) counterWindow(v, events uint64) {
-	tr.counterEnd = v
-	if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "window: events %d counter +%d\n", events, int64(v-tr.winCounter))
-	}
-	if v < tr.winCounter || v-tr.winCounter+calSlack < events {
-		// The check that chose the counter, repeated on every window.
-		tr.dropCounter(fmt.Sprintf("it grew by %d in a window that counted %d allocations", int64(v-tr.winCounter), events))
-		return
-	}
-	tr.counterOn += v - tr.winCounter
 }
 
 // calSteps is how many checkpoints a window has while calibrating, each at
@@ -158,6 +168,9 @@ func (tr *Tracker) checkpoint() {
 // whether it chose the counter, whose value in now is cur.
 func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, found bool) {
 	c, start, grown, cur := tr.cal.close(now, sure, events)
+	if c != nil && tr.recalibrations > 0 {
+		c.source += fmt.Sprintf(", found again since it counts (%s)", tr.counterNote)
+	}
 	if c != nil {
 		tr.counter, tr.cal = c, nil
 		tr.counterStart, tr.counterOn, tr.counterEnd = start, grown, cur
@@ -170,25 +183,32 @@ func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, fo
 	return 0, false
 }
 
-// readCounter reads Ruby's allocation counter at a window's edge: false
-// when there is none (yet), or the read failed, which drops the counter
-// (counts then scale by time). The counter and the calibration that looks
-// for it are never both set.
-func (tr *Tracker) readCounter() (uint64, bool) {
-	if tr.counter == nil {
-		return 0, false
-	}
-	v, err := tr.counter.read()
-	if err != nil {
-		tr.dropCounter(err.Error())
-		return 0, false
-	}
-	return v, true
-}
+// maxRecalibrations bounds how often a calibrated counter that failed
+// the check is looked for again.
+const maxRecalibrations = 3
 
+// dropCounter stops trusting the counter. A calibrated one is looked for
+// again: a sum of size-pool counters holds only the pools that allocated
+// while it was found, and one that starts allocating later fails the
+// check. Until a new one is found (and after maxRecalibrations), counts
+// are scaled by time; a new counter's scale covers the windows since it
+// was found.
 func (tr *Tracker) dropCounter(why string) {
 	tr.counterNote = fmt.Sprintf("Ruby's allocation counter (%s) dropped: %s", tr.counter.source, why)
 	tr.counter = nil
+	tr.counterStart, tr.counterEnd, tr.counterOn, tr.winCounter = 0, 0, 0, 0
+	if tr.calVM == 0 || tr.opts.Exact || tr.recalibrations >= maxRecalibrations {
+		return
+	}
+	cal, err := newCalibration(tr.t, tr.calVM, tr.calSize)
+	if err != nil {
+		tr.counterNote += fmt.Sprintf("; calibrating again: %v", err)
+		return
+	}
+	cal.pools = sizePools(tr.rb.Version())
+	tr.cal = cal
+	tr.recalibrations++
+	tr.counterNote += "; calibrating again"
 }
 
 // scaling returns the factor counts are multiplied by, how it was found

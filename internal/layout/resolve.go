@@ -154,11 +154,18 @@ func FromBinaryFile(path string, want []string, roots []string) (*Layout, error)
 		return nil, fmt.Errorf("open binary: %w", err)
 	}
 	defer f.Close()
-	q, err := QueryFromELF(f, path, path)
+	return FromBinary(f, path, path, want, roots)
+}
+
+// FromBinary is FromBinaryFile for a binary already open as r (the file a
+// process mapped, say), named path in the target's file system and
+// hostPath on this host (where files beside it are looked for).
+func FromBinary(r io.ReaderAt, path, hostPath string, want []string, roots []string) (*Layout, error) {
+	q, err := QueryFromELF(r, path, hostPath)
 	if err != nil {
 		return nil, err
 	}
-	return extractFor(f, q, roots, want, debuginfodDir(DefaultCacheDir()), func(l *Layout) bool { return len(l.Structs) > 0 })
+	return extractFor(r, q, roots, want, debuginfodDir(DefaultCacheDir()), func(l *Layout) bool { return len(l.Structs) > 0 })
 }
 
 // extractFor reads the layout from the binary's own DWARF, else from its

@@ -324,7 +324,18 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 	frames := append(p.frameBuf[:0], prefix...) // copied by keepFrames
 	pending := p.pendingBuf[:0]                 // C frames waiting for their Ruby caller's path/line
 	for i := range fds {
-		fr, ok, err := p.frame(&fds[i])
+		// A slot whose frame is unchanged (cached) with the same pc names
+		// the same frame: the name from last time stands.
+		e := &slots[top-i]
+		pc := o.cfpPC.u64(fds[i].cf)
+		var fr stack.Frame
+		var ok bool
+		var err error
+		if cached[i] && e.named && e.namedPC == pc {
+			fr, ok, p.frameDone = e.fr, e.frOK, e.frDone
+		} else if fr, ok, err = p.frame(&fds[i]); err == nil {
+			e.named, e.namedPC, e.fr, e.frOK, e.frDone = true, pc, fr, ok, p.frameDone
+		}
 		if errors.Is(err, ErrTorn) {
 			return nil, err
 		}
@@ -482,7 +493,7 @@ func sameFrames(o *offsets, a, b []byte) bool {
 
 // maxSlotCache bounds the per-slot frame cache (control-frame slots of
 // every VM stack).
-const maxSlotCache = 1 << 16
+const maxSlotCache = 1 << 15
 
 // stackSlots returns the slot cache of the VM stack that ends at end, with
 // at least n slots (one map lookup per stack and snapshot, not per frame).
@@ -516,6 +527,11 @@ type slotEntry struct {
 	key                    slotKey
 	gen                    uint64 // GC epoch of the reads
 	epData, iseqHdr, meHdr [24]byte
+	// The frame named from them at pc namedPC (when named).
+	named        bool
+	namedPC      uint64
+	fr           stack.Frame
+	frOK, frDone bool
 }
 
 // batch reads reqs in one system call where the target allows it; a

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/pprof/profile"
+
 	"github.com/rbscope/rbscope/internal/stack"
 )
 
@@ -56,7 +58,7 @@ type Uploader struct {
 	cancel   context.CancelFunc
 	once     sync.Once
 
-	lastDropWarn time.Time   // encoder goroutine only
+	lastDropWarn time.Time   // guarded by mu
 	abort        atomic.Bool // Close's deadline passed
 
 	samples, empty, pushed, pushedSamples atomic.Int64
@@ -217,7 +219,46 @@ func (u *Uploader) encode(iv interval) {
 	if n == 0 {
 		return
 	}
-	m := meta{Name: u.name, From: iv.start.UnixNano(), Until: iv.end.UnixNano(), Rate: u.cfg.SampleRate, Samples: n}
+	u.enqueue(meta{Name: u.name, From: iv.start.UnixNano(), Until: iv.end.UnixNano(), Rate: u.cfg.SampleRate, Samples: n}, data)
+}
+
+// AddProfile queues a finished profile covering [from, until), made
+// elsewhere than from samples (rbscope alloc's allocation profile of one
+// interval), to be pushed like the sampled intervals: in the background,
+// retried while the server is down, kept in QueueDir. Its timestamp is
+// set to from, moved on to stay unique per uploader (Pyroscope keeps one
+// profile per series and timestamp). n is what Stats counts it as
+// (samples, allocations). It never blocks on the network; after Close it
+// does nothing.
+func (u *Uploader) AddProfile(from, until time.Time, p *profile.Profile, n int) error {
+	u.mu.Lock()
+	if u.closed {
+		u.mu.Unlock()
+		return nil
+	}
+	stamp := from.Truncate(time.Millisecond)
+	if !stamp.After(u.lastStamp) {
+		stamp = u.lastStamp.Add(time.Millisecond)
+	}
+	u.lastStamp = stamp
+	u.mu.Unlock()
+	u.samples.Add(int64(n))
+	p = p.Copy()
+	p.TimeNanos = stamp.UnixNano()
+	p.DurationNanos = until.Sub(from).Nanoseconds()
+	var buf bytes.Buffer
+	if err := p.Write(&buf); err != nil {
+		u.dropped.Add(1)
+		u.droppedSamples.Add(int64(n))
+		return fmt.Errorf("encode profile: %w", err)
+	}
+	u.enqueue(meta{Name: u.name, From: from.UnixNano(), Until: until.UnixNano(), Rate: u.cfg.SampleRate, Samples: n}, buf.Bytes())
+	return nil
+}
+
+// enqueue queues one encoded profile, dropping the oldest when the queue
+// is full.
+func (u *Uploader) enqueue(m meta, data []byte) {
 	if u.cfg.backpressure {
 		// PushRecording: wait for room rather than drop (Close's deadline
 		// ends the wait).
@@ -236,8 +277,13 @@ func (u *Uploader) encode(iv interval) {
 		}
 		u.dropped.Add(int64(len(lost)))
 		u.droppedSamples.Add(samples)
-		if now := time.Now(); now.Sub(u.lastDropWarn) > 10*time.Second {
-			u.lastDropWarn = now
+		u.mu.Lock()
+		warn := time.Since(u.lastDropWarn) > 10*time.Second
+		if warn {
+			u.lastDropWarn = time.Now()
+		}
+		u.mu.Unlock()
+		if warn {
 			qn, qb, _ := u.q.stats()
 			u.cfg.Logf("queue full (%d profiles, %d bytes): dropping the oldest profiles; %d profiles (%d samples) dropped so far",
 				qn, qb, u.dropped.Load(), u.droppedSamples.Load())

@@ -203,6 +203,16 @@ struct {
 	__type(value, __u64);
 } pending_new SEC(".maps");
 
+/* Counted events left before the next stack copy, per CPU: a countdown
+ * instead of a random draw per event (a helper call and a division on
+ * every allocation), reset to a random gap of mean stack_period. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} stack_countdown SEC(".maps");
+
 static __always_inline void stat_add(__u32 slot, __u64 v)
 {
 	__u64 *p = bpf_map_lookup_elem(&stats, &slot);
@@ -378,9 +388,12 @@ static __always_inline void capture(const struct site_key *sk, __u64 bytes)
 	bpf_ringbuf_submit(e, 0);
 }
 
-static __always_inline int handle(struct pt_regs *ctx)
+/* check_pid: the link does not filter by process itself (a perf-event
+ * uprobe follows one task; a uprobe_multi link with a PID runs the
+ * program only in that process's threads). */
+static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 {
-	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != target_tgid)
+	if (check_pid && (__u32)(bpf_get_current_pid_tgid() >> 32) != target_tgid)
 		return 0;
 
 	__u32 idx = (__u32)bpf_get_attach_cookie(ctx);
@@ -435,16 +448,7 @@ static __always_inline int handle(struct pt_regs *ctx)
 	switch (kind) {
 	case KIND_OBJECT:
 		sk.cls = a0;
-		/* An anonymous class's name ("#<Class:0x...>") is a temporary
-		 * string made for this one event: its pointer is unique and the
-		 * memory is soon reused. Count those under one marker instead
-		 * (2 bytes read, not a string copy). */
-		if (a0) {
-			char p[2] = {};
-			if (!bpf_probe_read_user(p, sizeof(p), (void *)a0) && p[0] == '#' && p[1] == '<')
-				sk.cls = ANON_CLASS;
-		}
-		ck.cls = sk.cls;
+		ck.cls = a0;
 		break;
 	case KIND_NEWOBJ:
 		sk.cls = a0;
@@ -466,13 +470,46 @@ static __always_inline int handle(struct pt_regs *ctx)
 	/* Per-class totals are the sums of the sites, taken in user space;
 	 * the class map only catches events whose site did not fit. One hash
 	 * update per event instead of two. */
+	struct counter *c = bpf_map_lookup_elem(&sites, &sk);
+	if (c) {
+		/* A site seen before: nothing to read from the target (a
+		 * user-memory read costs about as much as the rest of this
+		 * program). */
+		c->count++;
+		c->bytes += bytes;
+		goto counted;
+	}
+	/* An anonymous class's name ("#<Class:0x...>") is a temporary string
+	 * made for this one event: its pointer is unique and the memory is
+	 * soon reused. Count those under one marker instead (2 bytes read,
+	 * not a string copy), checked only for a key not seen before: a
+	 * named class's name stays where it is, and hits the lookup above. */
+	if (kind == KIND_OBJECT && a0) {
+		char p[2] = {};
+		if (!bpf_probe_read_user(p, sizeof(p), (void *)a0) && p[0] == '#' && p[1] == '<') {
+			sk.cls = ANON_CLASS;
+			ck.cls = ANON_CLASS;
+		}
+	}
 	if (bump(&sites, &sk, bytes)) {
 		stat_add(STAT_SITES_FULL, 1);
 		if (bump(&classes, &ck, bytes))
 			stat_add(STAT_CLASSES_FULL, 1);
 	}
-	if (stack_period && bpf_get_prandom_u32() % stack_period == 0)
-		capture(&sk, bytes);
+counted:
+	if (stack_period) {
+		__u32 zero = 0;
+		__u32 *left = bpf_map_lookup_elem(&stack_countdown, &zero);
+		if (left) {
+			if (*left > 1) {
+				(*left)--;
+			} else {
+				/* The next gap: uniform in [1, 2*stack_period-1]. */
+				*left = 1 + bpf_get_prandom_u32() % (2 * stack_period - 1);
+				capture(&sk, bytes);
+			}
+		}
+	}
 	return 0;
 }
 
@@ -480,14 +517,14 @@ static __always_inline int handle(struct pt_regs *ctx)
 SEC("uprobe.multi")
 int ruby_alloc_multi(struct pt_regs *ctx)
 {
-	return handle(ctx);
+	return handle(ctx, 0);
 }
 
 /* Attached with one perf-event uprobe per site, on older kernels. */
 SEC("uprobe")
 int ruby_alloc(struct pt_regs *ctx)
 {
-	return handle(ctx);
+	return handle(ctx, 1);
 }
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";

@@ -1,7 +1,7 @@
 # Allocation stacks: A#outer -> B#middle -> C#inner allocates Widgets.
 # Prints "ready", waits for a line, allocates N Widgets (or, given
-# SECONDS, batches of N for that long), prints "done", waits for a line to
-# exit.
+# SECONDS, batches of N for that long, then prints "widgets COUNT"),
+# prints "done", waits for a line to exit.
 class Widget; end
 class C; def inner; Widget.new; end; end
 class B; def initialize; @c = C.new; end; def middle; @c.inner; end; end
@@ -23,7 +23,12 @@ puts "ready"
 STDIN.gets
 if secs
   t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-  a.outer(n) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0 < secs
+  batches = 0
+  while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0 < secs
+    a.outer(n)
+    batches += 1
+  end
+  puts "widgets #{batches * n}"
 else
   a.outer(n)
 end
