@@ -244,7 +244,19 @@ func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 					if s := procfs.TaskState(pid, tid); s == 'Z' || s == 'X' || s == 0 {
 						continue // exiting: the kernel refuses to attach
 					}
-					if tracer := tracerPid(pid, tid); tracer != 0 {
+					if tracer := tracerPid(pid, tid); tracer == unix.Gettid() {
+						// Seized by this pauser in an earlier pause whose
+						// wait for its stop gave up, and not detached
+						// since (its stop was never seen): it is ours to
+						// stop and detach now, or it stays stopped.
+						delete(p.pending, tid)
+						seized = append(seized, tid)
+						added = true
+						if err := ptrace(unix.PTRACE_INTERRUPT, tid, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+							return fail(fmt.Errorf("interrupt thread %d of process %d: %w", tid, pid, err))
+						}
+						continue
+					} else if tracer != 0 {
 						return fail(fmt.Errorf("pause process %d: thread %d is already traced by process %d (a debugger?); use --nonblocking", pid, tid, tracer))
 					}
 					return fail(NewErrPermission(pid, "pause (ptrace) thread "+strconv.Itoa(tid)+" of", err))

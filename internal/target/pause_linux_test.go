@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -320,5 +321,51 @@ func TestThreadPauserOtherThread(t *testing.T) {
 	}
 	if err := resume(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPauseTakesOverItsOwnSeize: a thread this pauser's thread seized
+// and stopped earlier without detaching (a pause whose wait for the stop
+// gave up, the stop coming later) is paused and detached by the next
+// pause, instead of being refused as "already traced" and left stopped
+// for good (seen in launch mode under load: the command never ended).
+func TestPauseTakesOverItsOwnSeize(t *testing.T) {
+	cmd := startSpinner(t)
+	pid := cmd.Process.Pid
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	p := NewThreadPauser()
+	defer p.Close()
+	var tid int
+	for t2 := range taskStates(t, pid) {
+		if t2 != pid {
+			tid = t2
+			break
+		}
+	}
+	// The stale seize: traced by this thread and interrupted, its stop
+	// not waited for, known to nobody.
+	if err := ptrace(unix.PTRACE_SEIZE, tid, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ptrace(unix.PTRACE_INTERRUPT, tid, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // stopped by now
+	info, resume, err := p.PauseInfo(pid)
+	if err != nil {
+		t.Fatalf("pause with a stale seize of thread %d: %v", tid, err)
+	}
+	if !slices.Contains(info.TIDs, tid) {
+		t.Errorf("paused %v, not the stale thread %d", info.TIDs, tid)
+	}
+	if err := resume(); err != nil {
+		t.Fatal(err)
+	}
+	if tr := tracerPid(pid, tid); tr != 0 {
+		t.Errorf("thread %d still traced by %d after resume", tid, tr)
+	}
+	if s := taskStates(t, pid)[tid]; s == "t" || s == "T" {
+		t.Errorf("thread %d left stopped (%s)", tid, s)
 	}
 }
