@@ -34,5 +34,6 @@ func SampleLive(ctx context.Context, proc *ruby.Process, t Target, cfg sampler.C
 	src := sampler.NewRubySource(proc, ro)
 	defer src.Close()
 	cfg.Rate = t.Rate
+	cfg.LockedThread = !t.Nonblocking
 	return sampler.Run(ctx, src, cfg, sink)
 }

@@ -206,7 +206,7 @@ func (r *rec) sample() (sampler.Stats, error) {
 		r.sinks = sinks
 	}
 	mode, _ := r.cfg.SampleMode() // checked by Validate
-	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode,
+	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode, LockedThread: !r.cfg.Nonblocking,
 		Progress: r.progress, ProgressEvery: 250 * time.Millisecond}
 	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)
 	for _, s := range r.sinks {

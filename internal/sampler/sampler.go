@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -65,6 +66,13 @@ type Config struct {
 	// Mode drops the samples a mode does not keep (stack.Mode.Keeps);
 	// "" and wall keep all.
 	Mode stack.Mode
+	// LockedThread says that the calling goroutine is locked to its OS
+	// thread (blocking mode: ptrace requests must come from the thread
+	// that attached). The sampler then sleeps that thread instead of
+	// parking the goroutine in Go's poller, whose wake-up would have to be
+	// handed over to the locked thread: a second thread wake-up per tick
+	// and late ticks from 500 Hz on.
+	LockedThread bool
 	// Progress, when set, is called on the sampler's goroutine about every
 	// ProgressEvery with the statistics so far.
 	Progress      func(Stats)
@@ -189,6 +197,9 @@ func (s Stats) ErrorSummary() string {
 // passed, ctx is cancelled or the target exits. It returns the statistics;
 // the error is non-nil only for an invalid configuration.
 func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
+	if cfg.LockedThread {
+		return run(ctx, src, cfg, sink, threadClock{})
+	}
 	t, err := newTickTimer(ctx)
 	if err != nil {
 		// No timerfd (never seen on Linux since 2.6.25): sleep the
@@ -335,6 +346,42 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	}
 	sort.SliceStable(st.Threads, func(i, j int) bool { return st.Threads[i].First.Before(st.Threads[j].First) })
 	return st, nil
+}
+
+// threadClock sleeps the calling (locked) thread: an absolute-deadline
+// clock_nanosleep made as a raw system call, so that the runtime's monitor
+// is not woken (see tickTimer), in steps of at most maxSleep to notice a
+// cancelled context.
+type threadClock struct{}
+
+func (threadClock) Now() time.Time { return time.Now() }
+
+func (threadClock) SleepUntil(ctx context.Context, deadline time.Time) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d := time.Until(deadline)
+		if d <= 0 {
+			return nil
+		}
+		var now unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+			return fmt.Errorf("read CLOCK_MONOTONIC: %w", err)
+		}
+		step := min(d, maxSleep)
+		at := unix.NsecToTimespec(now.Nano() + int64(step))
+		for {
+			_, _, e := unix.RawSyscall6(unix.SYS_CLOCK_NANOSLEEP, unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME,
+				uintptr(unsafe.Pointer(&at)), 0, 0, 0)
+			if e != unix.EINTR {
+				break
+			}
+		}
+		if step == d {
+			return ctx.Err()
+		}
+	}
 }
 
 // SelfCPU is this process's CPU time so far (user and system, all
