@@ -204,7 +204,7 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 	if err != nil {
 		// No timerfd (never seen on Linux since 2.6.25): sleep the
 		// thread instead.
-		return run(ctx, src, cfg, sink, realClock{})
+		return run(ctx, src, cfg, sink, threadClock{})
 	}
 	defer t.Close()
 	return run(ctx, src, cfg, sink, t)
@@ -215,13 +215,6 @@ type clock interface {
 	Now() time.Time
 	// SleepUntil waits for deadline or ctx (returning ctx's error).
 	SleepUntil(ctx context.Context, deadline time.Time) error
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-func (realClock) SleepUntil(ctx context.Context, deadline time.Time) error {
-	return sleepUntil(ctx, deadline)
 }
 
 func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample), clk clock) (Stats, error) {
@@ -397,40 +390,6 @@ func SelfCPU() (time.Duration, bool) {
 // maxSleep bounds one uninterruptible sleep, so that a cancelled context
 // is noticed within it even at low rates.
 const maxSleep = 100 * time.Millisecond
-
-// sleepUntil waits for deadline or ctx with one wake-up per tick: an
-// absolute-deadline clock_nanosleep on CLOCK_MONOTONIC, which blocks only
-// this goroutine's thread and wakes within microseconds (Go's timers wake
-// up to a millisecond late, and a relative sleep loop wakes several times
-// per deadline). Deadlines more than maxSleep away are slept in steps of
-// maxSleep, checking ctx in between.
-func sleepUntil(ctx context.Context, deadline time.Time) error {
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		d := time.Until(deadline)
-		if d <= 0 {
-			return nil
-		}
-		var now unix.Timespec
-		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
-			time.Sleep(min(d, maxSleep))
-			continue
-		}
-		step := min(d, maxSleep)
-		at := unix.NsecToTimespec(now.Nano() + int64(step))
-		for {
-			err := unix.ClockNanosleep(unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, &at, nil)
-			if err != unix.EINTR {
-				break
-			}
-		}
-		if step == d {
-			return ctx.Err()
-		}
-	}
-}
 
 // Batch is one tick's samples, sent by a Sampler started with Start.
 type Batch struct {
