@@ -413,22 +413,44 @@ func (c *calibration) choose(now [][]uint64, minWindows int) (counter *rubyCount
 // calMinPoolWords is the least size of a size pool struct, in words.
 const calMinPoolWords = 8
 
+// calBaseSlotSize is the slot size of Ruby's first size pool on 64-bit
+// builds (BASE_SLOT_SIZE, an RVALUE: 40 bytes); pool i's is twice pool
+// i-1's. Every pool struct (rb_size_pool_t in 3.2-3.3, rb_heap_t in 3.4)
+// begins with its slot size, a short.
+const calBaseSlotSize = 40
+
 // complete extends a size-pool counter, or a sum of them, to all c.pools
 // pools: the calibration sees only the pools that allocated while it ran
 // (the objects a program makes fill one to three of Ruby's five), so k
 // may be one word, skip some (a stride of two pools) or stop short. The
-// pools' counters are the same field of consecutive structs: the
-// smallest stride dividing k's (any stride for one word; at least
-// calMinPoolWords) at which c.pools words from k's first all look like
-// counters (more than 0 since Ruby's boot allocated in every pool, below
-// 2^40, not decreased since the first window) gives the array. Without
-// c.pools, or with no such stride, k stays as found. A wrong guess shows
-// as a window in which the sum grows by less than the events counted.
+// pools' counters are the same field of consecutive structs, and each
+// struct begins with its slot size (40, 80, 160, ... bytes): the array is
+// where those slot sizes sit at a stride, with k's words at the same
+// offset in their structs (see poolArray). Failing that signature (a
+// build that pads the structs otherwise), the smallest stride dividing
+// k's at which c.pools words from k's first all look like counters (more
+// than 0 since Ruby's boot allocated in every pool, below 2^40, not
+// decreased since the first window): a guess, which a window in which
+// the sum grows by less than the events counted shows to be wrong (a
+// stride that guess took once: 19 words for Ruby 3.3's 28, its fifth
+// word a pointer). Without c.pools k stays as found.
 func (c *calibration) complete(k calCand, now [][]uint64) calCand {
+	if c.pools == 0 {
+		return k
+	}
+	n := now[k.region]
+	switch first, stride, m := poolArray(n, k, c.pools); m {
+	case poolsFound:
+		return calCand{region: k.region, word: first, stride: stride, n: c.pools, grown: k.grown}
+	case poolsConflict:
+		// A sum that takes words beyond the pools its first word is
+		// in (every other pool, past the last): not the counter.
+		return calCand{}
+	}
 	if c.pools <= k.n {
 		return k
 	}
-	f, n := c.first[k.region], now[k.region]
+	f := c.first[k.region]
 	like := func(w int) bool { return w < calWords && n[w] > 0 && n[w] < 1<<40 && n[w] >= f[w] }
 	if k.n == 1 {
 		// One pool allocated: the smallest stride that fits.
@@ -456,6 +478,49 @@ func (c *calibration) complete(k calCand, now [][]uint64) calCand {
 		}
 	}
 	return k
+}
+
+// poolMatch is what poolArray found.
+type poolMatch int
+
+const (
+	poolsUnknown  poolMatch = iota // no array (or two) of pool structs holds k's first word
+	poolsFound                     // one does, and all of k's words at the same offset
+	poolsConflict                  // one does, but not all of k's words
+)
+
+// poolArray finds, in the words of one block, the array of pools size-pool
+// structs k's first word belongs to: a stride s (in words) and a first
+// struct at word b whose first words hold the slot sizes 40<<i at b+i*s,
+// with k's first word at b+j+p*s for some pool p and offset j inside the
+// struct (0 < j < s). It returns the pool-0 counter's word b+j and s.
+func poolArray(words []uint64, k calCand, pools int) (first, stride int, m poolMatch) {
+	found := 0
+	for s := calMinPoolWords; s <= calMaxStride; s++ {
+		for p := 0; p < pools; p++ {
+			for j := 1; j < s; j++ {
+				b := k.word - j - p*s
+				if b < 0 || b+(pools-1)*s >= len(words) {
+					continue
+				}
+				match := true
+				for i := 0; i < pools && match; i++ {
+					match = uint16(words[b+i*s]) == calBaseSlotSize<<i
+				}
+				if match {
+					first, stride = b+j, s
+					found++
+				}
+			}
+		}
+	}
+	if found != 1 {
+		return 0, 0, poolsUnknown
+	}
+	if k.n > 1 && (k.stride%stride != 0 || k.word+(k.n-1)*k.stride > first+(pools-1)*stride) {
+		return 0, 0, poolsConflict
+	}
+	return first, stride, poolsFound
 }
 
 // sizePools is how many size pools (3.4: heaps) Ruby 3.2 to 3.4 keep on

@@ -104,8 +104,26 @@ func TestCalibration(t *testing.T) {
 // by all the allocations. Calibration must find the pools' counters (same
 // field of consecutive structs) and sum them, not a pool's freed counter
 // (which sometimes grows less), a clock, or the pools that allocated while
-// calibrating alone: the array of all five pools' counters.
+// calibrating alone: the array of all five pools' counters, where the
+// pools' slot sizes say it is.
 func TestCalibrationSizePools(t *testing.T) {
+	// Allocations per pool and window. The first window counts too few
+	// to list candidates from; its growth still counts.
+	cases := map[string][][5]uint64{
+		// Pools 1 and 3 allocate nothing, pool 4 a few (within each
+		// window's slack).
+		"pools 0 2 4": {{30, 0, 10, 0, 0}, {900, 0, 300, 0, 5}, {700, 0, 200, 0, 9}, {800, 0, 250, 0, 3}, {1000, 0, 310, 0, 7}, {600, 0, 150, 0, 4},
+			{650, 0, 180, 0, 6}, {720, 0, 210, 0, 2}, {880, 0, 260, 0, 8}, {910, 0, 290, 0, 5}},
+		// Pool 0 alone: nothing but the slot sizes says the stride.
+		"pool 0": {{30, 0, 0, 0, 0}, {900, 0, 0, 0, 0}, {700, 0, 0, 0, 0}, {800, 0, 0, 0, 0}, {1000, 0, 0, 0, 0}, {600, 0, 0, 0, 0},
+			{650, 0, 0, 0, 0}, {720, 0, 0, 0, 0}},
+	}
+	for name, windows := range cases {
+		t.Run(name, func(t *testing.T) { calibrateSizePools(t, windows) })
+	}
+}
+
+func calibrateSizePools(t *testing.T, windows [][5]uint64) {
 	const vm, objspace = 0x10000, 0x20000
 	const poolWords, counterWord, freedWord = 28, 10, 11
 	m := &memTarget{words: map[uint64]uint64{}, maps: []target.Mapping{{Start: 0x10000, End: 0x40000, Perms: "rw-p"}}}
@@ -116,17 +134,22 @@ func TestCalibrationSizePools(t *testing.T) {
 		m.words[pool(i, freedWord)] = uint64(9_000 * (i + 1))
 	}
 	m.words[objspace+8] = 1 << 30 // a clock
+	// Each pool struct begins with its slot size (40, 80, ... bytes).
+	// Words that look like counters (small, never decreasing) at a
+	// shorter stride from pool 0's counter: a guess by stride alone
+	// would take them.
+	for i := 0; i < 5; i++ {
+		m.words[pool(i, 0)] = 40 << i
+	}
+	for w := counterWord + 8; w < counterWord+5*8; w += 8 {
+		m.words[pool(0, w)] = 7
+	}
 	cal, err := newCalibration(m, vm, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cal.pools = 5
 	cal.open()
-	// Allocations per pool and window; pools 1 and 3 allocate nothing,
-	// pool 4 a few (within each window's slack). The first window counts
-	// too few to list candidates from; its growth still counts.
-	windows := [][5]uint64{{30, 0, 10, 0, 0}, {900, 0, 300, 0, 5}, {700, 0, 200, 0, 9}, {800, 0, 250, 0, 3}, {1000, 0, 310, 0, 7}, {600, 0, 150, 0, 4},
-		{650, 0, 180, 0, 6}, {720, 0, 210, 0, 2}, {880, 0, 260, 0, 8}, {910, 0, 290, 0, 5}}
 	var found *rubyCounter
 	var start, grown, want uint64
 	for i, w := range windows {
