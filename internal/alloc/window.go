@@ -71,34 +71,47 @@ func (tr *Tracker) setGate(open bool) error {
 	return nil
 }
 
-// openWindow starts counting once the probes are attached: it reads Ruby's
-// counter, then opens the gate (an event between the two is counted, but
-// not by Ruby's count: a few at most per window).
+// openWindow starts counting once the probes are attached. With the
+// counter known, it opens the gate, then reads the counter and the events
+// counted so far back to back (readPair): the counter's value when the
+// gate opened is that value less those events. Reading the counter before
+// opening the gate instead left every allocation between the read and the
+// gate to the window's growth but not to its events, most of a window's
+// worth when the tracker was preempted in between (CI: a total -5.6%).
 func (tr *Tracker) openWindow() {
 	tr.winEvents, _ = tr.statSum(statObjects)
-	switch {
-	case tr.counter != nil:
-		v, err := tr.counter.read()
-		if err != nil {
-			tr.dropCounter(err.Error())
-			break
-		}
-		tr.winCounter = v
-		if tr.counterStart == 0 {
-			tr.counterStart = v
-		}
-	case tr.cal != nil:
+	if tr.cal != nil && tr.counter == nil {
 		tr.cal.open()
 	}
 	if err := tr.setGate(true); err != nil && tr.dutyErr == nil {
 		tr.dutyErr = err
 	}
 	tr.onSince = time.Now()
+	if tr.counter == nil {
+		return
+	}
+	v, ev, err := tr.readPair()
+	if err != nil {
+		tr.dropCounter(err.Error())
+		return
+	}
+	v -= min(v, ev-tr.winEvents)
+	tr.winCounter = v
+	if tr.counterStart == 0 {
+		tr.counterStart = v
+	}
 }
 
-// closeWindow stops counting (before the probes are detached): it closes
-// the gate, then reads Ruby's counter.
+// closeWindow stops counting (before the probes are detached). With the
+// counter known, it reads the counter and the events back to back while
+// the gate is still open (readPair), then closes the gate: the counter's
+// value when the gate closed is that value plus the events counted since.
 func (tr *Tracker) closeWindow() {
+	var v, ev2 uint64
+	var readErr error
+	if tr.counter != nil {
+		v, ev2, readErr = tr.readPair()
+	}
 	if err := tr.setGate(false); err != nil && tr.dutyErr == nil {
 		tr.dutyErr = err
 	}
@@ -107,12 +120,14 @@ func (tr *Tracker) closeWindow() {
 	events := ev - tr.winEvents
 	switch {
 	case tr.counter != nil:
-		v, err := tr.counter.read()
-		if err != nil {
-			tr.dropCounter(err.Error())
+		if readErr != nil {
+			tr.dropCounter(readErr.Error())
 			break
 		}
 		tr.counterEnd = v
+		if ev >= ev2 {
+			v += ev - ev2
+		}
 		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
 			fmt.Fprintf(os.Stderr, "window: events %d counter +%d\n", events, int64(v-tr.winCounter))
 		}
@@ -128,6 +143,31 @@ func (tr *Tracker) closeWindow() {
 		tr.counterOn += v - tr.winCounter
 	case tr.cal != nil:
 		tr.calClose(tr.cal.read(), events, events)
+	}
+}
+
+// pairMax is how far apart readPair's two reads may be: further, the
+// tracker was preempted between them and the allocations meanwhile would
+// count on one side only; it reads both again (at most pairTries times).
+const (
+	pairMax   = 100 * time.Microsecond
+	pairTries = 3
+)
+
+// readPair reads Ruby's counter, then the events the probes counted so
+// far, back to back.
+func (tr *Tracker) readPair() (counter, events uint64, err error) {
+	for i := 0; ; i++ {
+		t0 := time.Now()
+		if counter, err = tr.counter.read(); err != nil {
+			return 0, 0, err
+		}
+		if events, err = tr.statSum(statObjects); err != nil {
+			return 0, 0, err
+		}
+		if time.Since(t0) < pairMax || i == pairTries-1 {
+			return counter, events, nil
+		}
 	}
 }
 
