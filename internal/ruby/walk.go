@@ -62,7 +62,7 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 				return nil, err
 			}
 			if len(refs) == 1 {
-				return nil, fmt.Errorf("read thread 0x%x: %w", ref.addr, err)
+				return nil, &StackError{Pid: p.t.Pid(), Addr: ref.addr, TID: th.TID, Name: th.Name, Activity: th.Activity, Err: err}
 			}
 			// One thread changing under us (created or ending) must not
 			// cost the other threads' stacks.
@@ -82,6 +82,23 @@ func (p *Process) Snapshot() ([]stack.Thread, error) {
 	}
 	return out, nil
 }
+
+// StackError is the error of a snapshot whose only thread could not be
+// read, with what was read of the thread before its stack (the activity
+// comes from the GVL and GC state: known even when the stack is not).
+type StackError struct {
+	Pid      int
+	Addr     uint64 // the rb_thread_t
+	TID      int    // 0 when not read
+	Name     string
+	Activity string // "" when not read
+	Err      error
+}
+
+func (e *StackError) Error() string { return fmt.Sprintf("read thread 0x%x: %v", e.Addr, e.Err) }
+
+// Unwrap returns the read's error.
+func (e *StackError) Unwrap() error { return e.Err }
 
 func (p *Process) refreshOSNames() {
 	ths, err := p.t.Threads()

@@ -296,7 +296,8 @@ func buildGCClock(t *testing.T, rb testutil.RubyUnderTest) string {
 // TestActivityGCShare: the share of a GC-heavy loop's samples that are in
 // GC matches what the script measures itself. rbscope's share is gc
 // samples over the main thread's on-GVL samples (running or gc) while the
-// loop runs. The script measures GC.stat(:time), which gc.c takes with
+// loop runs, those whose stack could not be read included (by the
+// activity read before the stack). The script measures GC.stat(:time), which gc.c takes with
 // CLOCK_PROCESS_CPUTIME_ID (CPU time: on a machine so loaded that the
 // process gets much less than a CPU, CPU and wall-clock shares part), and,
 // through the gcclock extension, the wall-clock time between gc_enter and
@@ -386,13 +387,24 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 			}
 		}
 	}
+	// Samples whose stack could not be read still say what the thread
+	// was doing; left out, they would lean the share towards GC (a
+	// running thread's stack changes under the reader, one in GC not).
+	var unread map[string]int
+	for _, sp := range st.Threads {
+		if sp.TID == proc.Pid {
+			unread = sp.Unread
+		}
+	}
+	onGVL += unread[stack.ActivityRunning] + unread[stack.ActivityGC]
+	inGC += unread[stack.ActivityGC]
 	if onGVL < 100 {
 		t.Fatalf("only %d samples of the loop", onGVL)
 	}
 	got := 100 * float64(inGC) / float64(onGVL)
 	wantWall := 100 * res.GCWallms / res.Wallms
 	wantCPU := 100 * res.GCms / res.CPUms
-	t.Logf("main thread's samples by activity: %v", byActivity)
+	t.Logf("main thread's samples by activity: %v; unread stacks by activity: %v", byActivity, unread)
 	t.Logf("rbscope GC share %.1f%% (%d of %d samples, %d with a phase; %d ticks, errors: %s); gc_enter..gc_exit %.0f of %.0f ms wall: %.1f%%; GC.stat(:time) %.0f of %.0f ms CPU: %.1f%%",
 		got, inGC, onGVL, phases, st.Ticks, st.ErrorSummary(), res.GCWallms, res.Wallms, wantWall, res.GCms, res.CPUms, wantCPU)
 	if gc == "nogc" {

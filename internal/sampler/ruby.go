@@ -104,7 +104,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			if failed == nil {
 				failed = &ThreadErrors{Pid: s.pid}
 			}
-			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error})
+			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error, Activity: th.Activity})
 			continue
 		}
 		kstate := s.states.state(th.TID)
@@ -139,6 +139,9 @@ type ThreadError struct {
 	TID  int
 	Name string
 	Err  string
+	// Activity is what the thread was doing, read before its stack
+	// (from the GVL and GC state): known even when the stack is not.
+	Activity string
 }
 
 // ThreadErrors is returned with the other threads' samples when some
@@ -159,6 +162,21 @@ func (e *ThreadErrors) Error() string {
 
 // Inconsistent marks the error as a read that raced with the target.
 func (e *ThreadErrors) Inconsistent() bool { return true }
+
+// unreadThreads returns the threads a failed sample could not read, with
+// their activities where known: those of a ThreadErrors, or the one
+// thread of a process whose snapshot failed on it (nil otherwise).
+func unreadThreads(err error) *ThreadErrors {
+	var te *ThreadErrors
+	if errors.As(err, &te) {
+		return te
+	}
+	var se *ruby.StackError
+	if errors.As(err, &se) {
+		return &ThreadErrors{Pid: se.Pid, Threads: []ThreadError{{TID: se.TID, Name: se.Name, Err: se.Err.Error(), Activity: se.Activity}}}
+	}
+	return nil
+}
 
 // snapshot reads every thread's stack, pausing the process around it in
 // blocking mode: only the threads that ran Ruby in the last sample when

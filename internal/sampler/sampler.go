@@ -126,6 +126,12 @@ type ThreadSpan struct {
 	Name        string // the latest name seen
 	First, Last time.Time
 	Samples     int
+	// Unread counts the thread's samples not delivered because its stack
+	// could not be read consistently, by the activity it was in (read
+	// before the stack, so known): a running thread's stack changes under
+	// the reader far more often than one in GC or waiting, and shares
+	// by activity that leave these out lean away from running.
+	Unread map[string]int `json:",omitempty"`
 }
 
 type threadKey struct{ pid, tid int }
@@ -286,6 +292,26 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 			}
 			st.Errors[k]++
 			st.LastError = err
+			te := unreadThreads(err)
+			if te != nil {
+				for _, th := range te.Threads {
+					if th.TID == 0 || th.Activity == "" {
+						continue
+					}
+					key := threadKey{te.Pid, th.TID}
+					idx, ok := spans[key]
+					if !ok {
+						idx = len(st.Threads)
+						spans[key] = idx
+						st.Threads = append(st.Threads, ThreadSpan{Pid: te.Pid, TID: th.TID, Name: th.Name, First: now, Last: now})
+					}
+					sp := &st.Threads[idx]
+					if sp.Unread == nil {
+						sp.Unread = map[string]int{}
+					}
+					sp.Unread[th.Activity]++
+				}
+			}
 		}
 		if len(samples) > 0 {
 			kept = kept[:0]
