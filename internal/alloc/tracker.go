@@ -459,8 +459,8 @@ func (tr *Tracker) Stop() {
 		// A run too short for the usual evidence: choose on what there
 		// is, rather than scale by time.
 		if c, start, grown, _ := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
+			tr.counterStart, tr.counterOn = start, tr.cal.onGrowth(grown)
 			tr.counter, tr.cal = c, nil
-			tr.counterStart, tr.counterOn = start, grown
 		}
 	}
 	if tr.counter != nil {

@@ -220,8 +220,8 @@ func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, fo
 		c.source += fmt.Sprintf(", found again since it counts (%s)", tr.counterNote)
 	}
 	if c != nil {
+		tr.counterStart, tr.counterOn, tr.counterEnd = start, tr.cal.onGrowth(grown), cur
 		tr.counter, tr.cal = c, nil
-		tr.counterStart, tr.counterOn, tr.counterEnd = start, grown, cur
 		return cur, true
 	}
 	if tr.cal.failed() {
