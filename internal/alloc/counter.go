@@ -141,9 +141,9 @@ type calibration struct {
 	windows int    // windows with events seen
 	events  uint64 // events in all windows
 	sure    uint64 // events surely counted before each read, summed
-	// quiet holds the reads (before, after) of the windows that counted
-	// too few events to list candidates from.
-	quiet [][2][][]uint64
+	// quiet sums, word by word, the growth in the windows that counted
+	// too few events to list candidates from (nil before the first).
+	quiet [][]uint64
 }
 
 // calCand is n words of one region, word, word+stride, ...: one word when
@@ -165,7 +165,6 @@ const (
 	// calMinFirstEvents is what the window the candidates are listed
 	// from must have counted.
 	calMinFirstEvents = 200
-	calMaxQuiet       = 8
 	// calMinWindows and calMinEvents are what a choice needs: the
 	// counter of a process that does not allocate cannot be told apart,
 	// and a word that follows the allocations for a while (the freed
@@ -289,27 +288,27 @@ func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyC
 		}
 		return d, true
 	}
-	if c.cands == nil && sure < calMinFirstEvents && len(c.quiet) < calMaxQuiet {
+	if c.cands == nil && sure < calMinFirstEvents {
 		// Too few events to tell words apart (with the slack, nearly
-		// every sum would pass, and the candidates overflow): wait for
-		// a busier window. The candidates' growth will count this
-		// one's, as the tracker's counts do.
-		c.quiet = append(c.quiet, [2][][]uint64{prev, now})
+		// every sum would pass, and the candidates overflow, the
+		// counter among the ones cut: a bursty load then never found
+		// it): wait for a busier window, however long. The candidates'
+		// growth will count this one's, as the tracker's counts do.
+		c.addQuiet(prev, now)
 		c.events += events
 		c.sure += sure
 		return nil, 0, 0, 0
 	}
 	if c.cands == nil {
 		c.cands = c.enumerate(prev, now, sure)
-		for _, q := range c.quiet {
-			for i := range c.cands {
-				k := &c.cands[i]
-				p, n := q[0][k.region], q[1][k.region]
-				for j, w := 0, k.word; j < k.n && p != nil && n != nil; j, w = j+1, w+k.stride {
-					if n[w] >= p[w] {
-						k.grown += n[w] - p[w]
-					}
-				}
+		for i := range c.cands {
+			k := &c.cands[i]
+			q := c.quiet
+			if q == nil || q[k.region] == nil {
+				continue
+			}
+			for j, w := 0, k.word; j < k.n; j, w = j+1, w+k.stride {
+				k.grown += q[k.region][w]
 			}
 		}
 		c.quiet = nil
@@ -344,6 +343,30 @@ func (c *calibration) close(now [][]uint64, sure, events uint64) (counter *rubyC
 		c.windows++
 	}
 	return c.choose(now, calMinWindows)
+}
+
+// addQuiet adds a quiet window's growth, word by word, to c.quiet.
+func (c *calibration) addQuiet(prev, now [][]uint64) {
+	if prev == nil {
+		return
+	}
+	if c.quiet == nil {
+		c.quiet = make([][]uint64, len(c.regions))
+	}
+	for r := range c.regions {
+		p, n := prev[r], now[r]
+		if p == nil || n == nil {
+			continue
+		}
+		if c.quiet[r] == nil {
+			c.quiet[r] = make([]uint64, calWords)
+		}
+		for w := range n {
+			if n[w] >= p[w] {
+				c.quiet[r][w] += n[w] - p[w]
+			}
+		}
+	}
 }
 
 // choose returns the counter the candidates point to once minWindows

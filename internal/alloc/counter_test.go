@@ -237,3 +237,55 @@ func TestOverlay(t *testing.T) {
 		t.Errorf("batch: %v %v", b1, b2)
 	}
 }
+
+// TestCalibrationQuietWindows: a bursty load leaves many windows with too
+// few events to list candidates from (a burst now and then); calibration
+// waits for a busy one however long, and the counter's growth in the
+// quiet ones still counts.
+func TestCalibrationQuietWindows(t *testing.T) {
+	const vm, objspace = 0x10000, 0x20000
+	m := &memTarget{words: map[uint64]uint64{}, maps: []target.Mapping{{Start: 0x10000, End: 0x40000, Perms: "rw-p"}}}
+	m.words[vm+8] = objspace
+	const counter = objspace + 0x18
+	m.words[counter] = 1_000_000
+	for w := uint64(0); w < 40; w++ {
+		if objspace+8*w != counter {
+			m.words[objspace+8*w] = 500 + w // counter-like words that wander up
+		}
+	}
+	cal, err := newCalibration(m, vm, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal.open()
+	var want uint64
+	var found *rubyCounter
+	var grown uint64
+	for i := 0; i < 40 && found == nil; i++ {
+		// No allocation at all between bursts, a few in some windows.
+		events, internal := uint64(0), uint64(0)
+		if i%7 == 3 {
+			events, internal = 5, 1
+		}
+		if i >= 30 {
+			events, internal = 1500, 1 // the bursts
+		}
+		m.words[counter] += events + internal
+		want += events + internal
+		for w := uint64(0); w < 40; w++ {
+			if objspace+8*w != counter && (i+int(w))%3 == 0 {
+				m.words[objspace+8*w] += 2
+			}
+		}
+		c, _, g, _ := cal.close(cal.read(), events, events)
+		if c != nil {
+			found, grown = c, g
+		}
+	}
+	if found == nil {
+		t.Fatalf("no counter found after 30 quiet windows (%d candidates)", len(cal.cands))
+	}
+	if len(found.addrs) != 1 || found.addrs[0] != counter || grown != want {
+		t.Errorf("chose %x grown %d, want %x grown %d", found.addrs, grown, uint64(counter), want)
+	}
+}
