@@ -92,7 +92,7 @@ Examples:
 	fl.StringVarP(&f.output, "output", "o", "", "write the report to FILE (default: stdout; pprof: rbscope-alloc-PID-TIME.pb.gz)")
 	fl.IntVar(&f.top, "top", 0, "keep only the top N classes and sites in the report (0: all; the live view shows 10)")
 	fl.Uint32Var(&f.samplePeriod, "sample-period", 1, "count 1 in N allocations (in the kernel) and scale; estimates")
-	fl.Float64Var(&f.dutyCycle, "duty-cycle", alloc.DefaultDutyCycle, "fraction (0-1] of the time the probes count (default mode); counts are scaled by Ruby's own allocation counter")
+	fl.Float64Var(&f.dutyCycle, "duty-cycle", alloc.DefaultDutyCycle, "most of the time (0-1] the probes count (default mode): windows shorten to about 1000 events when allocations come fast; counts are scaled by Ruby's own allocation counter")
 	fl.BoolVar(&f.exact, "exact", false, "count every allocation (probes attached all the time: allocation-bound code runs 10-20x slower)")
 	fl.DurationVar(&f.interval, "interval", time.Second, "live view refresh interval")
 	fl.BoolVarP(&f.silent, "silent", "q", false, "no live view")

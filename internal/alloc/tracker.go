@@ -55,7 +55,9 @@ type Options struct {
 	// the kernel) and scales counts by it. 0 or 1 counts every event.
 	SamplePeriod uint32
 	// DutyCycle is the fraction of every DutyWindow the probes are
-	// attached when not Exact (default DefaultDutyCycle; >= 1: always).
+	// attached when not Exact (default DefaultDutyCycle; >= 1: always),
+	// at most: a window that would count more than about windowEvents
+	// events (by the recent windows' rate) is shorter.
 	DutyCycle float64
 	// DutyWindow is the duty-cycle period (default DefaultDutyWindow).
 	DutyWindow time.Duration
@@ -118,6 +120,9 @@ type Tracker struct {
 	counterOn      uint64
 	winCounter     uint64
 	winEvents      uint64
+	// winRate is the events per second counted in recent windows (a
+	// moving average), for windowLength.
+	winRate float64
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader
@@ -388,11 +393,14 @@ func (tr *Tracker) detach() {
 
 func (tr *Tracker) dutyLoop() {
 	defer close(tr.done)
-	on := time.Duration(float64(tr.opts.DutyWindow) * tr.opts.DutyCycle)
+	full := time.Duration(float64(tr.opts.DutyWindow) * tr.opts.DutyCycle)
 	for {
 		// A random phase, so that windows cannot alias with a periodic
 		// workload.
-		off := time.Duration(float64(tr.opts.DutyWindow-on) * (0.5 + rand.Float64()))
+		off := time.Duration(float64(tr.opts.DutyWindow-full) * (0.5 + rand.Float64()))
+		tr.mu.Lock()
+		on := tr.windowLength(full)
+		tr.mu.Unlock()
 		// While the counter is being found, each window is cut in
 		// checkpoints: every one is a test of the candidates, so that a
 		// short run still gets enough of them.
