@@ -137,6 +137,7 @@ func runReport(stderr io.Writer, o reportOpts) error {
 		opts.Title = o.title
 	}
 	opts.Lines, opts.Top, opts.Threads = o.lines, o.top, o.threads
+	opts.Unread = record.UnreadOptions(rd, mode)
 
 	out := o.output
 	if out == "" {

@@ -20,19 +20,11 @@ type threadTally struct {
 	name   string
 	total  int
 	counts map[string]int
+	unread int // samples of total whose stack could not be read
 }
 
 func (a *activityTally) add(s *stack.Sample) {
-	if a.threads == nil {
-		a.threads = map[threadID]*threadTally{}
-	}
-	id := threadID{s.Pid, s.TID}
-	t := a.threads[id]
-	if t == nil {
-		t = &threadTally{id: id, counts: map[string]int{}}
-		a.threads[id] = t
-		a.order = append(a.order, id)
-	}
+	t := a.thread(s.Pid, s.TID)
 	if s.ThreadName != "" {
 		t.name = s.ThreadName
 	}
@@ -42,6 +34,38 @@ func (a *activityTally) add(s *stack.Sample) {
 	}
 	t.counts[act]++
 	t.total++
+}
+
+func (a *activityTally) thread(pid, tid int) *threadTally {
+	if a.threads == nil {
+		a.threads = map[threadID]*threadTally{}
+	}
+	id := threadID{pid, tid}
+	t := a.threads[id]
+	if t == nil {
+		t = &threadTally{id: id, counts: map[string]int{}}
+		a.threads[id] = t
+		a.order = append(a.order, id)
+	}
+	return t
+}
+
+// addUnread counts the samples whose stack could not be read.
+func (a *activityTally) addUnread(us []UnreadThread) {
+	for _, u := range us {
+		t := a.thread(u.Pid, u.TID)
+		if t.name == "" {
+			t.name = u.Name
+		}
+		for act, n := range u.ByActivity {
+			if act == "" {
+				act = stack.ActivityUnknown
+			}
+			t.counts[act] += n
+			t.total += n
+			t.unread += n
+		}
+	}
 }
 
 // known reports whether any sample carried an activity (recordings made
@@ -72,12 +96,18 @@ func (a *activityTally) write(cw *countingWriter) {
 		return ids[i].tid < ids[j].tid
 	})
 	unknown := false
+	unread := 0
 	for _, t := range a.threads {
 		if t.counts[stack.ActivityUnknown] > 0 {
 			unknown = true
 		}
+		unread += t.unread
 	}
-	cw.printf("\nthread activity (share of each thread's samples)\n")
+	if unread > 0 {
+		cw.printf("\nthread activity (share of each thread's samples, %d whose stack could not be read included)\n", unread)
+	} else {
+		cw.printf("\nthread activity (share of each thread's samples)\n")
+	}
 	cw.printf("%8s %8s %8s %8s %8s", "samples", "running", "gvl_wait", "blocked", "gc")
 	if unknown {
 		cw.printf(" %8s", "unknown")

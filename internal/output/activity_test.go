@@ -277,3 +277,22 @@ func TestSpeedscopeInApp(t *testing.T) {
 	chromium(t, "file://"+index+"#localProfilePath="+loader, "--virtual-time-budget=10000", "--screenshot="+shot)
 	t.Logf("speedscope screenshot %s", shot)
 }
+
+// TestSummaryActivitiesUnread: samples whose stack could not be read count
+// in their thread's activity shares (by the activity read before the
+// stack), and the heading says how many.
+func TestSummaryActivitiesUnread(t *testing.T) {
+	unread := func() []UnreadThread {
+		return []UnreadThread{{Pid: 10, TID: 11, Name: "web", ByActivity: map[string]int{stack.ActivityRunning: 100}}}
+	}
+	got := string(renderSamples(t, "summary", Options{RateHz: 100, Unread: unread}, activitySamples()))
+	for _, want := range []string{
+		"thread activity (share of each thread's samples, 100 whose stack could not be read included)",
+		"     200    75.0%     0.0%    25.0%     0.0%  web (pid 10 tid 11)",
+		"     100     0.0%    50.0%     0.0%    50.0%  job (pid 10 tid 12)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary lacks %q:\n%s", want, got)
+		}
+	}
+}

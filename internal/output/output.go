@@ -72,6 +72,20 @@ type Options struct {
 	// Threads roots each collapsed stack at "thread NAME (TID)" (py-spy's
 	// convention).
 	Threads bool
+	// Unread returns, per thread, the samples not delivered because the
+	// thread's stack could not be read, by activity: the summaries'
+	// activity shares include them (a running thread's stack tears far
+	// more often than one in GC or waiting). Called once all samples are
+	// added (a recording's trailer comes after them); nil: none.
+	Unread func() []UnreadThread
+}
+
+// UnreadThread is one thread's unread samples by activity (see
+// Options.Unread).
+type UnreadThread struct {
+	Pid, TID   int
+	Name       string
+	ByActivity map[string]int
 }
 
 type format struct {

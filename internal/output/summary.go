@@ -30,6 +30,8 @@ type summary struct {
 	rows   *memo[string, *row]
 	gen    int
 	acts   activityTally
+	// unreadAdded: Options.Unread is counted in acts.
+	unreadAdded bool
 }
 
 type row struct {
@@ -117,6 +119,10 @@ func (s *summary) WriteTo(w io.Writer) (int64, error) {
 	}
 	for _, r := range rows {
 		cw.printf("%8.2f %8.2f %8d %8d  %s\n", pct(r.self), pct(r.total), r.self, r.total, r.label)
+	}
+	if s.o.Unread != nil && !s.unreadAdded {
+		s.unreadAdded = true
+		s.acts.addUnread(s.o.Unread())
 	}
 	s.acts.write(cw)
 	return cw.n, cw.err

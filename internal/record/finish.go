@@ -9,6 +9,7 @@ import (
 	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/sampler"
+	"github.com/rbscope/rbscope/internal/stack"
 )
 
 // finish closes the raw recording, prints the summary and renders the
@@ -29,6 +30,11 @@ func (r *rec) finish(st sampler.Stats) error {
 	for k, n := range st.Errors {
 		if n > 0 {
 			rst.Errors[sampler.ErrorKind(k).String()] = int64(n)
+		}
+	}
+	for _, sp := range st.Threads {
+		if len(sp.Unread) > 0 {
+			rst.Unread = append(rst.Unread, recording.UnreadThread{Pid: sp.Pid, TID: sp.TID, Name: sp.Name, ByActivity: sp.Unread})
 		}
 	}
 	if err := r.raw.Close(rst); err != nil && r.rawErr == nil {
@@ -90,7 +96,18 @@ func (r *rec) render(st sampler.Stats) error {
 		return fmt.Errorf("read back raw recording: %w", err)
 	}
 	defer rd.Close()
-	n, f, err := output.RenderFile(r.cfg.Format, output.Options{RateHz: r.cfg.Rate, Start: st.Start, Threads: r.cfg.Threads}, rd.Samples(), r.cfg.Output)
+	o := output.Options{RateHz: r.cfg.Rate, Start: st.Start, Threads: r.cfg.Threads}
+	mode, _ := r.cfg.SampleMode() // checked when the recording began
+	o.Unread = func() []output.UnreadThread {
+		var out []output.UnreadThread
+		for _, sp := range st.Threads {
+			if by := unreadKept(sp.Unread, mode); len(by) > 0 {
+				out = append(out, output.UnreadThread{Pid: sp.Pid, TID: sp.TID, Name: sp.Name, ByActivity: by})
+			}
+		}
+		return out
+	}
+	n, f, err := output.RenderFile(r.cfg.Format, o, rd.Samples(), r.cfg.Output)
 	if derr := rd.Damage(); derr != nil {
 		r.con.say("warning: raw recording is damaged after %d samples: %v", n, derr)
 	}
@@ -107,4 +124,38 @@ func (r *rec) render(st sampler.Stats) error {
 		r.con.say("wrote %s (%d samples) to %s", r.cfg.Format, n, r.cfg.Output)
 	}
 	return nil
+}
+
+// UnreadOptions returns a function giving a recording's unread samples
+// (in its trailer, known once its samples are read) for the outputs
+// (output.Options.Unread), those mode keeps.
+func UnreadOptions(rd *recording.Reader, mode stack.Mode) func() []output.UnreadThread {
+	return func() []output.UnreadThread {
+		st, ok := rd.Stats()
+		if !ok {
+			return nil
+		}
+		var out []output.UnreadThread
+		for _, u := range st.Unread {
+			if by := unreadKept(u.ByActivity, mode); len(by) > 0 {
+				out = append(out, output.UnreadThread{Pid: u.Pid, TID: u.TID, Name: u.Name, ByActivity: by})
+			}
+		}
+		return out
+	}
+}
+
+// unreadKept returns the activities of by that mode keeps: all in wall
+// mode, running and gc (on a CPU, holding the GVL) in the others.
+func unreadKept(by map[string]int, mode stack.Mode) map[string]int {
+	if mode == "" || mode == stack.ModeWall {
+		return by
+	}
+	out := map[string]int{}
+	for _, act := range []string{stack.ActivityRunning, stack.ActivityGC} {
+		if by[act] > 0 {
+			out[act] = by[act]
+		}
+	}
+	return out
 }

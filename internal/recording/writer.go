@@ -59,6 +59,18 @@ type Stats struct {
 	Late    int64            `json:"late"`             // samples taken later than scheduled
 	Errors  map[string]int64 `json:"errors,omitempty"` // failed samples, by kind
 	End     time.Time        `json:"end"`              // when sampling stopped
+	// Unread lists the threads with samples not written because their
+	// stack could not be read, by the activity they were in.
+	Unread []UnreadThread `json:"unread,omitempty"`
+}
+
+// UnreadThread counts one thread's samples whose stack could not be read
+// (torn by the running thread), by activity (read before the stack).
+type UnreadThread struct {
+	Pid        int            `json:"pid"`
+	TID        int            `json:"tid"`
+	Name       string         `json:"name,omitempty"`
+	ByActivity map[string]int `json:"by_activity"`
 }
 
 // ThreadInfo is per-thread metadata, gathered while writing.
