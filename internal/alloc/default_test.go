@@ -44,7 +44,16 @@ func (p *rubyProc) expectPrefix(t testing.TB, prefix string) string {
 // returns the report and Ruby's own count of the loop's allocations.
 func runMixed(t *testing.T, rb testutil.RubyUnderTest, n int, opts Options) (*Report, uint64) {
 	t.Helper()
-	p := startRuby(t, rb, script(t, "mixed.rb"), fmt.Sprint(n))
+	return runCounted(t, rb, "mixed.rb", fmt.Sprint(n), opts)
+}
+
+// runCounted runs a script that prints "ready", allocates once it reads a
+// line, then prints "stat BEFORE AFTER" (GC.stat(:total_allocated_objects)
+// around its work), under a tracker with opts; it returns the report and
+// AFTER-BEFORE.
+func runCounted(t *testing.T, rb testutil.RubyUnderTest, name, arg string, opts Options) (*Report, uint64) {
+	t.Helper()
+	p := startRuby(t, rb, script(t, name), arg)
 	p.expect(t, "ready")
 	tr := attachOrMissing(t, p.cmd.Process.Pid, opts)
 	p.send(t)
@@ -151,21 +160,7 @@ func TestDefaultMode(t *testing.T) {
 func TestDefaultModePoolsChange(t *testing.T) {
 	needBPF(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		p := startRuby(t, rb, script(t, "phases.rb"), "1.2")
-		p.expect(t, "ready")
-		tr := attachOrMissing(t, p.cmd.Process.Pid, Options{})
-		p.send(t)
-		var before, after uint64
-		line := p.expectPrefix(t, "stat ")
-		if _, err := fmt.Sscanf(line, "stat %d %d", &before, &after); err != nil {
-			t.Fatalf("%q: %v", line, err)
-		}
-		tr.Stop()
-		r, err := tr.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		truth := after - before
+		r, truth := runCounted(t, rb, "phases.rb", "1.2", Options{})
 		t.Logf("%s: scaling %s, Ruby counted %d (GC.stat: %d); counter: %s", rb.Name, r.Scaling, r.RubyAllocated, truth, r.CounterSource)
 		if r.Scaling != "counter" || strings.Contains(r.CounterSource, "dropped") {
 			t.Fatalf("scaling %q, want counter (%s)", r.Scaling, r.CounterSource)

@@ -1,8 +1,6 @@
 package alloc
 
 import (
-	"bufio"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,8 +11,6 @@ import (
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
-
-const replacedPrefix = "RBSCOPE-RESULT "
 
 // replacedResult is what the child without CAP_SYS_ADMIN reports.
 type replacedResult struct {
@@ -70,19 +66,7 @@ func TestAttachReplacedBinary(t *testing.T) {
 
 		out := testutil.RunWithoutSysAdmin(t, "TestAttachReplacedBinary", "RBSCOPE_TEST_PID="+strconv.Itoa(s.Pid))
 		var res replacedResult
-		found := false
-		sc := bufio.NewScanner(strings.NewReader(string(out)))
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), replacedPrefix); ok {
-				if err := json.Unmarshal([]byte(rest), &res); err != nil {
-					t.Fatal(err)
-				}
-				found = true
-			}
-		}
-		if !found {
-			t.Fatalf("the child printed no result:\n%s", out)
-		}
+		testutil.ChildResult(t, out, &res)
 		if !res.Replaced {
 			t.Fatalf("without CAP_SYS_ADMIN: Attach gave %q, want ErrReplaced", res.Err)
 		}
@@ -106,6 +90,5 @@ func attachReplacedChild(t *testing.T) {
 	} else {
 		res.Err, res.Replaced = err.Error(), target.IsReplaced(err)
 	}
-	b, _ := json.Marshal(res)
-	os.Stdout.Write(append(append([]byte(replacedPrefix), b...), '\n'))
+	testutil.ReportResult(res)
 }
