@@ -115,10 +115,11 @@ func (tr *Tracker) closeWindow() {
 	if err := tr.setGate(false); err != nil && tr.dutyErr == nil {
 		tr.dutyErr = err
 	}
-	tr.onTotal += time.Since(tr.onSince)
+	d := time.Since(tr.onSince)
+	tr.onTotal += d
 	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
-	if d := time.Since(tr.onSince); events > 0 && d > 0 {
+	if events > 0 && d > 0 {
 		r := float64(events) / d.Seconds()
 		if tr.winRate == 0 {
 			tr.winRate = r

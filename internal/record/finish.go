@@ -97,16 +97,9 @@ func (r *rec) render(st sampler.Stats) error {
 	}
 	defer rd.Close()
 	o := output.Options{RateHz: r.cfg.Rate, Start: st.Start, Threads: r.cfg.Threads}
+	// The trailer just written holds the unread samples, as for report.
 	mode, _ := r.cfg.SampleMode() // checked when the recording began
-	o.Unread = func() []output.UnreadThread {
-		var out []output.UnreadThread
-		for _, sp := range st.Threads {
-			if by := unreadKept(sp.Unread, mode); len(by) > 0 {
-				out = append(out, output.UnreadThread{Pid: sp.Pid, TID: sp.TID, Name: sp.Name, ByActivity: by})
-			}
-		}
-		return out
-	}
+	o.Unread = UnreadOptions(rd, mode)
 	n, f, err := output.RenderFile(r.cfg.Format, o, rd.Samples(), r.cfg.Output)
 	if derr := rd.Damage(); derr != nil {
 		r.con.say("warning: raw recording is damaged after %d samples: %v", n, derr)
@@ -145,16 +138,15 @@ func UnreadOptions(rd *recording.Reader, mode stack.Mode) func() []output.Unread
 	}
 }
 
-// unreadKept returns the activities of by that mode keeps: all in wall
-// mode, running and gc (on a CPU, holding the GVL) in the others.
+// unreadKept returns the activities of by that mode keeps (Mode.Keeps of
+// a sample in that activity: the GVL holder is running or in GC; an
+// unread sample's CPU state was not read).
 func unreadKept(by map[string]int, mode stack.Mode) map[string]int {
-	if mode == "" || mode == stack.ModeWall {
-		return by
-	}
 	out := map[string]int{}
-	for _, act := range []string{stack.ActivityRunning, stack.ActivityGC} {
-		if by[act] > 0 {
-			out[act] = by[act]
+	for act, n := range by {
+		s := stack.Sample{Activity: act, GVL: act == stack.ActivityRunning || act == stack.ActivityGC}
+		if n > 0 && mode.Keeps(&s) {
+			out[act] = n
 		}
 	}
 	return out
