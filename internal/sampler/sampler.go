@@ -245,6 +245,18 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 
 	st := Stats{Rate: rate}
 	spans := make(map[threadKey]int) // index into st.Threads
+	// span returns thread (pid, tid)'s entry in st.Threads, added (named
+	// name, first and last seen at t) the first time.
+	span := func(pid, tid int, name string, t time.Time) *ThreadSpan {
+		key := threadKey{pid, tid}
+		idx, ok := spans[key]
+		if !ok {
+			idx = len(st.Threads)
+			spans[key] = idx
+			st.Threads = append(st.Threads, ThreadSpan{Pid: pid, TID: tid, Name: name, First: t, Last: t})
+		}
+		return &st.Threads[idx]
+	}
 	cpu0, _ := SelfCPU()
 	start := clk.Now()
 	st.Start = start
@@ -298,14 +310,7 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 					if th.TID == 0 || th.Activity == "" {
 						continue
 					}
-					key := threadKey{te.Pid, th.TID}
-					idx, ok := spans[key]
-					if !ok {
-						idx = len(st.Threads)
-						spans[key] = idx
-						st.Threads = append(st.Threads, ThreadSpan{Pid: te.Pid, TID: th.TID, Name: th.Name, First: now, Last: now})
-					}
-					sp := &st.Threads[idx]
+					sp := span(te.Pid, th.TID, th.Name, now)
 					if sp.Unread == nil {
 						sp.Unread = map[string]int{}
 					}
@@ -322,17 +327,11 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 					continue
 				}
 				kept = append(kept, *s)
-				key := threadKey{s.Pid, s.TID}
-				if idx, ok := spans[key]; ok {
-					sp := &st.Threads[idx]
-					sp.Last = s.Time
-					sp.Samples++
-					if s.ThreadName != "" {
-						sp.Name = s.ThreadName
-					}
-				} else {
-					spans[key] = len(st.Threads)
-					st.Threads = append(st.Threads, ThreadSpan{Pid: s.Pid, TID: s.TID, Name: s.ThreadName, First: s.Time, Last: s.Time, Samples: 1})
+				sp := span(s.Pid, s.TID, s.ThreadName, s.Time)
+				sp.Last = s.Time
+				sp.Samples++
+				if s.ThreadName != "" {
+					sp.Name = s.ThreadName
 				}
 			}
 			st.Samples += len(kept)
