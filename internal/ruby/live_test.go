@@ -55,8 +55,11 @@ func snapshotLive(t *testing.T, pid int) ([]stack.Thread, *Process) {
 	if err != nil {
 		t.Fatalf("open Ruby process: %v", err)
 	}
-	// A thread may still be between printing its report and sleeping:
-	// retry until every reported thread is inside Kernel#sleep.
+	// A thread may still be between printing its report and sleeping,
+	// and a running thread's stack may change while it is read (then it
+	// carries an Error and no frames, more often when it runs on another
+	// core): retry until every reported thread is inside Kernel#sleep and
+	// every stack was read whole.
 	var threads []stack.Thread
 	for i := 0; i < 50; i++ {
 		threads, err = p.Snapshot()
@@ -73,6 +76,9 @@ func snapshotLive(t *testing.T, pid int) ([]stack.Thread, *Process) {
 
 func allSleeping(ths []stack.Thread) bool {
 	for _, th := range ths {
+		if th.Error != "" {
+			return false
+		}
 		if th.Name == "gamma-spinner" || len(th.Frames) == 0 {
 			continue
 		}
