@@ -144,6 +144,11 @@ type calibration struct {
 	// quiet sums, word by word, the growth in the windows that counted
 	// too few events to list candidates from (nil before the first).
 	quiet [][]uint64
+	// singles: the Ruby keeps one counter (before 3.2), so no sums are
+	// listed.
+	singles bool
+	// chosen is the counter's words, once chosen.
+	chosen *calCand
 }
 
 // calCand is n words of one region, word, word+stride, ...: one word when
@@ -416,6 +421,7 @@ func (c *calibration) choose(now [][]uint64, minWindows int) (counter *rubyCount
 	}
 	chosen0 := *best
 	best = &chosen
+	c.chosen = &chosen
 	counter = &rubyCounter{t: c.t}
 	for i := 0; i < best.n; i++ {
 		w := best.word + i*best.stride
@@ -433,6 +439,19 @@ func (c *calibration) choose(now [][]uint64, minWindows int) (counter *rubyCount
 	counter.source = fmt.Sprintf("calibrated: %s of block 0x%x grew by at least the allocations counted in each of %d windows (%d events, %+.2f%%)",
 		what, c.regions[best.region], c.windows, c.events, 100*(float64(best.grown)-float64(c.events))/float64(c.events))
 	return counter, start, best.grown, cur
+}
+
+// chosenValue is the chosen counter's value in a read of the blocks.
+func (c *calibration) chosenValue(now [][]uint64) (uint64, bool) {
+	k := c.chosen
+	if k == nil || now[k.region] == nil {
+		return 0, false
+	}
+	var v uint64
+	for i := 0; i < k.n; i++ {
+		v += now[k.region][k.word+i*k.stride]
+	}
+	return v, true
 }
 
 // onGrowth is what the chosen counter's growth inside the calibration's
@@ -561,6 +580,14 @@ func poolArray(words []uint64, k calCand, pools int) (first, stride int, m poolM
 // sizePools is how many size pools (3.4: heaps) Ruby 3.2 to 3.4 keep on
 // 64-bit Linux, the counters GC.stat(:total_allocated_objects) sums
 // (SIZE_POOL_COUNT, HEAP_COUNT: 5); 0 for other versions.
+// forVersion sets what the calibration knows from Ruby's version: how
+// many size pools' counters its total sums (3.2-3.4), or that it keeps
+// one counter (before 3.2).
+func (c *calibration) forVersion(version string) {
+	c.pools = sizePools(version)
+	c.singles = version != "" && layout.CompareVersions(version, "3.2") < 0
+}
+
 func sizePools(version string) int {
 	if layout.CompareVersions(version, "3.2") >= 0 && layout.CompareVersions(version, "3.5") < 0 {
 		return 5
@@ -570,8 +597,8 @@ func sizePools(version string) int {
 
 // enumerate lists the candidates of a first window: every word that has
 // not decreased since the first window opened and grew in this one by at
-// least sure, and every sum of such words at a stride whose first word
-// grew and whose words grew by at least sure together.
+// least sure, and (unless c.singles) every sum of such words at a stride
+// whose first word grew and whose words grew by at least sure together.
 func (c *calibration) enumerate(prev, now [][]uint64, sure uint64) []calCand {
 	var out []calCand
 	for r := range c.regions {
@@ -590,6 +617,9 @@ func (c *calibration) enumerate(prev, now [][]uint64, sure uint64) []calCand {
 			d0 := n[a] - p[a]
 			if d0+calSlack >= sure {
 				out = append(out, calCand{region: r, word: a, stride: 1, n: 1, grown: d0})
+			}
+			if c.singles {
+				continue
 			}
 			for s := 1; s <= calMaxStride; s++ {
 				d := d0

@@ -111,6 +111,9 @@ type Tracker struct {
 	counter     *rubyCounter
 	cal         *calibration
 	counterNote string
+	// calPoints are the calibration's reads in the current window, tested
+	// once the probes are detached (settleCalibration).
+	calPoints []calPoint
 	// calVM and calSize locate rb_vm_t for calibrating (again): 0 when
 	// the counter came from DWARF.
 	calVM, calSize uint64
@@ -389,6 +392,7 @@ func (tr *Tracker) detach() {
 	closeLinks(tr.links)
 	tr.links = nil
 	tr.attached = false
+	tr.settleCalibration()
 }
 
 func (tr *Tracker) dutyLoop() {
