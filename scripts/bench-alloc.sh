@@ -8,6 +8,9 @@
 #   - modes: none (untraced), default (rbscope alloc: counting windows
 #     scaled by Ruby's own allocation counter), exact (rbscope alloc
 #     --exact), bcc (uobjnew, if it can run here)
+#   - "prog ns": what the tracer's BPF program itself cost per run (the
+#     kernel's run-time statistics, kernel.bpf_stats_enabled on for the
+#     run, tools/bpfprogs), apart from the uprobe trap every tracer pays
 #   - best of RUNS runs per mode (the machine may be shared): the loop's
 #     CPU time (user+system of the Ruby process: the probes' traps run in
 #     its context; far less disturbed by other load than wall time) and
@@ -17,7 +20,7 @@
 # Needs root. Not part of CI. Usage: scripts/bench-alloc.sh [RUNS]
 # Environment: N_OBJ, N_ARY, N_PACED, N_BURSTY (sizes), KINDS ("objects
 # arrays paced bursty"), MODES ("none default exact bcc"; also exact_nostacks,
-# exact_persite), RUBY (the Ruby to
+# exact_persite, exact_nosites), RUBY (the Ruby to
 # run, default ruby). bcc needs EXTRA_PACKAGES="bpfcc-tools linux-headers-amd64"
 # scripts/install-deps.sh; without headers for the running kernel, the
 # nearest Debian headers are merged into one tree for it.
@@ -32,6 +35,11 @@ BENCH=$PWD/internal/alloc/testdata/bench.rb
 
 [ "$(id -u)" -eq 0 ] || { echo "bench-alloc: needs root" >&2; exit 1; }
 go build -o "$work/rbscope" ./cmd/rbscope
+go build -o "$work/bpfprogs" ./tools/bpfprogs
+# The kernel times BPF programs only while asked to; restored on exit.
+stats_was=$(sysctl -n kernel.bpf_stats_enabled)
+sysctl -qw kernel.bpf_stats_enabled=1
+trap 'sysctl -qw kernel.bpf_stats_enabled=$stats_was; bench_cleanup' EXIT
 
 # bcc's uobjnew compiles its program against kernel headers. Use the
 # running kernel's, or Debian's nearest linux-headers package.
@@ -53,8 +61,9 @@ if command -v uobjnew >/dev/null || [ -x /usr/sbin/uobjnew ]; then
   fi
 fi
 
-# run_one MODE KIND N: prints "wall cpu counted" (counted: allocations of
-# the loop's class the tracer reported, "-" if none).
+# run_one MODE KIND N: prints "wall cpu counted prog" (counted:
+# allocations of the loop's class the tracer reported, "-" if none; prog:
+# its BPF programs' mean run time in ns, "-" if none ran).
 run_one() {
   local mode=$1 kind=$2 n=$3 class
   [ "$kind" = arrays ] && class=Array || class=Object
@@ -74,6 +83,9 @@ run_one() {
     # uprobe per site instead of one uprobe_multi link.
     exact_nostacks) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     exact_persite) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --per-site -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    # What bcc's uobjnew collects (classes, no file:line): the site's line
+    # is a user-memory read in the probe.
+    exact_nosites) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --no-sites -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     # Job control on: a background job of a script otherwise ignores
     # SIGINT, and uobjnew prints its counts only on Ctrl-C.
     bcc) set -m; PYTHONUNBUFFERED=1 "$BCC" -l ruby $rpid >"$log" 2>&1 & tpid=$!; set +m ;;
@@ -90,9 +102,10 @@ run_one() {
   fi
   echo go >&7
   until grep -q elapsed "$out" 2>/dev/null; do sleep 0.05; done
-  local elapsed counted="-"
+  local elapsed counted="-" prog="-"
   elapsed=$(awk '/elapsed/ {print $2, $3}' "$out")
   if [ -n "$tpid" ]; then
+    prog=$("$work/bpfprogs" | awk '$1 > 0 { printf "%.0f", $2 / $1; exit } { print "-" }')
     kill -INT $tpid
     wait $tpid 2>/dev/null || true
     if [ "$mode" = bcc ]; then
@@ -105,7 +118,7 @@ run_one() {
   fi
   echo >&7; exec 7>&-
   wait $rpid 2>/dev/null || true
-  echo "$elapsed $counted"
+  echo "$elapsed $counted $prog"
 }
 
 modes=(${MODES:-none default exact})
@@ -115,7 +128,7 @@ modes=(${MODES:-none default exact})
 echo "load before: $(uptime)"
 for kind in ${KINDS:-objects arrays paced bursty}; do
   case $kind in objects) n=$N_OBJ ;; arrays) n=$N_ARY ;; paced) n=$N_PACED ;; bursty) n=$N_BURSTY ;; esac
-  declare -A best=() cnt=() wall=()
+  declare -A best=() cnt=() wall=() prg=()
   for ((r = 1; r <= RUNS; r++)); do
     for m in "${modes[@]}"; do
       res=$(run_one "$m" "$kind" "$n")
@@ -124,21 +137,21 @@ for kind in ${KINDS:-objects arrays paced bursty}; do
         best[$m]=ERROR
         continue
       fi
-      read -r w e c <<<"$res"
+      read -r w e c pr <<<"$res"
       if [ "${best[$m]:-}" != ERROR ] && { [ -z "${best[$m]:-}" ] || awk -v a="$e" -v b="${best[$m]}" 'BEGIN{exit !(a<b)}'; }; then
-        best[$m]=$e; wall[$m]=$w; cnt[$m]=$c
+        best[$m]=$e; wall[$m]=$w; cnt[$m]=$c; prg[$m]=$pr
       fi
     done
   done
   echo "== $kind: $n allocations, best of $RUNS runs by CPU time ($(uptime | sed 's/.*load/load/'))"
-  printf "%-15s %8s %8s %9s %9s %10s %20s\n" mode "cpu s" "wall s" "cpu x" "wall x" "ns/event" "count error"
+  printf "%-15s %8s %8s %9s %9s %10s %8s %20s\n" mode "cpu s" "wall s" "cpu x" "wall x" "ns/event" "prog ns" "count error"
   for m in "${modes[@]}"; do
     if [ "${best[$m]}" = ERROR ]; then printf "%-15s %8s\n" "$m" "failed"; continue; fi
-    awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v w="${wall[$m]}" -v bw="${wall[none]}" -v n="$n" -v c="${cnt[$m]:--}" 'BEGIN {
+    awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v w="${wall[$m]}" -v bw="${wall[none]}" -v n="$n" -v c="${cnt[$m]:--}" -v pr="${prg[$m]:--}" 'BEGIN {
       err = "-"
       if (c != "-") { split(c, p, ":"); err = sprintf("%+.2f%%", 100 * (p[1] - n) / n); if (p[2] != "" && p[2] != "exact") err = err " (" p[2] ")" }
-      printf "%-15s %8.3f %8.3f %8.2fx %8.2fx %10.0f %20s\n", m, e, w, e / b, w / bw, 1e9 * (e - b) / n, err }'
+      printf "%-15s %8.3f %8.3f %8.2fx %8.2fx %10.0f %8s %20s\n", m, e, w, e / b, w / bw, 1e9 * (e - b) / n, pr, err }'
   done
-  unset best cnt wall
+  unset best cnt wall prg
 done
 echo "load after: $(uptime)"

@@ -37,6 +37,7 @@ type allocFlags struct {
 	forceSymbols bool
 	exact        bool
 	noStacks     bool
+	noSites      bool
 	perSite      bool
 	upload       uploadOpts
 }
@@ -99,6 +100,7 @@ Examples:
 	fl.BoolVar(&f.forceSymbols, "symbols", false, "use uprobes on allocation functions even if the Ruby has USDT probes (classes only)")
 	_ = fl.MarkHidden("symbols")
 	fl.BoolVar(&f.noStacks, "no-stacks", false, "do not copy the Ruby stacks of sampled allocations")
+	fl.BoolVar(&f.noSites, "no-sites", false, "count by class only, without each allocation's file:line (the cheapest --exact: Ruby passes the line on its stack, and reading it costs more than the rest of the probe)")
 	fl.BoolVar(&f.perSite, "per-site", false, "one perf-event uprobe per probe site instead of one uprobe_multi link (cost comparisons)")
 	_ = fl.MarkHidden("per-site")
 	f.upload.register(fl)
@@ -121,6 +123,7 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 		Options: alloc.Options{
 			Exact:        f.exact,
 			NoStacks:     f.noStacks,
+			NoSites:      f.noSites,
 			PerSite:      f.perSite,
 			SamplePeriod: f.samplePeriod,
 			DutyCycle:    f.dutyCycle,

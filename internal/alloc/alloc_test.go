@@ -148,19 +148,22 @@ func siteCount(r *Report, class, path string, line int) uint64 {
 func TestExactCounts(t *testing.T) {
 	needBPF(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		t.Run("uprobe_multi", func(t *testing.T) { exactCounts(t, rb, false) })
-		t.Run("per_site", func(t *testing.T) { exactCounts(t, rb, true) })
+		t.Run("uprobe_multi", func(t *testing.T) { exactCounts(t, rb, false, false) })
+		t.Run("per_site", func(t *testing.T) { exactCounts(t, rb, true, false) })
+		t.Run("no_sites", func(t *testing.T) { exactCounts(t, rb, false, true) })
 	})
 }
 
-func exactCounts(t *testing.T, rb testutil.RubyUnderTest, perSite bool) {
+// exactCounts checks every count of testdata/work.rb in exact mode; with
+// noSites, the class counts alone (the probes read no file:line).
+func exactCounts(t *testing.T, rb testutil.RubyUnderTest, perSite, noSites bool) {
 	forcePerSite = perSite
 	defer func() { forcePerSite = false }()
 	const n = 3000
 	p := startRuby(t, rb, script(t, "alloc.rb"), fmt.Sprint(n))
 	work := script(t, "work.rb")
 	p.expect(t, "ready")
-	tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true})
+	tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true, NoSites: noSites})
 	if tr.multi == perSite {
 		testutil.Missing(t, "uprobe_multi=%v, want %v (kernel before 6.6?)", tr.multi, !perSite)
 	}
@@ -184,6 +187,16 @@ func exactCounts(t *testing.T, rb testutil.RubyUnderTest, perSite bool) {
 		if got := classCount(r, c.class); got != c.want {
 			t.Errorf("class %s: %d allocations, want %d", c.class, got, c.want)
 		}
+	}
+	if noSites {
+		var total uint64
+		for _, c := range r.ByClass {
+			total += c.Count
+		}
+		if len(r.BySite) != 0 || total != r.Events || r.ArgErrors != 0 {
+			t.Errorf("%d sites, classes sum to %d of %d events, %d arg errors; want no sites, all events", len(r.BySite), total, r.Events, r.ArgErrors)
+		}
+		return
 	}
 	for _, c := range []struct {
 		class string

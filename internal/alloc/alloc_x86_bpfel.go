@@ -39,6 +39,12 @@ type allocCounter struct {
 	Bytes uint64
 }
 
+type allocLastSite struct {
+	_   structs.HostLayout
+	Key allocSiteKey
+	C   allocCounter
+}
+
 type allocProbeSpec struct {
 	_    structs.HostLayout
 	Args [3]allocArgSpec
@@ -80,6 +86,7 @@ const (
 	allocMapClasses          = "classes"
 	allocMapGate             = "gate"
 	allocMapGcStart          = "gc_start"
+	allocMapLastSite         = "last_site"
 	allocMapPendingNew       = "pending_new"
 	allocMapProbeSpecs       = "probe_specs"
 	allocMapSites            = "sites"
@@ -99,6 +106,7 @@ const (
 	allocVarStkVm            = "stk_vm"
 	allocVarTargetTgid       = "target_tgid"
 	allocVarUnusedStackEvent = "unused_stack_event"
+	allocVarWantSites        = "want_sites"
 )
 
 // loadAlloc returns the embedded CollectionSpec for alloc.
@@ -154,6 +162,7 @@ type allocMapSpecs struct {
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
 	Gate           *ebpf.MapSpec `ebpf:"gate"`
 	GcStart        *ebpf.MapSpec `ebpf:"gc_start"`
+	LastSite       *ebpf.MapSpec `ebpf:"last_site"`
 	PendingNew     *ebpf.MapSpec `ebpf:"pending_new"`
 	ProbeSpecs     *ebpf.MapSpec `ebpf:"probe_specs"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
@@ -177,6 +186,7 @@ type allocVariableSpecs struct {
 	StkVm            *ebpf.VariableSpec `ebpf:"stk_vm"`
 	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
 	UnusedStackEvent *ebpf.VariableSpec `ebpf:"unused_stack_event"`
+	WantSites        *ebpf.VariableSpec `ebpf:"want_sites"`
 }
 
 // allocObjects contains all objects after they have been loaded into the kernel.
@@ -202,6 +212,7 @@ type allocMaps struct {
 	Classes        *ebpf.Map `ebpf:"classes"`
 	Gate           *ebpf.Map `ebpf:"gate"`
 	GcStart        *ebpf.Map `ebpf:"gc_start"`
+	LastSite       *ebpf.Map `ebpf:"last_site"`
 	PendingNew     *ebpf.Map `ebpf:"pending_new"`
 	ProbeSpecs     *ebpf.Map `ebpf:"probe_specs"`
 	Sites          *ebpf.Map `ebpf:"sites"`
@@ -215,6 +226,7 @@ func (m *allocMaps) Close() error {
 		m.Classes,
 		m.Gate,
 		m.GcStart,
+		m.LastSite,
 		m.PendingNew,
 		m.ProbeSpecs,
 		m.Sites,
@@ -239,6 +251,7 @@ type allocVariables struct {
 	StkVm            *ebpf.Variable `ebpf:"stk_vm"`
 	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`
 	UnusedStackEvent *ebpf.Variable `ebpf:"unused_stack_event"`
+	WantSites        *ebpf.Variable `ebpf:"want_sites"`
 }
 
 // allocPrograms contains all programs after they have been loaded into the kernel.

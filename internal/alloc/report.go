@@ -100,6 +100,10 @@ func (r *Report) WriteText(w io.Writer, by string, top int) error {
 	if r.Mode == "symbols" {
 		b.WriteString("# this Ruby has no USDT probes: classes only, no file:line\n")
 	}
+	if r.ClassesOnly {
+		b.WriteString("# counted by class only (--no-sites): no file:line\n")
+		by = "class"
+	}
 	if r.GCMarks+r.GCSweeps > 0 {
 		fmt.Fprintf(&b, "# GC: %d mark phases %v, %d sweep phases %v\n", r.GCMarks, r.GCMark.Round(time.Microsecond), r.GCSweeps, r.GCSweep.Round(time.Microsecond))
 	}

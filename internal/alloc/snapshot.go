@@ -65,6 +65,8 @@ type Report struct {
 	// Mode is "usdt" or "symbols"; in "symbols" mode sites have no
 	// file:line.
 	Mode string `json:"-"`
+	// ClassesOnly: counted by class only (Options.NoSites), BySite empty.
+	ClassesOnly bool `json:"-"`
 	// Scale is the factor raw counts were multiplied by.
 	Scale float64 `json:"-"`
 	// Scaling says how Scale was found: "exact" (every event counted,
@@ -115,7 +117,7 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	if tr.stopped && !tr.end.IsZero() {
 		now = tr.end
 	}
-	r := &Report{Pid: tr.pid, Duration: now.Sub(tr.start), Mode: tr.plan.Mode}
+	r := &Report{Pid: tr.pid, Duration: now.Sub(tr.start), Mode: tr.plan.Mode, ClassesOnly: tr.opts.NoSites}
 	scale, how, rubyTotal := tr.scaling(now, r.Duration)
 	r.Scale, r.Scaling, r.RubyAllocated = scale, how, rubyTotal
 	r.Estimated = how != "exact" || scale != 1
@@ -140,9 +142,9 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	r.GCMark, r.GCSweep = time.Duration(stats[statGCMarkNS]), time.Duration(stats[statGCSweepNS])
 	r.GCMarks, r.GCSweeps = stats[statGCMarkCount], stats[statGCSweepCount]
 
-	sites, err := readPerCPU[allocSiteKey](tr.maps.Sites)
+	sites, err := readSites(tr.maps.Sites, tr.maps.LastSite)
 	if err != nil {
-		return nil, fmt.Errorf("read site counts: %w", err)
+		return nil, err
 	}
 	classes, err := readPerCPU[allocClassKey](tr.maps.Classes)
 	if err != nil {
@@ -182,6 +184,9 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 			path = p
 		}
 		addClass(name, c)
+		if tr.opts.NoSites {
+			continue
+		}
 		id := siteID{name, path, int(int32(k.Line))}
 		s := bySite[id]
 		if s == nil {
@@ -261,6 +266,32 @@ func readStats(m *ebpf.Map) ([]uint64, error) {
 		for _, v := range per {
 			out[i] += v
 		}
+	}
+	return out, nil
+}
+
+// readSites reads the site counts: the site map plus each CPU's last
+// site (counts the program has not moved to the map yet). The last sites
+// are read first: a count the program moves in between is then seen
+// twice until the next read rather than missed; once the probes are
+// detached, both are final.
+func readSites(sites, last *ebpf.Map) (map[allocSiteKey]allocCounter, error) {
+	var lasts []allocLastSite
+	if err := last.Lookup(uint32(0), &lasts); err != nil {
+		return nil, fmt.Errorf("read the last site counted: %w", err)
+	}
+	out, err := readPerCPU[allocSiteKey](sites)
+	if err != nil {
+		return nil, fmt.Errorf("read site counts: %w", err)
+	}
+	for _, l := range lasts {
+		if l.C.Count == 0 {
+			continue
+		}
+		c := out[l.Key]
+		c.Count += l.C.Count
+		c.Bytes += l.C.Bytes
+		out[l.Key] = c
 	}
 	return out, nil
 }

@@ -69,6 +69,11 @@ type Options struct {
 	// Exact). NoStacks copies none.
 	StackPeriod uint32
 	NoStacks    bool
+	// NoSites counts by class only: the probes do not read each
+	// allocation's file and line (Ruby passes the line on its stack, and
+	// that read costs more than the rest of the program), and the report
+	// has no sites.
+	NoSites bool
 	// PerSite attaches one perf-event uprobe per site even where the
 	// kernel has uprobe_multi links (to compare their costs).
 	PerSite bool
@@ -121,8 +126,16 @@ type Tracker struct {
 	counterStart   uint64
 	counterEnd     uint64
 	counterOn      uint64
-	winCounter     uint64
-	winEvents      uint64
+	// counterEvents are the events counted in the windows counterOn
+	// covers. calEvents are those counted while the counter was being
+	// found, and calGrowth its growth then, clamped (see
+	// calibration.onGrowth): scaling values those windows at the
+	// growth per event of the later ones, whose edges are exact.
+	counterEvents uint64
+	calEvents     uint64
+	calGrowth     uint64
+	winCounter    uint64
+	winEvents     uint64
 	// winRate is the events per second counted in recent windows (a
 	// moving average), for windowLength.
 	winRate float64
@@ -182,6 +195,11 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	}
 	if err := spec.Variables[allocVarSamplePeriod].Set(opts.SamplePeriod); err != nil {
 		return nil, fmt.Errorf("set sample period: %w", err)
+	}
+	if opts.NoSites {
+		if err := spec.Variables[allocVarWantSites].Set(uint32(0)); err != nil {
+			return nil, fmt.Errorf("set class-only counting: %w", err)
+		}
 	}
 	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts}
 	tr.findCounter()
@@ -306,6 +324,7 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapGcStart:        tr.maps.GcStart,
 		allocMapGate:           tr.maps.Gate,
 		allocMapStackCountdown: tr.maps.StackCountdown,
+		allocMapLastSite:       tr.maps.LastSite,
 		allocMapStacks:         tr.maps.Stacks,
 	}
 }
@@ -471,7 +490,8 @@ func (tr *Tracker) Stop() {
 		// A run too short for the usual evidence: choose on what there
 		// is, rather than scale by time.
 		if c, start, grown, _ := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
-			tr.counterStart, tr.counterOn = start, tr.cal.onGrowth(grown)
+			tr.counterStart = start
+			tr.calEvents, tr.calGrowth = tr.cal.events, tr.cal.onGrowth(grown)
 			tr.counter, tr.cal = c, nil
 		}
 	}
