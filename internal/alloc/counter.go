@@ -455,7 +455,8 @@ func (c *calibration) chosenValue(now [][]uint64) (uint64, bool) {
 }
 
 // onGrowth is what the chosen counter's growth inside the calibration's
-// windows counts for when scaling (Tracker.counterOn): the events counted
+// windows counts for when scaling, if no later window measured the growth
+// per event (Tracker.calOn): the events counted
 // in them, or its growth if less. Its growth itself is inflated by the
 // windows' edges: reading every candidate block takes milliseconds before
 // the gate opens and after it closes, while the target allocates (the
