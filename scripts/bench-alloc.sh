@@ -16,7 +16,9 @@
 #     its context; far less disturbed by other load than wall time) and
 #     wall time, slowdowns as ratios to "none" in the same run, per-event
 #     cost in CPU ns, and each tracer's count error against the known
-#     number of allocations.
+#     number of allocations; "median x" is the ratio of the median CPU
+#     times (the default mode's cost depends on where its random windows
+#     fall, which the best run hides).
 # Needs root. Not part of CI. Usage: scripts/bench-alloc.sh [RUNS]
 # Environment: N_OBJ, N_ARY, N_PACED, N_BURSTY (sizes), KINDS ("objects
 # arrays paced bursty"), MODES ("none default exact bcc"; also exact_nostacks,
@@ -121,6 +123,9 @@ run_one() {
   echo "$elapsed $counted $prog"
 }
 
+# median V...: the middle value (the mean of the two middle ones).
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
 modes=(${MODES:-none default exact})
 [ -n "$BCC" ] && [ -z "${MODES:-}" ] && modes+=(bcc)
 [ -z "$BCC" ] && [[ " ${modes[*]} " == *" bcc "* ]] && { echo "bench-alloc: uobjnew not installed" >&2; exit 1; }
@@ -128,7 +133,7 @@ modes=(${MODES:-none default exact})
 echo "load before: $(uptime)"
 for kind in ${KINDS:-objects arrays paced bursty}; do
   case $kind in objects) n=$N_OBJ ;; arrays) n=$N_ARY ;; paced) n=$N_PACED ;; bursty) n=$N_BURSTY ;; esac
-  declare -A best=() cnt=() wall=() prg=()
+  declare -A best=() cnt=() wall=() prg=() all=()
   for ((r = 1; r <= RUNS; r++)); do
     for m in "${modes[@]}"; do
       res=$(run_one "$m" "$kind" "$n")
@@ -138,20 +143,21 @@ for kind in ${KINDS:-objects arrays paced bursty}; do
         continue
       fi
       read -r w e c pr <<<"$res"
+      all[$m]+="$e "
       if [ "${best[$m]:-}" != ERROR ] && { [ -z "${best[$m]:-}" ] || awk -v a="$e" -v b="${best[$m]}" 'BEGIN{exit !(a<b)}'; }; then
         best[$m]=$e; wall[$m]=$w; cnt[$m]=$c; prg[$m]=$pr
       fi
     done
   done
   echo "== $kind: $n allocations, best of $RUNS runs by CPU time ($(uptime | sed 's/.*load/load/'))"
-  printf "%-15s %8s %8s %9s %9s %10s %8s %20s\n" mode "cpu s" "wall s" "cpu x" "wall x" "ns/event" "prog ns" "count error"
+  printf "%-15s %8s %8s %9s %9s %9s %10s %8s %20s\n" mode "cpu s" "wall s" "cpu x" "wall x" "median x" "ns/event" "prog ns" "count error"
   for m in "${modes[@]}"; do
     if [ "${best[$m]}" = ERROR ]; then printf "%-15s %8s\n" "$m" "failed"; continue; fi
-    awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v w="${wall[$m]}" -v bw="${wall[none]}" -v n="$n" -v c="${cnt[$m]:--}" -v pr="${prg[$m]:--}" 'BEGIN {
+    awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v w="${wall[$m]}" -v bw="${wall[none]}" -v n="$n" -v c="${cnt[$m]:--}" -v pr="${prg[$m]:--}" -v md="$(median ${all[$m]})" -v bmd="$(median ${all[none]})" 'BEGIN {
       err = "-"
       if (c != "-") { split(c, p, ":"); err = sprintf("%+.2f%%", 100 * (p[1] - n) / n); if (p[2] != "" && p[2] != "exact") err = err " (" p[2] ")" }
-      printf "%-15s %8.3f %8.3f %8.2fx %8.2fx %10.0f %8s %20s\n", m, e, w, e / b, w / bw, 1e9 * (e - b) / n, pr, err }'
+      printf "%-15s %8.3f %8.3f %8.2fx %8.2fx %8.2fx %10.0f %8s %20s\n", m, e, w, e / b, w / bw, md / bmd, 1e9 * (e - b) / n, pr, err }'
   done
-  unset best cnt wall prg
+  unset best cnt wall prg all
 done
 echo "load after: $(uptime)"
