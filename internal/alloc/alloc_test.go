@@ -746,3 +746,54 @@ func TestOtherMountNamespace(t *testing.T) {
 		t.Errorf("counted %d Widgets in the other mount namespace, want 1000", got)
 	}
 }
+
+// TestSiteReadsConsistent reads the site counts over and over while a
+// loop switches between two sites every 20,000 allocations (each switch
+// moves a run's count from the probe's last-site slot to the site map):
+// every read must sum to no fewer events than were counted before it and
+// no more than after it. Reading the slots and the map without checking
+// their seq saw a run twice or not at all.
+func TestSiteReadsConsistent(t *testing.T) {
+	needBPF(t)
+	rb := testutil.SystemRuby(t)
+	p := startRuby(t, rb, script(t, "runs.rb"), "3")
+	p.expect(t, "ready")
+	tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true, NoStacks: true})
+	p.send(t)
+	reads, moved := 0, 0
+	lastA := uint64(0)
+	// The loop runs 3 s; reading stops a little before.
+	for start := time.Now(); time.Since(start) < 2500*time.Millisecond; {
+		ev0, err := tr.statSum(statEvents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sites, err := readSites(tr.maps.Sites, tr.maps.LastSite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev1, err := tr.statSum(statEvents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum, a uint64
+		for k, c := range sites {
+			sum += c.Count
+			if k.Line == 10 {
+				a = c.Count
+			}
+		}
+		if a != lastA {
+			moved++
+			lastA = a
+		}
+		reads++
+		if sum < ev0 || sum > ev1 {
+			t.Fatalf("read %d: sites sum to %d, events %d before and %d after", reads, sum, ev0, ev1)
+		}
+	}
+	p.expect(t, "done")
+	if reads < 100 || moved < 10 {
+		t.Errorf("%d reads over %d site switches: too few to tell", reads, moved)
+	}
+}

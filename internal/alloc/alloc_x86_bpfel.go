@@ -43,6 +43,7 @@ type allocLastSite struct {
 	_   structs.HostLayout
 	Key allocSiteKey
 	C   allocCounter
+	Seq uint64
 }
 
 type allocProbeSpec struct {

@@ -271,20 +271,32 @@ func readStats(m *ebpf.Map) ([]uint64, error) {
 }
 
 // readSites reads the site counts: the site map plus each CPU's last
-// site (counts the program has not moved to the map yet). The last sites
-// are read first: a count the program moves in between is then seen
-// twice until the next read rather than missed; once the probes are
-// detached, both are final.
+// site (counts the program has not moved to the map yet). A count moves
+// from a slot to the map while both are read: the slots are read before
+// and after the map, and the read stands when no slot's seq moved in
+// between (a few tries, then the last read: a slot moving on every read
+// holds runs of a few events). Once the probes are detached, both are
+// final.
 func readSites(sites, last *ebpf.Map) (map[allocSiteKey]allocCounter, error) {
-	var lasts []allocLastSite
-	if err := last.Lookup(uint32(0), &lasts); err != nil {
-		return nil, fmt.Errorf("read the last site counted: %w", err)
+	var out map[allocSiteKey]allocCounter
+	var after []allocLastSite
+	for try := 0; try < readSitesTries; try++ {
+		var before []allocLastSite
+		if err := last.Lookup(uint32(0), &before); err != nil {
+			return nil, fmt.Errorf("read the last site counted: %w", err)
+		}
+		var err error
+		if out, err = readPerCPU[allocSiteKey](sites); err != nil {
+			return nil, fmt.Errorf("read site counts: %w", err)
+		}
+		if err := last.Lookup(uint32(0), &after); err != nil {
+			return nil, fmt.Errorf("read the last site counted: %w", err)
+		}
+		if sameSeqs(before, after) {
+			break
+		}
 	}
-	out, err := readPerCPU[allocSiteKey](sites)
-	if err != nil {
-		return nil, fmt.Errorf("read site counts: %w", err)
-	}
-	for _, l := range lasts {
+	for _, l := range after {
 		if l.C.Count == 0 {
 			continue
 		}
@@ -294,6 +306,23 @@ func readSites(sites, last *ebpf.Map) (map[allocSiteKey]allocCounter, error) {
 		out[l.Key] = c
 	}
 	return out, nil
+}
+
+// readSitesTries bounds readSites' attempts at a read no move crossed.
+const readSitesTries = 4
+
+// sameSeqs reports whether no slot moved a count between two reads of
+// the last sites (and none was moving during the first).
+func sameSeqs(before, after []allocLastSite) bool {
+	if len(before) != len(after) {
+		return false
+	}
+	for i := range before {
+		if before[i].Seq%2 != 0 || before[i].Seq != after[i].Seq {
+			return false
+		}
+	}
+	return true
 }
 
 // readPerCPU reads a per-CPU hash of counters, summing CPUs, with batch

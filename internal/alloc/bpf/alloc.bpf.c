@@ -94,10 +94,15 @@ struct counter {
  * became the last: a loop allocates from one site many times in a row,
  * and a key compare costs far less than a hash lookup (about 100 ns of a
  * ~1 us event on Debian's 3.1 array loop). Its count moves to `sites`
- * when another site comes; user space adds what is still here. */
+ * when another site comes; user space adds what is still here. seq is
+ * odd while a count moves (and the slot changes sites), and grows by two
+ * with every move: user space reads the slots, the map, the slots again,
+ * and keeps a read in which no seq moved (else a run of a million events
+ * could be seen twice, or not at all, for one refresh). */
 struct last_site {
 	struct site_key key;
 	struct counter c;
+	__u64 seq;
 };
 
 /* Set by the loader before loading. */
@@ -528,10 +533,12 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 			}
 		}
 	}
+	ls->seq++;
 	flush(ls);
 	ls->key = sk;
 	ls->c.count = 1;
 	ls->c.bytes = bytes;
+	ls->seq++;
 counted:
 	if (stack_period) {
 		__u32 zero = 0;
