@@ -136,6 +136,9 @@ type Tracker struct {
 	calGrowth     uint64
 	winCounter    uint64
 	winEvents     uint64
+	// winOpenEvents are the events when the window opened (winEvents
+	// moves on at each calibration checkpoint), for winRate.
+	winOpenEvents uint64
 	// winRate is the events per second counted in recent windows (a
 	// moving average), for windowLength.
 	winRate float64

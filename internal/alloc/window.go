@@ -80,6 +80,7 @@ func (tr *Tracker) setGate(open bool) error {
 // worth when the tracker was preempted in between (CI: a total -5.6%).
 func (tr *Tracker) openWindow() {
 	tr.winEvents, _ = tr.statSum(statObjects)
+	tr.winOpenEvents = tr.winEvents
 	if tr.cal != nil && tr.counter == nil {
 		tr.cal.open()
 	}
@@ -119,8 +120,11 @@ func (tr *Tracker) closeWindow() {
 	tr.onTotal += d
 	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
-	if events > 0 && d > 0 {
-		r := float64(events) / d.Seconds()
+	if all := ev - tr.winOpenEvents; all > 0 && d > 0 {
+		// The whole window's: a calibrating window's events are cut
+		// at its checkpoints (a rate half the true one made the first
+		// windows after it count 3,000 events instead of 1,000).
+		r := float64(all) / d.Seconds()
 		if tr.winRate == 0 {
 			tr.winRate = r
 		} else {
