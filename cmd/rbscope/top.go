@@ -88,6 +88,13 @@ func (o *topFlags) run() error {
 					msg = st.LastError.Error()
 				}
 				agg.SetStatus(st.ErrorCount(), st.Late+st.Missed, msg)
+				unread := map[string]int{}
+				for _, sp := range st.Threads {
+					for a, n := range sp.Unread {
+						unread[a] += n
+					}
+				}
+				agg.SetUnread(unread)
 			},
 		}, agg.Add)
 		sampled <- st

@@ -6,6 +6,7 @@ package tui
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -68,6 +69,9 @@ type Top struct {
 	start       time.Time
 	lastSamples time.Time
 	acts        map[string]int // samples of the interval by activity
+	// unread and unreadShown: samples whose stack could not be read, by
+	// activity, since the start (SetUnread) and at the last Snapshot.
+	unread, unreadShown map[string]int
 }
 
 // NewTop returns an empty aggregator for samples taken at rate Hz.
@@ -137,6 +141,18 @@ func (t *Top) SetStatus(errors, late int, lastErr string) {
 	t.mu.Unlock()
 }
 
+// SetUnread records, by activity, the samples since the start that were
+// not delivered because their stack could not be read (the sampler's
+// ThreadSpan.Unread, summed over threads): the activity shares of the
+// next view count the interval's, as summary's do. Leaving them out made
+// running look rarer than it was (a running thread's stack is the one
+// that changes while it is read).
+func (t *Top) SetUnread(by map[string]int) {
+	t.mu.Lock()
+	t.unread = maps.Clone(by)
+	t.mu.Unlock()
+}
+
 // Row is one line of the table.
 type Row struct {
 	Function string // "Foo#bar"
@@ -167,8 +183,10 @@ type View struct {
 	Elapsed    time.Duration
 	Sort       SortKey
 	// Activities are the interval's shares of samples by activity
-	// (percent), empty when the samples carry none.
+	// (percent), empty when the samples carry none; they include the
+	// Unread samples of the interval.
 	Activities map[string]float64
+	Unread     int
 }
 
 // Snapshot returns the current view (both the all-threads and the
@@ -201,10 +219,17 @@ func (t *Top) Snapshot(sortBy SortKey) View {
 	}
 	v.Rows = rows(t.all)
 	v.ThreadRows = rows(t.byThread)
-	if len(t.acts) > 0 && t.win > 0 {
+	for a, n := range t.unread {
+		if d := n - t.unreadShown[a]; d > 0 {
+			t.acts[a] += d
+			v.Unread += d
+		}
+	}
+	t.unreadShown = t.unread
+	if n := t.win + v.Unread; len(t.acts) > 0 && n > 0 {
 		v.Activities = map[string]float64{}
-		for a, n := range t.acts {
-			v.Activities[a] = 100 * float64(n) / float64(t.win)
+		for a, k := range t.acts {
+			v.Activities[a] = 100 * float64(k) / float64(n)
 		}
 	}
 	clear(t.acts)
@@ -305,8 +330,12 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 	line(status, bold)
 	line(fmt.Sprintf("Samples: %d (%d this interval)  Threads: %d  Errors: %d  Late: %d", v.Samples, v.Interval, v.Threads, v.Errors, v.Late), "")
 	if v.Activities != nil {
-		line(fmt.Sprintf("Threads: running %.1f%%  GVL wait %.1f%%  blocked %.1f%%  GC %.1f%%",
-			v.Activities[stack.ActivityRunning], v.Activities[stack.ActivityGVLWait], v.Activities[stack.ActivityBlocked], v.Activities[stack.ActivityGC]), "")
+		acts := fmt.Sprintf("Threads: running %.1f%%  GVL wait %.1f%%  blocked %.1f%%  GC %.1f%%",
+			v.Activities[stack.ActivityRunning], v.Activities[stack.ActivityGVLWait], v.Activities[stack.ActivityBlocked], v.Activities[stack.ActivityGC])
+		if v.Unread > 0 {
+			acts += fmt.Sprintf("  (%d unread stacks included)", v.Unread)
+		}
+		line(acts, "")
 	}
 	help := "q quit  t threads  1-4 sort  space pause"
 	if v.LastError != "" && v.Errors > 0 {

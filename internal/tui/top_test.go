@@ -148,3 +148,33 @@ func TestActivityColumns(t *testing.T) {
 		}
 	}
 }
+
+// TestUnreadInActivities: samples whose stack could not be read count in
+// the interval's activity shares (once), not in the functions'.
+func TestUnreadInActivities(t *testing.T) {
+	top := NewTop(100)
+	root := fr("<main>", "/x/main.rb")
+	top.Add([]stack.Sample{
+		{TID: 1, Activity: stack.ActivityRunning, Frames: []stack.Frame{fr("A#spin", "/x/a.rb"), root}},
+		{TID: 2, Activity: stack.ActivityBlocked, Frames: []stack.Frame{fr("Kernel#sleep", ""), root}},
+	})
+	top.SetUnread(map[string]int{stack.ActivityRunning: 2})
+	v := top.Snapshot(SortTotalPct)
+	if v.Unread != 2 || v.Activities[stack.ActivityRunning] != 75 || v.Activities[stack.ActivityBlocked] != 25 {
+		t.Errorf("unread %d, activities %v; want 2, running 75%%, blocked 25%%", v.Unread, v.Activities)
+	}
+	for _, r := range v.Rows {
+		if r.Function == "<main>" && r.TotalPct != 100 {
+			t.Errorf("<main> %.1f%% of the samples read, want 100", r.TotalPct)
+		}
+	}
+	if out := Render(Header{Pid: 1, Rate: 100}, v, false, 140, 20, false); !strings.Contains(out, "(2 unread stacks included)") {
+		t.Errorf("no unread count in\n%s", out)
+	}
+	// The same totals again: nothing new in the next interval.
+	top.SetUnread(map[string]int{stack.ActivityRunning: 2})
+	top.Add([]stack.Sample{{TID: 2, Activity: stack.ActivityBlocked, Frames: []stack.Frame{fr("Kernel#sleep", ""), root}}})
+	if v := top.Snapshot(SortTotalPct); v.Unread != 0 || v.Activities[stack.ActivityBlocked] != 100 {
+		t.Errorf("second interval: unread %d, activities %v", v.Unread, v.Activities)
+	}
+}
