@@ -587,9 +587,6 @@ func poolArray(words []uint64, k calCand, pools int) (first, stride int, m poolM
 	return first, stride, poolsFound
 }
 
-// sizePools is how many size pools (3.4: heaps) Ruby 3.2 to 3.4 keep on
-// 64-bit Linux, the counters GC.stat(:total_allocated_objects) sums
-// (SIZE_POOL_COUNT, HEAP_COUNT: 5); 0 for other versions.
 // forVersion sets what the calibration knows from Ruby's version: how
 // many size pools' counters its total sums (3.2-3.4), or that it keeps
 // one counter (before 3.2).
@@ -598,6 +595,9 @@ func (c *calibration) forVersion(version string) {
 	c.singles = version != "" && layout.CompareVersions(version, "3.2") < 0
 }
 
+// sizePools is how many size pools (3.4: heaps) Ruby 3.2 to 3.4 keep on
+// 64-bit Linux, the counters GC.stat(:total_allocated_objects) sums
+// (SIZE_POOL_COUNT, HEAP_COUNT: 5); 0 for other versions.
 func sizePools(version string) int {
 	if layout.CompareVersions(version, "3.2") >= 0 && layout.CompareVersions(version, "3.5") < 0 {
 		return 5

@@ -493,9 +493,7 @@ func (tr *Tracker) Stop() {
 		// A run too short for the usual evidence: choose on what there
 		// is, rather than scale by time.
 		if c, start, grown, _ := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
-			tr.counterStart = start
-			tr.calEvents, tr.calGrowth = tr.cal.events, tr.cal.onGrowth(grown)
-			tr.counter, tr.cal = c, nil
+			tr.adoptCounter(c, start, grown)
 		}
 	}
 	if tr.counter != nil {

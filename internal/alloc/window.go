@@ -294,9 +294,8 @@ func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, fo
 		c.source += fmt.Sprintf(", found again since it counts (%s)", tr.counterNote)
 	}
 	if c != nil {
-		tr.counterStart, tr.counterEnd = start, cur
-		tr.calEvents, tr.calGrowth = tr.cal.events, tr.cal.onGrowth(grown)
-		tr.counter, tr.cal = c, nil
+		tr.adoptCounter(c, start, grown)
+		tr.counterEnd = cur
 		return cur, true
 	}
 	if tr.cal.failed() {
@@ -372,6 +371,15 @@ func (tr *Tracker) scaling(now time.Time, dur time.Duration) (scale float64, how
 		scale *= float64(dur) / float64(on)
 	}
 	return scale, "time", rubyTotal
+}
+
+// adoptCounter ends the calibration with the counter it chose: its value
+// when counting began and its growth in the calibration's windows (see
+// calOn). Called with mu held.
+func (tr *Tracker) adoptCounter(c *rubyCounter, start, grown uint64) {
+	tr.counterStart = start
+	tr.calEvents, tr.calGrowth = tr.cal.events, tr.cal.onGrowth(grown)
+	tr.counter, tr.cal = c, nil
 }
 
 // calOn is what the calibration's windows count for in the counter's
