@@ -99,3 +99,59 @@ func BenchmarkReadBaseline64(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSnapshotAfterGC is the cost of a snapshot taken just after a
+// GC, when every name cached by address must be checked again (a process
+// that allocates runs a GC every few milliseconds): a thread with 50
+// frames of 50 methods, and one that collects garbage all the time. Each
+// timed snapshot waits (untimed) for the GC count to move.
+func BenchmarkSnapshotAfterGC(b *testing.B) {
+	proc := testutil.StartRuby(b, "stacks.rb", "benchgc")
+	tg, err := target.OpenLive(proc.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := Open(tg, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := p.Snapshot(); err != nil {
+		b.Fatal(err)
+	}
+	if p.gcCountAddr == 0 {
+		b.Fatal("the GC count was not found: every snapshot is an epoch of its own")
+	}
+	rc := tg.(target.ReadCounter)
+	reads := uint64(0)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		last := p.epoch
+		for {
+			n, err := p.r.u64(p.gcCountAddr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if n+1 != last {
+				break
+			}
+		}
+		before := rc.ReadCalls()
+		b.StartTimer()
+		ths, err := p.Snapshot()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		reads += rc.ReadCalls() - before
+		frames := 0
+		for _, th := range ths {
+			frames += len(th.Frames)
+		}
+		if frames < 50 {
+			b.Fatalf("%d frames", frames)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(reads)/float64(b.N), "readv/op")
+}

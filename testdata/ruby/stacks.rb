@@ -2,7 +2,7 @@
 # point, prints Ruby's own view of their stacks (caller_locations) as JSON,
 # prints "ready" and then stays there (sleeping) until killed.
 #
-#   ruby stacks.rb nested|threads|deep|unicode|require
+#   ruby stacks.rb nested|threads|deep|bench|benchgc|unicode|require
 require 'json'
 
 $reports = Queue.new
@@ -61,6 +61,19 @@ when "bench"
   # 50 frames: 48 recursive calls, checkpoint and the thread's block.
   Thread.new { Deep.new.recurse(47) }
   wait_reports(1)
+when "benchgc"
+  # 50 frames of 50 methods (each its own iseq and method entry, every
+  # tenth through a block and Array#each) while another thread collects
+  # garbage all the time: what names cost when every cache is a GC old.
+  class Chain; end
+  50.times do |i|
+    callee = i == 49 ? "checkpoint" : "m#{i + 1}(n)"
+    body = i % 10 == 5 ? "[n].each { |n| #{callee} }" : callee
+    Chain.class_eval("def m#{i}(n) = #{body}", __FILE__, __LINE__)
+  end
+  Thread.new { Thread.current.name = "chain"; Chain.new.m0(0) }
+  wait_reports(1)
+  loop { GC.start(full_mark: false, immediate_sweep: false); sleep 0.0005 }
 when "unicode"
   require_relative "lib/ユニコード"
   Thread.new { Ünïcödé.new.método_ñ }
@@ -69,6 +82,6 @@ when "require"
   Thread.new { require_relative "lib/required" }
   wait_reports(1)
 else
-  abort "usage: stacks.rb nested|threads|deep|bench|unicode|require"
+  abort "usage: stacks.rb nested|threads|deep|bench|benchgc|unicode|require"
 end
 sleep
