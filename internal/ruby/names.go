@@ -71,18 +71,34 @@ type caches struct {
 	refsBuf   []threadRef
 	checksBuf []regionCheck
 	gcFresh   bool // the GC flags were read with the thread list
+
+	// Witnesses of cached names (see witness.go).
+	rec         *witness // the witness being recorded, if any
+	witBuf      []byte
+	witReqs     []target.Read
+	witSpans    []witSpan
+	witOK       []bool
+	checkWits   []witness
+	checkOK     []bool
+	checkTodo   []nameCheck
+	witStack    []*witness // scratch witnesses, by nesting depth
+	witOuter    []*witness // the recording each one interrupted
+	witChecks   uint64     // witness checks made
+	bodyMaskBuf []byte
 }
 
 // genString is a cached string and the GC epoch it was read in.
 type genString struct {
 	s   string
 	gen uint64
+	wit witness
 }
 
 type className struct {
 	name      string
 	singleton bool
 	gen       uint64
+	wit       witness
 }
 
 func (c *caches) init() {
@@ -197,17 +213,21 @@ func (p *Process) ClassName(klass uint64) (string, error) {
 // classNameOf returns the class path of klass and whether klass is a
 // singleton class (then name is the attached class's path).
 func (p *Process) classNameOf(klass uint64) (string, bool, error) {
-	if c, ok := p.classCache[klass]; ok && c.gen == p.epoch {
+	if c, ok := p.classCache[klass]; ok && p.current(&c.gen, c.wit) {
+		p.classCache[klass] = c
+		p.reuse(c.wit)
 		return c.name, c.singleton, nil
 	}
+	wit := p.startWitness()
 	name, singleton, err := p.readClassName(klass, 0)
+	p.endWitness(wit)
 	if err != nil {
 		return "", false, err
 	}
 	if len(p.classCache) > 100000 {
 		p.classCache = map[uint64]className{}
 	}
-	p.classCache[klass] = className{name, singleton, p.epoch}
+	p.classCache[klass] = className{name, singleton, p.epoch, wit.clip()}
 	return name, singleton, nil
 }
 
@@ -220,16 +240,18 @@ func (p *Process) readClassName(klass uint64, depth int) (string, bool, error) {
 		return "", false, fmt.Errorf("read class at 0x%x: %w", klass, err)
 	}
 	flags, kl := le64(b, 0), le64(b, 8)
-	switch flags & tMask {
-	case tClass, tModule:
-	case tIClass:
-		return p.readClassName(kl, depth+1)
-	default:
-		return "", false, invalidf("object at 0x%x is not a class (type 0x%x)", klass, flags&tMask)
-	}
 	singletonFlag := uint64(1) << 12 // FL_SINGLETON = FL_USER0
 	if p.ver >= v(3, 4, 0) {
 		singletonFlag = 1 << 13 // FL_USER1 from 3.4
+	}
+	p.sawWord(klass, flags, tMask|singletonFlag)
+	switch flags & tMask {
+	case tClass, tModule:
+	case tIClass:
+		p.sawWord(klass+8, kl, ^uint64(0))
+		return p.readClassName(kl, depth+1)
+	default:
+		return "", false, invalidf("object at 0x%x is not a class (type 0x%x)", klass, flags&tMask)
 	}
 	if flags&singletonFlag != 0 {
 		att, err := p.attachedObject(klass)
@@ -248,7 +270,7 @@ func (p *Process) classPath(klass uint64) (string, error) {
 	o := &p.o
 	switch {
 	case o.classextOff.ok && o.classpathOff.ok: // 3.3+
-		cp, err := p.r.u64(klass + o.classextOff.off + o.classpathOff.off)
+		cp, err := p.sawU64(klass + o.classextOff.off + o.classpathOff.off)
 		if err != nil {
 			return "", fmt.Errorf("read classpath: %w", err)
 		}
@@ -270,7 +292,7 @@ func (p *Process) classPath(klass uint64) (string, error) {
 func (p *Process) attachedObject(klass uint64) (uint64, error) {
 	o := &p.o
 	if o.classextOff.ok && o.attachedOff.ok {
-		return p.r.u64(klass + o.classextOff.off + o.attachedOff.off)
+		return p.sawU64(klass + o.classextOff.off + o.attachedOff.off)
 	}
 	if p.ver >= v(2, 2, 0) && p.ver < v(3, 2, 0) {
 		val, ok, err := p.classIvar(klass, "__attached__")
@@ -297,11 +319,13 @@ const (
 )
 
 func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
+	resume := p.notRecording() // found once per process
 	serial, err := p.hiddenSerial(name)
+	resume()
 	if err != nil || serial == 0 {
 		return 0, false, err
 	}
-	ext, err := p.r.u64(klass + rclassPtr)
+	ext, err := p.sawU64(klass + rclassPtr)
 	if err != nil || !isHeapPtr(ext) {
 		return 0, false, err
 	}
@@ -309,7 +333,7 @@ func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
 	if f, err := p.lay.Field("rb_classext_struct", "iv_tbl"); err == nil {
 		ivOff = f.Offset
 	}
-	tbl, err := p.r.u64(ext + ivOff)
+	tbl, err := p.sawU64(ext + ivOff)
 	if err != nil || !isHeapPtr(tbl) {
 		return 0, false, err
 	}
@@ -318,6 +342,7 @@ func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
 		return 0, false, fmt.Errorf("read ivar table: %w", err)
 	}
 	start, bound, entries := le64(hdr, stEntriesStart), le64(hdr, stEntriesBound), le64(hdr, stEntries)
+	p.saw(tbl+stEntriesStart, hdr[stEntriesStart:stEntries+8])
 	if bound < start || bound-start > maxStEntries || !isHeapPtr(entries) {
 		return 0, false, invalidf("ivar table at 0x%x", tbl)
 	}
@@ -325,6 +350,7 @@ func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
 	if err != nil {
 		return 0, false, fmt.Errorf("read ivar entries: %w", err)
 	}
+	p.saw(entries+start*stEntrySize, data)
 	for i := uint64(0); i < bound-start; i++ {
 		e := data[i*stEntrySize:]
 		key := le64(e, 8)

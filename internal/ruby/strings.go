@@ -20,21 +20,28 @@ func (p *Process) rstring(addr uint64) (string, error) {
 	const noEmbed = 1 << 13 // RSTRING_NOEMBED = FL_USER1
 	var n uint64
 	var ptr uint64
+	flagsUsed := uint64(tMask | noEmbed)
 	if flags&noEmbed != 0 {
 		if o.strLen.ok {
 			n = o.strLen.u64(b)
+			p.sawField(addr, b, o.strLen)
 		} else {
 			n = o.strHeapLen.u64(b)
+			p.sawField(addr, b, o.strHeapLen)
 		}
 		ptr = o.strHeapPtr.u64(b)
+		p.sawField(addr, b, o.strHeapPtr)
 	} else {
 		switch {
 		case o.strLen.ok:
 			n = o.strLen.u64(b)
+			p.sawField(addr, b, o.strLen)
 		case o.strEmbedLen.ok:
 			n = o.strEmbedLen.u64(b)
+			p.sawField(addr, b, o.strEmbedLen)
 		default:
 			n = (flags >> 14) & 0x1f
+			flagsUsed |= 0x1f << 14
 		}
 		switch {
 		case o.strEmbedAry.ok:
@@ -45,6 +52,7 @@ func (p *Process) rstring(addr uint64) (string, error) {
 			ptr = addr + o.strHeapLen.off
 		}
 	}
+	p.sawWord(addr, flags, flagsUsed)
 	if n == 0 {
 		return "", nil
 	}
@@ -58,6 +66,7 @@ func (p *Process) rstring(addr uint64) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read String data at 0x%x: %w", ptr, err)
 	}
+	p.saw(ptr, data)
 	return sanitize(string(data)), nil
 }
 
@@ -80,8 +89,12 @@ func (p *Process) rarray(addr uint64) (n, ptr uint64, err error) {
 		if p.ver >= v(3, 2, 0) {
 			mask = 0x7f
 		}
+		p.sawWord(addr, flags, tMask|embed|mask<<15)
 		return (flags >> 15) & mask, addr + p.o.aryAsAry.off, nil
 	}
+	p.sawWord(addr, flags, tMask|embed)
+	p.sawField(addr, b, p.o.aryHeapLen)
+	p.sawField(addr, b, p.o.aryHeapPtr)
 	return p.o.aryHeapLen.u64(b), p.o.aryHeapPtr.u64(b), nil
 }
 
@@ -94,5 +107,5 @@ func (p *Process) aryEntry(addr uint64, i uint64) (uint64, error) {
 	if i >= n {
 		return 0, invalidf("index %d outside Array of %d", i, n)
 	}
-	return p.r.u64(ptr + 8*i)
+	return p.sawU64(ptr + 8*i)
 }

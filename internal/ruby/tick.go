@@ -234,16 +234,19 @@ type regionCheck struct {
 // threadName returns the Ruby name of a thread from its name String,
 // cached for the GC epoch.
 func (p *Process) threadName(nv uint64) string {
-	if c, ok := p.nameCache[nv]; ok && c.gen == p.epoch {
+	if c, ok := p.nameCache[nv]; ok && p.current(&c.gen, c.wit) {
+		p.nameCache[nv] = c
 		return c.s
 	}
+	wit := p.startWitness()
 	s, err := p.rstring(nv)
+	p.endWitness(wit)
 	if err != nil {
 		return ""
 	}
 	if len(p.nameCache) > 10000 {
 		clear(p.nameCache)
 	}
-	p.nameCache[nv] = genString{s, p.epoch}
+	p.nameCache[nv] = genString{s, p.epoch, wit.clip()}
 	return s
 }

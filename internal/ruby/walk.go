@@ -327,6 +327,9 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 		}
 	}
 	p.reqBuf = reqs[:0]
+	if modern {
+		p.checkNames(fds, cached)
+	}
 
 	for i := range fds {
 		if !cached[i] {
@@ -386,6 +389,88 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 	}
 	return frames, nil
 }
+
+// checkNames checks, in one batched read, the witnesses of the cached
+// names (iseqs, method owners, C functions) of the frames read anew that
+// were cached before the last GC (see witness.go): after a GC, naming a
+// stack then costs one read instead of one per name.
+func (p *Process) checkNames(fds []frameData, cached []bool) {
+	ws := p.checkWits[:0]
+	todo := p.checkTodo[:0] // what ws[k] is the witness of
+	seen := func(kind byte, key uint64) bool {
+		for _, t := range todo {
+			if t.kind == kind && t.key == key {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range fds {
+		if cached[i] {
+			continue
+		}
+		fd := &fds[i]
+		if hdr := fd.iseqHdr[:]; p.o.iseqBody.ok {
+			flags := le64(hdr, 0)
+			if flags&tMask == tImemo && (flags>>flUShift)&0x0f == imemoIseq {
+				iseq := p.o.cfpIseq.u64(fd.cf)
+				if c := p.iseqCache[iseq]; c != nil && c.gen != p.epoch && c.body == p.o.iseqBody.u64(hdr) &&
+					!c.wit.empty() && !seen(checkIseq, iseq) {
+					todo = append(todo, nameCheck{checkIseq, iseq})
+					ws = append(ws, c.wit)
+				}
+			}
+		}
+		me := le64(fd.epData[:], 0)
+		if !isHeapPtr(me) {
+			continue
+		}
+		if c, ok := p.ownerCache[me]; ok && c.gen != p.epoch && !c.wit.empty() && !seen(checkOwner, me) {
+			todo = append(todo, nameCheck{checkOwner, me})
+			ws = append(ws, c.wit)
+		}
+		if c, ok := p.cfuncCache[me]; ok && c.gen != p.epoch && !c.wit.empty() && !seen(checkCFunc, me) {
+			todo = append(todo, nameCheck{checkCFunc, me})
+			ws = append(ws, c.wit)
+		}
+	}
+	p.checkWits, p.checkTodo = ws[:0], todo[:0]
+	if len(ws) == 0 {
+		return
+	}
+	ok := p.unchangedAll(ws, p.checkOK[:0])
+	p.checkOK = ok[:0]
+	for k, t := range todo {
+		if !ok[k] {
+			continue
+		}
+		switch t.kind {
+		case checkIseq:
+			p.iseqCache[t.key].gen = p.epoch
+		case checkOwner:
+			c := p.ownerCache[t.key]
+			c.gen = p.epoch
+			p.ownerCache[t.key] = c
+		case checkCFunc:
+			c := p.cfuncCache[t.key]
+			c.gen = p.epoch
+			p.cfuncCache[t.key] = c
+		}
+	}
+}
+
+// nameCheck is a cached name whose witness checkNames reads: its cache
+// (one of checkIseq, checkOwner, checkCFunc) and key.
+type nameCheck struct {
+	kind byte
+	key  uint64
+}
+
+const (
+	checkIseq byte = iota
+	checkOwner
+	checkCFunc
+)
 
 // maxLastFrames bounds the stacks kept by keepFrames.
 const maxLastFrames = 1 << 14
@@ -729,10 +814,14 @@ func (p *Process) checkMethodEntry(obj uint64, hdr []byte, canBeSvar bool) (uint
 
 // ownerPrefix returns "Owner#" or "Owner." for method entry me.
 func (p *Process) ownerPrefix(me uint64) (string, error) {
-	if c, ok := p.ownerCache[me]; ok && c.gen == p.epoch {
+	if c, ok := p.ownerCache[me]; ok && p.current(&c.gen, c.wit) {
+		p.ownerCache[me] = c
+		p.reuse(c.wit)
 		return c.s, nil
 	}
-	owner, err := p.r.u64(me + p.o.meOwner.off)
+	wit := p.startWitness()
+	defer p.endWitness(wit)
+	owner, err := p.sawU64(me + p.o.meOwner.off)
 	if err != nil {
 		return "", err
 	}
@@ -747,7 +836,7 @@ func (p *Process) ownerPrefix(me uint64) (string, error) {
 	if len(p.ownerCache) > 100000 {
 		p.ownerCache = map[uint64]genString{}
 	}
-	p.ownerCache[me] = genString{prefix, p.epoch}
+	p.ownerCache[me] = genString{prefix, p.epoch, wit.clip()}
 	return prefix, nil
 }
 
@@ -768,20 +857,28 @@ func (p *Process) cfuncName(me uint64) string {
 	if !isHeapPtr(me) {
 		return unnamedCFunc
 	}
-	if c, ok := p.cfuncCache[me]; ok && c.gen == p.epoch {
+	if c, ok := p.cfuncCache[me]; ok && p.current(&c.gen, c.wit) {
+		p.cfuncCache[me] = c
 		return c.s
 	}
+	wit := p.startWitness()
+	defer p.endWitness(wit)
 	name := unnamedCFunc
-	def, err := p.r.u64(me + p.o.meDef.off)
+	def, err := p.sawU64(me + p.o.meDef.off)
 	var id uint64
 	if err == nil && isHeapPtr(def) && p.o.defOriginalID.ok {
-		id, err = p.r.u64(def + p.o.defOriginalID.off)
+		id, err = p.sawU64(def + p.o.defOriginalID.off)
 	}
 	if (err != nil || id == 0) && p.o.meCalledID.ok {
-		id, err = p.r.u64(me + p.o.meCalledID.off)
+		id, err = p.sawU64(me + p.o.meCalledID.off)
 	}
 	if err == nil && id != 0 {
-		if s, err := p.id2str(id); err == nil && s != "" {
+		// Symbol names are cached for the life of the process: not
+		// part of the witness.
+		resume := p.notRecording()
+		s, err := p.id2str(id)
+		resume()
+		if err == nil && s != "" {
 			name = s
 			if p.ver >= v(2, 3, 0) {
 				if prefix, err := p.ownerPrefix(me); err == nil {
@@ -796,7 +893,7 @@ func (p *Process) cfuncName(me uint64) string {
 	if len(p.cfuncCache) > 100000 {
 		p.cfuncCache = map[uint64]genString{}
 	}
-	p.cfuncCache[me] = genString{name, p.epoch}
+	p.cfuncCache[me] = genString{name, p.epoch, wit.clip()}
 	return name
 }
 
@@ -804,6 +901,7 @@ func (p *Process) cfuncName(me uint64) string {
 type iseqInfo struct {
 	addr, body  uint64
 	gen         uint64 // GC epoch in which it was last read
+	wit         witness
 	label       string
 	path        string
 	encoded     uint64
@@ -862,17 +960,23 @@ func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
 		body = o.iseqBody.u64(b)
 	}
 	c, cached := p.iseqCache[iseq]
-	if cached && c.body == body && c.gen == p.epoch {
+	if cached && c.body == body && p.current(&c.gen, c.wit) {
+		p.reuse(c.wit)
 		return c, nil
 	}
+	wit := p.startWitness()
 	info, err := p.readIseqInfo(iseq, body)
+	if err == nil {
+		info.wit = wit.clip()
+	}
+	p.endWitness(wit)
 	if err != nil {
 		return nil, err
 	}
 	if cached && c.sameIseq(info) {
 		// Read again after a GC and unchanged: keep the entry (its line
 		// and name memos hold).
-		c.gen = p.epoch
+		c.gen, c.wit = p.epoch, info.wit
 		return c, nil
 	}
 	if len(p.iseqCache) > 50000 {
@@ -901,6 +1005,7 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 		return nil, fmt.Errorf("read iseq body at 0x%x: %w", body, err)
 	}
 	info := &iseqInfo{addr: iseq, body: body, gen: p.epoch, lines: map[uint64]int{}}
+	p.sawBody(body, bb)
 	info.encoded = o.bEncoded.u64(bb)
 	info.size = o.bIseqSize.u64(bb) & 0xffffffff
 	if fl := o.bFirstLineno; fl.ok {
@@ -1000,13 +1105,18 @@ func (p *Process) pathobj(v uint64) (string, error) {
 	if !isHeapPtr(v) {
 		return "", invalidf("iseq pathobj 0x%x", v)
 	}
-	if c, ok := p.pathCache[v]; ok && c.gen == p.epoch {
+	if c, ok := p.pathCache[v]; ok && p.current(&c.gen, c.wit) {
+		p.pathCache[v] = c
+		p.reuse(c.wit)
 		return c.s, nil
 	}
+	wit := p.startWitness()
+	defer p.endWitness(wit)
 	flagsB, err := p.r.read(v, 8)
 	if err != nil {
 		return "", err
 	}
+	p.sawWord(v, le64(flagsB, 0), tMask)
 	var s string
 	switch le64(flagsB, 0) & tMask {
 	case tString:
@@ -1032,6 +1142,6 @@ func (p *Process) pathobj(v uint64) (string, error) {
 	if len(p.pathCache) > 50000 {
 		p.pathCache = map[uint64]genString{}
 	}
-	p.pathCache[v] = genString{s, p.epoch}
+	p.pathCache[v] = genString{s, p.epoch, wit.clip()}
 	return s, nil
 }
