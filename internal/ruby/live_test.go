@@ -272,3 +272,71 @@ func testNoSymbolsFindsVMByScan(t *testing.T, rb testutil.RubyUnderTest) {
 		}
 	}
 }
+
+func init() {
+	// The benchgc scenario's chain of methods.
+	for i := 0; i < 50; i++ {
+		qualified[fmt.Sprintf("m%d", i)] = fmt.Sprintf("Chain#m%d", i)
+		qualified[fmt.Sprintf("block in m%d", i)] = fmt.Sprintf("block in Chain#m%d", i)
+	}
+}
+
+// TestNamesCheckedAfterGC: after a GC, the names of a stack cached before
+// it are checked against their witnesses in a batch instead of read
+// again, and are still Ruby's own (caller_locations). Counts reads, not
+// time.
+func TestNamesCheckedAfterGC(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, "stacks.rb", "benchgc")
+		want := reports(t, proc)["chain"]
+		_, p := snapshotLive(t, proc.Pid)
+		if p.gcCountAddr == 0 {
+			t.Fatal("the GC count was not found")
+		}
+		rc, ok := p.t.(target.ReadCounter)
+		if !ok {
+			t.Fatal("the live target counts no reads")
+		}
+		for round := 0; round < 5; round++ {
+			last := p.epoch
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				n, err := p.r.u64(p.gcCountAddr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n+1 != last {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no GC in 10 s (the scenario runs GC.start every 0.5 ms)")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			reads, checks := rc.ReadCalls(), p.witChecks
+			ths, err := p.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			reads = rc.ReadCalls() - reads
+			th, ok := findThread(ths, "chain")
+			if !ok {
+				t.Fatalf("no thread \"chain\" in %d threads", len(ths))
+			}
+			if th.Error != "" {
+				continue // the GC moved again while the stack was read
+			}
+			checkAgainstRuby(t, th, want)
+			if p.witChecks == checks {
+				t.Errorf("round %d: no witness checked after a GC", round)
+			}
+			// ~10 on 3.1 and 3.3; naming the 50 frames again is ~600.
+			if reads > 40 {
+				t.Errorf("round %d: %d reads for a snapshot after a GC: cached names were read again", round, reads)
+			}
+			t.Logf("round %d: %d reads, %d witness checks", round, reads, p.witChecks-checks)
+		}
+	})
+}
