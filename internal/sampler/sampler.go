@@ -204,6 +204,7 @@ func (s Stats) ErrorSummary() string {
 // the error is non-nil only for an invalid configuration.
 func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
 	if cfg.LockedThread {
+		defer preciseSleeps()()
 		return run(ctx, src, cfg, sink, threadClock{})
 	}
 	t, err := newTickTimer(ctx)
@@ -364,6 +365,22 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	}
 	sort.SliceStable(st.Threads, func(i, j int) bool { return st.Threads[i].First.Before(st.Threads[j].First) })
 	return st, nil
+}
+
+// preciseSleeps sets the calling (locked) thread's timer slack to 1 ns
+// and returns the function that restores it. The default slack, 50 µs,
+// lets the kernel end a thread's clock_nanosleep up to 50 µs late to
+// batch wake-ups: 5 % of a 1 kHz period, on every tick (a timerfd in the
+// poller is not subject to it).
+func preciseSleeps() func() {
+	old, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
+	if err != nil || old <= 1 {
+		return func() {}
+	}
+	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0); err != nil {
+		return func() {}
+	}
+	return func() { unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(old), 0, 0, 0) }
 }
 
 // threadClock sleeps the calling (locked) thread: an absolute-deadline
