@@ -1,7 +1,9 @@
 package ruby
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
@@ -11,15 +13,7 @@ import (
 // process whose worker thread has a 50-frame stack (plus the main thread),
 // with warm caches, and the process_vm_readv calls it makes.
 func BenchmarkSnapshotLive50(b *testing.B) {
-	proc := testutil.StartRuby(b, "stacks.rb", "bench")
-	tg, err := target.OpenLive(proc.Pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	p, err := Open(tg, Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	p, tg := openScenario(b, "bench")
 	ths, err := p.Snapshot()
 	if err != nil {
 		b.Fatal(err)
@@ -106,15 +100,7 @@ func BenchmarkReadBaseline64(b *testing.B) {
 // frames of 50 methods, and one that collects garbage all the time. Each
 // timed snapshot waits (untimed) for the GC count to move.
 func BenchmarkSnapshotAfterGC(b *testing.B) {
-	proc := testutil.StartRuby(b, "stacks.rb", "benchgc")
-	tg, err := target.OpenLive(proc.Pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	p, err := Open(tg, Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	p, tg := openScenario(b, "benchgc")
 	if _, err := p.Snapshot(); err != nil {
 		b.Fatal(err)
 	}
@@ -126,15 +112,8 @@ func BenchmarkSnapshotAfterGC(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		last := p.epoch
-		for {
-			n, err := p.r.u64(p.gcCountAddr)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if n+1 != last {
-				break
-			}
+		if err := p.waitForGC(10 * time.Second); err != nil {
+			b.Fatal(err)
 		}
 		before := rc.ReadCalls()
 		b.StartTimer()
@@ -154,4 +133,39 @@ func BenchmarkSnapshotAfterGC(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(reads)/float64(b.N), "readv/op")
+}
+
+// openScenario starts stacks.rb's scenario and opens it live.
+func openScenario(b *testing.B, scenario string) (*Process, target.Target) {
+	proc := testutil.StartRuby(b, "stacks.rb", scenario)
+	tg, err := target.OpenLive(proc.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { tg.Close() })
+	p, err := Open(tg, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p, tg
+}
+
+// waitForGC waits until the target's GC count differs from the one of the
+// last snapshot (a GC ran since), polling every 100 µs.
+func (p *Process) waitForGC(timeout time.Duration) error {
+	last := p.epoch
+	deadline := time.Now().Add(timeout)
+	for {
+		n, err := p.r.u64(p.gcCountAddr)
+		if err != nil {
+			return fmt.Errorf("read the GC count: %w", err)
+		}
+		if n+1 != last {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no GC in %v", timeout)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 }

@@ -300,20 +300,8 @@ func TestNamesCheckedAfterGC(t *testing.T) {
 			t.Fatal("the live target counts no reads")
 		}
 		for round := 0; round < 5; round++ {
-			last := p.epoch
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				n, err := p.r.u64(p.gcCountAddr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if n+1 != last {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("no GC in 10 s (the scenario runs GC.start every 0.5 ms)")
-				}
-				time.Sleep(time.Millisecond)
+			if err := p.waitForGC(10 * time.Second); err != nil {
+				t.Fatalf("%v (the scenario runs GC.start every 0.5 ms)", err)
 			}
 			reads, checks := rc.ReadCalls(), p.witChecks
 			ths, err := p.Snapshot()
