@@ -19,13 +19,16 @@
 #   4. the target's slowdown at 1 kHz (a fixed CPU-bound Ruby workload,
 #      timed inside Ruby, each run paired with an unprofiled one);
 #   5. the error rate (torn or otherwise inconsistent stacks) beside the
-#      rate, and the pause cost per thread (blocking minus nonblocking).
+#      rate, and the pause cost per thread (blocking minus nonblocking);
+#   6. the TIMER FLOOR beside the sweep: the floor read alone at each rate
+#      by the sampler's own clock and counting (readfloor -paced), whose
+#      late ticks are the machine's, not rbscope's.
 # With BASELINE_REV=<git revision> (e.g. the commit before a change), the
 # rbscope of that revision is built too and measured in the same run: every
 # table then has a "before" and an "after" row.
 #
 # Needs root (ptrace), ruby, strace and chromium (for the PNG). About
-# 3 minutes (6 with BASELINE_REV). Output directory: $OUT (default
+# 4 minutes (7 with BASELINE_REV). Output directory: $OUT (default
 # ./bench-record-out).
 source "$(dirname "$0")/lib/bench.sh"
 root=$PWD
@@ -147,6 +150,31 @@ for build in "${builds[@]}"; do
     done
   done
 done
+# The timer floor: the floor read alone, once per tick by the sampler's
+# own clock and tick counting, at each rate: the late or missed ticks no
+# sampler avoids on this machine (a VM's stalls, the wake-up latency).
+declare -A floorbest
+for mode in nonblocking blocking; do
+  floorbest[$mode]=0
+  for rate in 100 200 500 1000 2000 5000 10000 20000; do
+    lf=""
+    [ "$mode" = blocking ] && lf=-locked
+    o=$("$work/readfloor" -paced "$rate" $lf "$deep" 2>&1) || { echo "   readfloor -paced $rate: $o"; continue; }
+    ticks=$(grep -o 'ticks=[0-9]*' <<<"$o" | cut -d= -f2)
+    late=$(grep -o 'late=[0-9]*' <<<"$o" | cut -d= -f2)
+    missed=$(grep -o 'missed=[0-9]*' <<<"$o" | cut -d= -f2)
+    ns=$(grep -o 'cpu_ns_per_tick=[0-9]*' <<<"$o" | cut -d= -f2)
+    latep=$(awk -v t="$ticks" -v l="$late" -v m="$missed" 'BEGIN{printf "%.2f", 100*(l+m)/(t+m)}')
+    cpu=$(awk -v n="$ns" -v t="$ticks" 'BEGIN{printf "%.2f", n*t/3e9*100}')
+    printf "%-7s %-11s %6d %7d %6s %7s %8s %8s\n" floor "$mode" "$rate" "$ticks" "$latep" - "$cpu" "$(awk -v n="$ns" 'BEGIN{printf "%.1f", n/1000}')"
+    echo "floor $mode $rate $cpu $latep" >>"$work/sweep.tsv"
+    if awk -v l="$latep" 'BEGIN{exit !(l < 1)}'; then floorbest[$mode]=$rate; fi
+  done
+done
+echo "   (floor: the timer floor, the floor read alone once per tick by the sampler's own clock, nonblocking's"
+echo "    timerfd or blocking's locked thread: the late ticks this machine imposes on any sampler at that rate)"
+echo "   floor nonblocking: highest rate with <1% late or missed ticks: ${floorbest[nonblocking]} Hz"
+echo "   floor blocking: highest rate with <1% late or missed ticks: ${floorbest[blocking]} Hz"
 echo "   (cpu% and us/tick: rbscope's steady-state CPU, share of a core and per tick; x paced / x floor /"
 echo "    x 1 read: that cost over the paced floor ($((paced_ns / 1000)) us), the hot floor ($((floor_ns / 1000)) us) and one read ($((one_ns / 1000)) us))"
 for build in "${builds[@]}"; do

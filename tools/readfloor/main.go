@@ -7,13 +7,22 @@
 // least a 100 Hz recording can cost: wake-up, read, sleep). It prints
 // "one_read_ns=N floor_ns=N paced_floor_ns=N threads=N bytes=N".
 //
-//	go run ./tools/readfloor PID [ITERATIONS]
+// With -paced RATE it measures instead the timer floor at that rate: the
+// floor read made once per tick for 3 s by the sampler's own clock and
+// tick counting (-locked: blocking mode's, a locked thread sleeping in
+// clock_nanosleep), and prints "ticks=N late=N missed=N cpu_ns_per_tick=N":
+// the late and missed ticks no sampler can avoid on this machine at that
+// rate, since this one reads nothing else.
+//
+//	go run ./tools/readfloor [-paced RATE [-locked]] PID [ITERATIONS]
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -31,8 +40,15 @@ func main() {
 }
 
 func run(args []string) error {
+	fs := flag.NewFlagSet("readfloor", flag.ContinueOnError)
+	pacedRate := fs.Float64("paced", 0, "measure the timer floor at this rate (Hz) instead")
+	locked := fs.Bool("locked", false, "with -paced: blocking mode's clock (a locked thread)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	args = fs.Args()
 	if len(args) < 1 {
-		return fmt.Errorf("usage: readfloor PID [ITERATIONS]")
+		return fmt.Errorf("usage: readfloor [-paced RATE [-locked]] PID [ITERATIONS]")
 	}
 	pid, err := strconv.Atoi(args[0])
 	if err != nil {
@@ -59,6 +75,15 @@ func run(args []string) error {
 	}
 	if len(regions) == 0 {
 		return fmt.Errorf("process %d has no Ruby thread with a stack", pid)
+	}
+	if *pacedRate > 0 {
+		st, err := paced(t, regions, *pacedRate, *locked)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("ticks=%d late=%d missed=%d cpu_ns_per_tick=%d\n", st.Ticks, st.Late, st.Missed,
+			(st.CPU / time.Duration(st.Ticks)).Nanoseconds())
+		return nil
 	}
 	bytes := 0
 	for _, r := range regions {
@@ -91,23 +116,37 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("floor read: %w", err)
 	}
+	st, err := paced(t, regions, 100, false)
+	if err != nil {
+		return err
+	}
+	paced := st.CPU / time.Duration(st.Ticks)
+	fmt.Printf("one_read_ns=%d floor_ns=%d paced_floor_ns=%d threads=%d bytes=%d\n",
+		oneNS.Nanoseconds(), floorNS.Nanoseconds(), paced.Nanoseconds(), len(regions), bytes)
+	return nil
+}
+
+// paced makes the floor read once per tick at rate for 3 s with the
+// sampler's clock (locked: blocking mode's, on a locked thread).
+func paced(t target.Target, regions []target.Read, rate float64, locked bool) (sampler.Stats, error) {
+	if locked {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	var readErr error
 	st, err := sampler.Run(context.Background(), sampler.SourceFunc(func(context.Context) ([]stack.Sample, error) {
 		if err := t.ReadBatch(regions); err != nil && readErr == nil {
 			readErr = err
 		}
 		return nil, nil
-	}), sampler.Config{Rate: 100, Duration: 3 * time.Second}, nil)
+	}), sampler.Config{Rate: rate, Duration: 3 * time.Second, LockedThread: locked}, nil)
 	if err == nil {
 		err = readErr
 	}
 	if err != nil || st.Ticks == 0 {
-		return fmt.Errorf("paced floor: %v (%d ticks)", err, st.Ticks)
+		return st, fmt.Errorf("paced floor at %g Hz: %v (%d ticks)", rate, err, st.Ticks)
 	}
-	paced := st.CPU / time.Duration(st.Ticks)
-	fmt.Printf("one_read_ns=%d floor_ns=%d paced_floor_ns=%d threads=%d bytes=%d\n",
-		oneNS.Nanoseconds(), floorNS.Nanoseconds(), paced.Nanoseconds(), len(regions), bytes)
-	return nil
+	return st, nil
 }
 
 func sortDurations(d []time.Duration) {
