@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,6 +120,31 @@ func hasFrame(s stack.Sample, name string) bool {
 		}
 	}
 	return false
+}
+
+// topStacks describes the k most common stacks of samples (innermost
+// first), for failure messages.
+func topStacks(samples []stack.Sample, k int) string {
+	count := map[string]int{}
+	for _, s := range samples {
+		var names []string
+		for _, f := range s.Frames {
+			names = append(names, fmt.Sprintf("%s (%s:%d)", f.Name, filepath.Base(f.Path), f.Line))
+		}
+		key := fmt.Sprintf("pid %d %s [%s]: %s", s.Pid, s.ThreadName, s.Activity, strings.Join(names, " < "))
+		count[key]++
+	}
+	keys := make([]string, 0, len(count))
+	for key := range count {
+		keys = append(keys, key)
+	}
+	sort.Slice(keys, func(i, j int) bool { return count[keys[i]] > count[keys[j]] })
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d samples, %d distinct stacks; the most common:\n", len(samples), len(keys))
+	for _, key := range keys[:min(k, len(keys))] {
+		fmt.Fprintf(&b, "  %4d  %s\n", count[key], key)
+	}
+	return b.String()
 }
 
 const recBusyScript = `
@@ -666,7 +692,7 @@ exec(RbConfig.ruby, "-e", "def after_exec; t = Time.now; x = 0; x += 1 while Tim
 		// 1 s and 1.5 s at 100 Hz; a loaded machine misses ticks, and
 		// what is checked is that both programs are sampled.
 		if n["Object#before_exec"] < 5 || n["Object#after_exec"] < 10 {
-			t.Errorf("samples by method %v; stderr:\n%s", n, res.stderr)
+			t.Errorf("samples by method %v; stderr:\n%s\n%s", n, res.stderr, topStacks(samples, 8))
 		}
 		if !strings.Contains(res.stderr, "exec'd") {
 			t.Errorf("no note of the exec:\n%s", res.stderr)
@@ -721,7 +747,7 @@ as_user_spin`), 0o644); err != nil {
 		}
 	}
 	if n < 30 {
-		t.Errorf("%d samples in as_user_spin", n)
+		t.Errorf("%d samples in as_user_spin; stderr:\n%s\n%s", n, se.String(), topStacks(samples, 8))
 	}
 	if st, err := os.Stat(filepath.Join(dir, "s.txt")); err != nil {
 		t.Error(err)

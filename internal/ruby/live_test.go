@@ -328,3 +328,54 @@ func TestNamesCheckedAfterGC(t *testing.T) {
 		}
 	})
 }
+
+// TestNamesHealWhenSymbolsAppear: a process opened before its global
+// symbol table can be found (launch mode opens Ruby while it boots) names
+// C functions and classes once the table is found, without waiting for a
+// GC: names decoded without it are not cached, and the memory scan for it
+// is tried again.
+func TestNamesHealWhenSymbolsAppear(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, "stacks.rb", "nested")
+		want := reports(t, proc)["main"]
+		_, p := snapshotLive(t, proc.Pid) // every thread asleep: the stacks stay
+		// Open again, as if while Ruby boots: the table unknown and the
+		// scan for it just failed.
+		p, err := Open(p.t, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.symbolsAddr = 0
+		p.symScanNext = time.Now().Add(time.Hour)
+		worker := func() stack.Thread {
+			t.Helper()
+			ths, err := p.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, th := range ths {
+				if !th.Main {
+					return th
+				}
+			}
+			t.Fatalf("no worker thread in %d threads", len(ths))
+			return stack.Thread{}
+		}
+		before := worker()
+		if n := len(before.Frames); n == 0 || before.Frames[0].Name != unnamedCFunc {
+			t.Fatalf("without the symbol table the innermost frame is named:\n%s", dump(before.Frames))
+		}
+		gc := p.epoch
+		p.symScanNext = time.Time{} // the next scan finds the table
+		after := worker()
+		if p.symbolsAddr == 0 {
+			t.Fatal("the symbol table was not found by the second scan")
+		}
+		if p.epoch != gc {
+			t.Logf("a GC ran meanwhile (epoch %d -> %d): this run does not tell", gc, p.epoch)
+		}
+		checkAgainstRuby(t, after, want)
+	})
+}

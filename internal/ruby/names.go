@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -44,10 +45,19 @@ type caches struct {
 	walkFds     []frameData // the frames of the walk in progress
 	envsIndexed bool        // envs indexes walkFds
 	ownerTmp    frameData
-	symScanDone bool
+	// The global symbol table's memory scan, when it is not exported:
+	// retried (a process opened while it boots may not have filled it
+	// yet) no sooner than symScanNext, backing off to maxSymScanWait.
+	symScanNext time.Time
+	symScanWait time.Duration
 	classpathSerial,
 	attachedSerial uint64
-	serialsDone bool
+	serialsSearched uint64 // symbol serials searched for them so far
+	// incomplete counts the names decoded without all they need: the
+	// symbol table (not found yet), a hidden ivar's serial (not interned
+	// yet) or a class that could not be read. A name decoded while it
+	// grew is not cached, so that it is decoded again next time.
+	incomplete uint64
 
 	// epoch is the GC count (+1) at the start of the current snapshot,
 	// or a number of its own per snapshot (top bit set) when the count's
@@ -124,11 +134,8 @@ func (p *Process) id2str(id uint64) (string, error) {
 	if p.ver < v(2, 2, 0) {
 		return "", fmt.Errorf("method names of Ruby %s: %w", p.version, errNoSymbols)
 	}
-	if p.symbolsAddr == 0 && !p.symScanDone {
-		p.symScanDone = true
-		p.scanForSymbols()
-	}
-	if p.symbolsAddr == 0 {
+	if !p.findSymbols() {
+		p.incomplete++
 		return "", errNoSymbols
 	}
 	serial := id
@@ -219,10 +226,14 @@ func (p *Process) classNameOf(klass uint64) (string, bool, error) {
 		return c.name, c.singleton, nil
 	}
 	wit := p.startWitness()
+	misses := p.incomplete
 	name, singleton, err := p.readClassName(klass, 0)
 	p.endWitness(wit)
 	if err != nil {
 		return "", false, err
+	}
+	if p.incomplete != misses {
+		return name, singleton, nil // incomplete: not cached
 	}
 	if len(p.classCache) > 100000 {
 		p.classCache = map[uint64]className{}
@@ -365,41 +376,77 @@ func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
 // "__classpath__" by searching the global symbol table (they are interned
 // early, so the search is short).
 func (p *Process) hiddenSerial(name string) (uint64, error) {
-	if !p.serialsDone {
-		p.serialsDone = true
-		if p.symbolsAddr == 0 && !p.symScanDone {
-			p.symScanDone = true
-			p.scanForSymbols()
-		}
-		if p.symbolsAddr == 0 {
-			return 0, errNoSymbols
-		}
-		last, err := p.r.u32(p.symbolsAddr + symbolsLastID)
-		if err != nil {
+	if p.classpathSerial == 0 || p.attachedSerial == 0 {
+		if err := p.searchSerials(); err != nil {
+			p.incomplete++
 			return 0, err
 		}
-		limit := uint64(last)
-		if limit > 20000 {
-			limit = 20000
-		}
-		for s := uint64(1); s <= limit && (p.classpathSerial == 0 || p.attachedSerial == 0); s++ {
-			str, err := p.serialString(s)
-			if err != nil {
-				continue
-			}
-			switch str {
-			case "__classpath__":
-				p.classpathSerial = s
-			case "__attached__":
-				p.attachedSerial = s
-			}
-		}
 	}
+	var serial uint64
 	switch name {
 	case "__classpath__":
-		return p.classpathSerial, nil
+		serial = p.classpathSerial
 	case "__attached__":
-		return p.attachedSerial, nil
+		serial = p.attachedSerial
 	}
-	return 0, nil
+	if serial == 0 {
+		p.incomplete++
+	}
+	return serial, nil
+}
+
+// maxSerialSearch bounds the symbol serials searched for the hidden ivar
+// names (interned while Ruby boots: a few hundred in).
+const maxSerialSearch = 20000
+
+// searchSerials searches the symbols interned since the last search for
+// the hidden ivar names (symbols are only ever added, so each serial is
+// read once).
+func (p *Process) searchSerials() error {
+	if !p.findSymbols() {
+		return errNoSymbols
+	}
+	last, err := p.r.u32(p.symbolsAddr + symbolsLastID)
+	if err != nil {
+		return fmt.Errorf("read symbol table: %w", err)
+	}
+	limit := min(uint64(last), maxSerialSearch)
+	for s := p.serialsSearched + 1; s <= limit && (p.classpathSerial == 0 || p.attachedSerial == 0); s++ {
+		p.serialsSearched = s
+		str, err := p.serialString(s)
+		if err != nil {
+			continue // not a String (a freed dynamic symbol, say)
+		}
+		switch str {
+		case "__classpath__":
+			p.classpathSerial = s
+		case "__attached__":
+			p.attachedSerial = s
+		}
+	}
+	return nil
+}
+
+// maxSymScanWait is the longest wait between two memory scans for the
+// global symbol table.
+const maxSymScanWait = 10 * time.Second
+
+// findSymbols reports whether the global symbol table is known, scanning
+// memory for it (see scanForSymbols) when it is not exported and the last
+// scan is old enough.
+func (p *Process) findSymbols() bool {
+	if p.symbolsAddr != 0 {
+		return true
+	}
+	now := time.Now()
+	if now.Before(p.symScanNext) {
+		return false
+	}
+	p.scanForSymbols()
+	if p.symbolsAddr != 0 {
+		return true
+	}
+	p.symScanWait = min(max(2*p.symScanWait, 100*time.Millisecond), maxSymScanWait)
+	p.symScanNext = time.Now().Add(p.symScanWait)
+	return false
 }

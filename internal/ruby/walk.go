@@ -353,8 +353,13 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 		var err error
 		if cached[i] && e.named && e.namedPC == pc {
 			fr, ok, p.frameDone = e.fr, e.frOK, e.frDone
-		} else if fr, ok, err = p.frame(&fds[i]); err == nil {
-			e.named, e.namedPC, e.fr, e.frOK, e.frDone = true, pc, fr, ok, p.frameDone
+		} else {
+			misses := p.incomplete
+			if fr, ok, err = p.frame(&fds[i]); err == nil {
+				// A name decoded without all it needs is not kept (see
+				// caches.incomplete).
+				e.named, e.namedPC, e.fr, e.frOK, e.frDone = p.incomplete == misses, pc, fr, ok, p.frameDone
+			}
 		}
 		if errors.Is(err, ErrTorn) {
 			return nil, err
@@ -825,13 +830,21 @@ func (p *Process) ownerPrefix(me uint64) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	misses := p.incomplete
 	prefix := ""
-	if name, singleton, err := p.classNameOf(owner); err == nil && name != "" {
+	name, singleton, err := p.classNameOf(owner)
+	if err == nil && name != "" {
 		if singleton {
 			prefix = name + "."
 		} else {
 			prefix = name + "#"
 		}
+	}
+	if err != nil {
+		p.incomplete++
+	}
+	if p.incomplete != misses {
+		return prefix, nil // not cached (see caches.incomplete)
 	}
 	if len(p.ownerCache) > 100000 {
 		p.ownerCache = map[uint64]genString{}
@@ -863,6 +876,7 @@ func (p *Process) cfuncName(me uint64) string {
 	}
 	wit := p.startWitness()
 	defer p.endWitness(wit)
+	misses := p.incomplete
 	name := unnamedCFunc
 	def, err := p.sawU64(me + p.o.meDef.off)
 	var id uint64
@@ -883,12 +897,16 @@ func (p *Process) cfuncName(me uint64) string {
 			if p.ver >= v(2, 3, 0) {
 				if prefix, err := p.ownerPrefix(me); err == nil {
 					name = prefix + s
+				} else {
+					p.incomplete++
 				}
 			}
 		}
 	}
-	if name == unnamedCFunc {
-		return name // not kept: it may be a read that raced with the target
+	if name == unnamedCFunc || p.incomplete != misses {
+		// Not kept: a read that raced with the target, or a name decoded
+		// without all it needs (see caches.incomplete).
+		return name
 	}
 	if len(p.cfuncCache) > 100000 {
 		p.cfuncCache = map[uint64]genString{}
