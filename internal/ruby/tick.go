@@ -234,9 +234,8 @@ type regionCheck struct {
 // threadName returns the Ruby name of a thread from its name String,
 // cached for the GC epoch.
 func (p *Process) threadName(nv uint64) string {
-	if c, ok := p.nameCache[nv]; ok && p.current(&c.gen, c.wit) {
-		p.nameCache[nv] = c
-		return c.s
+	if s, ok := p.cachedString(p.nameCache, nv); ok {
+		return s
 	}
 	wit := p.startWitness()
 	s, err := p.rstring(nv)

@@ -819,10 +819,8 @@ func (p *Process) checkMethodEntry(obj uint64, hdr []byte, canBeSvar bool) (uint
 
 // ownerPrefix returns "Owner#" or "Owner." for method entry me.
 func (p *Process) ownerPrefix(me uint64) (string, error) {
-	if c, ok := p.ownerCache[me]; ok && p.current(&c.gen, c.wit) {
-		p.ownerCache[me] = c
-		p.reuse(c.wit)
-		return c.s, nil
+	if s, ok := p.cachedString(p.ownerCache, me); ok {
+		return s, nil
 	}
 	wit := p.startWitness()
 	defer p.endWitness(wit)
@@ -870,9 +868,8 @@ func (p *Process) cfuncName(me uint64) string {
 	if !isHeapPtr(me) {
 		return unnamedCFunc
 	}
-	if c, ok := p.cfuncCache[me]; ok && p.current(&c.gen, c.wit) {
-		p.cfuncCache[me] = c
-		return c.s
+	if s, ok := p.cachedString(p.cfuncCache, me); ok {
+		return s
 	}
 	wit := p.startWitness()
 	defer p.endWitness(wit)
@@ -1123,10 +1120,8 @@ func (p *Process) pathobj(v uint64) (string, error) {
 	if !isHeapPtr(v) {
 		return "", invalidf("iseq pathobj 0x%x", v)
 	}
-	if c, ok := p.pathCache[v]; ok && p.current(&c.gen, c.wit) {
-		p.pathCache[v] = c
-		p.reuse(c.wit)
-		return c.s, nil
+	if s, ok := p.cachedString(p.pathCache, v); ok {
+		return s, nil
 	}
 	wit := p.startWitness()
 	defer p.endWitness(wit)

@@ -197,6 +197,19 @@ func (p *Process) current(gen *uint64, w witness) bool {
 	return true
 }
 
+// cachedString returns cache m's string for key k when it holds in this
+// GC epoch (see current), adding its witness to the fact being decoded
+// around this lookup, if any.
+func (p *Process) cachedString(m map[uint64]genString, k uint64) (string, bool) {
+	c, ok := m[k]
+	if !ok || !p.current(&c.gen, c.wit) {
+		return "", false
+	}
+	m[k] = c
+	p.reuse(c.wit)
+	return c.s, true
+}
+
 // unchanged reads every range of w in one batch and compares the bits
 // that were used.
 func (p *Process) unchanged(w witness) bool {
