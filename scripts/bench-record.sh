@@ -121,6 +121,9 @@ steady() {
     printf "%d %d %d %d %.2f %.1f\n", t1, l, m, e, us * t1 / 3e6 * 100, us }'
 }
 
+# late_pct TICKS LATE MISSED: the share of ticks late or missed, in %.
+late_pct() { awk -v t="$1" -v l="$2" -v m="$3" 'BEGIN{printf "%.2f", 100*(l+m)/(t+m)}'; }
+
 flags_for() { [ "$1" = nonblocking ] && echo --nonblocking || true; }
 
 echo
@@ -138,7 +141,7 @@ for build in "${builds[@]}"; do
         echo "$build $mode $rate - -" >>"$work/sweep.tsv"
         continue
       fi
-      latep=$(awk -v t="$ticks" -v l="$late" -v m="$missed" 'BEGIN{printf "%.2f", 100*(l+m)/(t+m)}')
+      latep=$(late_pct "$ticks" "$late" "$missed")
       errp=$(awk -v t="$ticks" -v e="$errs" 'BEGIN{printf "%.2f", t ? 100*e/t : 0}')
       xp=$(awk -v u="$us" -v f="$paced_ns" 'BEGIN{printf "%.1f", u*1000/f}')
       xf=$(awk -v u="$us" -v f="$floor_ns" 'BEGIN{printf "%.1f", u*1000/f}')
@@ -164,7 +167,7 @@ for mode in nonblocking blocking; do
     late=$(grep -o 'late=[0-9]*' <<<"$o" | cut -d= -f2)
     missed=$(grep -o 'missed=[0-9]*' <<<"$o" | cut -d= -f2)
     ns=$(grep -o 'cpu_ns_per_tick=[0-9]*' <<<"$o" | cut -d= -f2)
-    latep=$(awk -v t="$ticks" -v l="$late" -v m="$missed" 'BEGIN{printf "%.2f", 100*(l+m)/(t+m)}')
+    latep=$(late_pct "$ticks" "$late" "$missed")
     cpu=$(awk -v n="$ns" -v t="$ticks" 'BEGIN{printf "%.2f", n*t/3e9*100}')
     printf "%-7s %-11s %6d %7d %6s %7s %8s %8s\n" floor "$mode" "$rate" "$ticks" "$latep" - "$cpu" "$(awk -v n="$ns" 'BEGIN{printf "%.1f", n/1000}')"
     echo "floor $mode $rate $cpu $latep" >>"$work/sweep.tsv"
