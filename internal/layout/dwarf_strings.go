@@ -8,24 +8,26 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime"
+	"math"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 )
 
 // This file keeps .debug_str out of memory. A -ggdb3 libruby's .debug_str
-// is mostly macro text (3 MiB for Ruby 3.3), of which the few units that
-// define the wanted structs use a small part. Instead of loading it whole:
+// is mostly macro text (3 MiB for Ruby 3.3), of which the layout uses a few
+// hundred names. Instead of loading it whole:
 //
 //  1. one streaming pass over .debug_str finds the offsets of the wanted
 //     struct names (wantedStrOffsets), which is all the pre-scan needs;
-//  2. the pre-scan streams .debug_info, and for each unit that defines a
-//     wanted struct collects every string offset the unit uses
-//     (unitStrps);
-//  3. a second streaming pass copies just those strings into a compact
-//     table (compactStrings);
-//  4. the hit units, kept from step 2, have their DW_FORM_strp values
-//     rewritten to point into the compact table (rewriteStrps), and
-//     decoded by debug/dwarf against it.
+//  2. the pre-scan streams .debug_info, and each unit that defines a
+//     wanted struct is decoded at once by debug/dwarf, its DW_FORM_strp
+//     values rewritten to point at placeholders that carry the offset
+//     (placeholderStrps), so that no unit is kept once decoded;
+//  3. a second streaming pass copies just the strings the resulting
+//     layout names (member and type names) into a compact table
+//     (compactStrings), and they replace their placeholders.
 //
 // Whatever this path cannot handle (string indexes, indirect forms, units
 // that refer to each other) makes extractDWARF fall back to loading
@@ -237,32 +239,82 @@ func (s *scanner) walkStrps(unit []byte, f func(pos, size int, val uint64)) erro
 	return b.err
 }
 
-// strpSet collects string offsets, sorted and unique on demand.
-type strpSet struct{ offs []uint64 }
+// Placeholders stand for .debug_str strings while a hit unit is decoded
+// (see the top of this file): the bytes phStart, the string's offset in
+// .debug_str in hex, phEnd. Neither byte occurs in C names or in the text
+// the walker adds around them ("struct ", " *", "[3]", ".").
+const (
+	phStart = 0xff
+	phEnd   = 0xfe
+)
 
-func (p *strpSet) add(v uint64) {
-	p.offs = append(p.offs, v)
-	if len(p.offs) >= 1<<16 && len(p.offs)&(len(p.offs)-1) == 0 {
-		p.compact() // keep duplicates from piling up
-	}
-}
-
-// compact sorts the offsets and drops duplicates.
-func (p *strpSet) compact() []uint64 {
-	sort.Slice(p.offs, func(i, j int) bool { return p.offs[i] < p.offs[j] })
-	out := p.offs[:0]
-	for i, v := range p.offs {
-		if i == 0 || v != out[len(out)-1] {
-			out = append(out, v)
+// placeholderStrps rewrites every DW_FORM_strp value of unit to point into
+// table (returned, grown) at a placeholder naming the value, so that
+// debug/dwarf can decode the unit with no .debug_str in memory.
+func (s *scanner) placeholderStrps(unit, table []byte) ([]byte, error) {
+	var tooBig error
+	err := s.walkStrps(unit, func(pos, size int, v uint64) {
+		n := uint64(len(table))
+		if size == 4 && n > math.MaxUint32 {
+			tooBig = errNoCompact
+			return
 		}
+		table = append(table, phStart)
+		table = strconv.AppendUint(table, v, 16)
+		table = append(table, phEnd, 0)
+		if size == 8 {
+			binary.LittleEndian.PutUint64(unit[pos:], n)
+		} else {
+			binary.LittleEndian.PutUint32(unit[pos:], uint32(n))
+		}
+	})
+	if err == nil {
+		err = tooBig
 	}
-	p.offs = out
-	return out
+	return table, err
 }
 
-// unitStrps adds the string offsets unit uses to set.
-func (s *scanner) unitStrps(unit []byte, set *strpSet) error {
-	return s.walkStrps(unit, func(_, _ int, v uint64) { set.add(v) })
+// placeholders calls f with the .debug_str offset of each placeholder in
+// text, and returns text with each replaced by what f returns.
+func placeholders(text string, f func(off uint64) string) string {
+	if strings.IndexByte(text, phStart) < 0 {
+		return text
+	}
+	var b strings.Builder
+	for {
+		i := strings.IndexByte(text, phStart)
+		if i < 0 {
+			b.WriteString(text)
+			return b.String()
+		}
+		j := strings.IndexByte(text[i:], phEnd)
+		if j < 0 {
+			b.WriteString(text)
+			return b.String()
+		}
+		b.WriteString(text[:i])
+		off, err := strconv.ParseUint(text[i+1:i+j], 16, 64)
+		if err != nil {
+			b.WriteString(text[i : i+j+1])
+		} else {
+			b.WriteString(f(off))
+		}
+		text = text[i+j+1:]
+	}
+}
+
+// layoutStrings calls f for every string of l that may hold placeholders
+// (field paths and type names) and stores what f returns in their place.
+func layoutStrings(l *Layout, f func(string) string) {
+	for name, st := range l.Structs {
+		fields := make(map[string]Field, len(st.Fields))
+		for path, fl := range st.Fields {
+			fl.Type = f(fl.Type)
+			fields[f(path)] = fl
+		}
+		st.Fields = fields
+		l.Structs[name] = st
+	}
 }
 
 // strRemap maps old .debug_str offsets (sorted) to compact-table ones.
@@ -279,30 +331,6 @@ func (m *strRemap) lookup(v uint64) (uint64, bool) {
 	return m.new[i], true
 }
 
-// rewriteStrps replaces every DW_FORM_strp value of unit by its offset in
-// the compact table.
-func (s *scanner) rewriteStrps(unit []byte, remap *strRemap) error {
-	var missing error
-	err := s.walkStrps(unit, func(pos, size int, v uint64) {
-		n, ok := remap.lookup(v)
-		if !ok {
-			if missing == nil {
-				missing = fmt.Errorf("string offset %#x was not collected", v)
-			}
-			return
-		}
-		if size == 8 {
-			binary.LittleEndian.PutUint64(unit[pos:], n)
-		} else {
-			binary.LittleEndian.PutUint32(unit[pos:], uint32(n))
-		}
-	})
-	if err != nil {
-		return err
-	}
-	return missing
-}
-
 // extractCompact is extractDWARF without .debug_str in memory (see the top
 // of this file). Any error means: use the whole-section path instead.
 func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[string][]byte, want map[string]bool, lim dwarfLimits) (*Layout, extractStats, error) {
@@ -311,21 +339,16 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 	if err != nil {
 		return nil, st, err
 	}
-	// Pass 1: find the units that define wanted structs, and the
-	// strings they use.
+	// One pass: find the units that define wanted structs and decode
+	// each at once, its strings standing in as placeholders.
 	claimed := map[string]Struct{}
 	pre := &scanner{abbrev: abbrev, strNames: names, lineStr: extra[".debug_line_str"], collect: claimed}
 	units, err := newUnitStream(secs[".debug_info"], lim)
 	if err != nil {
 		return nil, st, err
 	}
-	type hitUnit struct {
-		unit  []byte
-		cands []cand // the wanted DIEs, found by the pre-scan
-	}
-	var hits []hitUnit
-	var kept int64
-	var need strpSet
+	l := &Layout{Structs: map[string]Struct{}}
+	var table []byte // placeholders of the unit being decoded
 	for len(claimed) < len(want) {
 		unit, _, err := units.next()
 		if err == io.EOF {
@@ -346,44 +369,20 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 		if cross {
 			return nil, st, errNoCompact
 		}
-		if err := pre.unitStrps(unit, &need); err != nil {
-			return nil, st, err
-		}
-		// Keep the unit (a few hundred KiB for libruby's) rather than
-		// decompress .debug_info again for pass 2.
-		if kept += int64(len(unit)); kept > lim.whole {
-			return nil, st, errNoCompact
-		}
-		hits = append(hits, hitUnit{append([]byte(nil), unit...), append([]cand(nil), pre.found...)})
-	}
-	if len(hits) == 0 {
-		return nil, st, errNoCompact // let the whole path say what is missing
-	}
-	offs := need.compact()
-	units, names = nil, nil
-	// Pass 1's buffers are garbage now; collecting them before the
-	// table is built keeps the peak to one pass's worth (a one-time,
-	// millisecond-long collection of a few MiB heap).
-	runtime.GC()
-	table, remap, err := compactStrings(secs[".debug_str"], offs, lim)
-	if err != nil {
-		return nil, st, err
-	}
-	// Pass 2: decode the hit units against the compact table.
-	l := &Layout{Structs: map[string]Struct{}}
-	rw := &scanner{abbrev: abbrev}
-	for _, h := range hits {
-		if err := rw.rewriteStrps(h.unit, remap); err != nil {
+		if table, err = pre.placeholderStrps(unit, table[:0]); err != nil {
 			return nil, st, err
 		}
 		st.decoded++
-		d, err := newData(abbrev, h.unit, table, extra)
+		d, err := newData(abbrev, unit, table, extra)
 		if err != nil {
 			return nil, st, fmt.Errorf("parse unit: %w", err)
 		}
-		if err := extractCandidates(d, h.cands, l, int64(len(h.unit))); err != nil {
+		if err := extractCandidates(d, pre.found, l, int64(len(unit))); err != nil {
 			return nil, st, err
 		}
+	}
+	if st.decoded == 0 {
+		return nil, st, errNoCompact // let the whole path say what is missing
 	}
 	for name := range claimed {
 		if _, ok := l.Structs[name]; !ok {
@@ -394,6 +393,41 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 	}
 	if len(l.Structs) == 0 {
 		return nil, st, errNoCompact
+	}
+	// Read the few strings the layout uses (member and type names) and
+	// put them in place of their placeholders.
+	var need []uint64
+	layoutStrings(l, func(text string) string {
+		placeholders(text, func(off uint64) string {
+			need = append(need, off)
+			return ""
+		})
+		return text
+	})
+	sort.Slice(need, func(i, j int) bool { return need[i] < need[j] })
+	need = slices.Compact(need)
+	units, names, table = nil, nil, nil
+	strs, remap, err := compactStrings(secs[".debug_str"], need, lim)
+	if err != nil {
+		return nil, st, err
+	}
+	layoutStrings(l, func(text string) string {
+		return placeholders(text, func(off uint64) string {
+			n, ok := remap.lookup(off)
+			if !ok {
+				err = fmt.Errorf("string offset %#x was not collected", off)
+				return ""
+			}
+			end := bytes.IndexByte(strs[n:], 0)
+			if end < 0 {
+				err = fmt.Errorf("string at %#x has no end", off)
+				return ""
+			}
+			return string(strs[n : n+uint64(end)])
+		})
+	})
+	if err != nil {
+		return nil, st, err
 	}
 	return l, st, nil
 }
