@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 export PATH=$PATH:/usr/local/go/bin
+export CGO_ENABLED=0 # a static rbscope (see the README)
 mkdir -p bin out
 go build -o bin/rbscope ./cmd/rbscope
 echo "built bin/rbscope"

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PATH=$PATH:/usr/local/go/bin
+# rbscope as shipped: static, no libc (see the README).
+export CGO_ENABLED=0
 work=$(mktemp -d)
 pids=()
 bench_cleanup() {
