@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"math/rand/v2"
-
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
@@ -142,6 +140,9 @@ type Tracker struct {
 	// winRate is the events per second counted in recent windows (a
 	// moving average), for windowLength.
 	winRate float64
+	// lastWinEvents are the events the last window counted, for
+	// offLength.
+	lastWinEvents uint64
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader
@@ -421,9 +422,6 @@ func (tr *Tracker) dutyLoop() {
 	defer close(tr.done)
 	full := time.Duration(float64(tr.opts.DutyWindow) * tr.opts.DutyCycle)
 	for {
-		// A random phase, so that windows cannot alias with a periodic
-		// workload.
-		off := time.Duration(float64(tr.opts.DutyWindow-full) * (0.5 + rand.Float64()))
 		tr.mu.Lock()
 		on := tr.windowLength(full)
 		tr.mu.Unlock()
@@ -448,6 +446,7 @@ func (tr *Tracker) dutyLoop() {
 		}
 		tr.mu.Lock()
 		tr.detach()
+		off := tr.offLength(full)
 		tr.mu.Unlock()
 		select {
 		case <-tr.stop:

@@ -2,6 +2,7 @@ package alloc
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"time"
 
@@ -120,6 +121,7 @@ func (tr *Tracker) closeWindow() {
 	tr.onTotal += d
 	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
+	tr.lastWinEvents = ev - tr.winOpenEvents
 	if all := ev - tr.winOpenEvents; all > 0 && d > 0 {
 		// The whole window's: a calibrating window's events are cut
 		// at its checkpoints (a rate half the true one made the first
@@ -171,12 +173,51 @@ const (
 	minWindow    = 300 * time.Microsecond
 )
 
+// calMaxWindow bounds a calibrating window, and calOff is the mean pause
+// between two while the counter is still unknown and the last window
+// counted allocations: the target is allocating now, so the windows that
+// find the counter come within a few tens of milliseconds instead of one
+// per DutyWindow (a run shorter than a few DutyWindows otherwise ended
+// unscaled). A quiet window brings the usual pause back, so that an idle
+// process is not probed more often.
+const (
+	calMaxWindow = 25 * time.Millisecond
+	calOff       = 10 * time.Millisecond
+)
+
+// offLength returns how long the probes stay detached after a window:
+// about DutyWindow less the window (at a random phase), or about calOff
+// while calibrating on a target that allocated in the last window. Called
+// with mu held.
+func (tr *Tracker) offLength(full time.Duration) time.Duration {
+	mean := tr.opts.DutyWindow - full
+	if tr.cal != nil && tr.lastWinEvents >= calMinFirstEvents {
+		mean = min(mean, calOff)
+	}
+	// A random phase, so that windows cannot alias with a periodic
+	// workload.
+	return time.Duration(float64(mean) * (0.5 + rand.Float64()))
+}
+
 // windowLength returns how long the next window stays attached: full
-// (DutyCycle of DutyWindow) while calibrating or when events come slowly,
-// shorter when the recent windows' rate would count more than
-// windowEvents. Called with mu held.
+// (DutyCycle of DutyWindow) when events come slowly, shorter when the
+// recent windows' rate would count more than windowEvents. While the
+// counter is being found, a window lasts long enough to count what a
+// choice needs (calMinEvents), up to calMaxWindow: where a uprobe trap is
+// slow (6 us on some VMs, against 0.8 elsewhere), a 3 ms window counts a
+// few hundred events, and a short run ended before enough windows came
+// (an array loop of 0.2 s was never calibrated, its totals scaled by time:
+// -99.7 %). The target pays per event, not per millisecond attached.
+// Called with mu held.
 func (tr *Tracker) windowLength(full time.Duration) time.Duration {
-	if tr.cal != nil || tr.winRate <= 0 {
+	if tr.cal != nil {
+		if tr.winRate <= 0 {
+			return full
+		}
+		on := time.Duration(calMinEvents / tr.winRate * float64(time.Second))
+		return min(max(on, full), max(full, calMaxWindow))
+	}
+	if tr.winRate <= 0 {
 		return full
 	}
 	on := time.Duration(windowEvents / tr.winRate * float64(time.Second))
