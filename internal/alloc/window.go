@@ -121,8 +121,9 @@ func (tr *Tracker) closeWindow() {
 	tr.onTotal += d
 	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
-	tr.lastWinEvents = ev - tr.winOpenEvents
-	if all := ev - tr.winOpenEvents; all > 0 && d > 0 {
+	all := ev - tr.winOpenEvents
+	tr.lastWinEvents = all
+	if all > 0 && d > 0 {
 		// The whole window's: a calibrating window's events are cut
 		// at its checkpoints (a rate half the true one made the first
 		// windows after it count 3,000 events instead of 1,000).

@@ -406,6 +406,9 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 	})
 	sort.Slice(need, func(i, j int) bool { return need[i] < need[j] })
 	need = slices.Compact(need)
+	// The stream's unit buffer, the wanted names and the placeholders
+	// are garbage from here: let a collection during the read below
+	// take them.
 	units, names, table = nil, nil, nil
 	strs, remap, err := compactStrings(secs[".debug_str"], need, lim)
 	if err != nil {
