@@ -22,7 +22,9 @@
 # Needs root. Not part of CI. Usage: scripts/bench-alloc.sh [RUNS]
 # Environment: N_OBJ, N_ARY, N_PACED, N_BURSTY (sizes), KINDS ("objects
 # arrays paced bursty"), MODES ("none default exact bcc"; also exact_nostacks,
-# exact_persite, exact_nosites), RUBY (the Ruby to
+# exact_persite, exact_nosites), BASELINE_REV (a git revision, e.g. the
+# commit before a change: its rbscope is built too, and every rbscope mode
+# also runs with it as MODE-before, in the same run), RUBY (the Ruby to
 # run, default ruby). bcc needs EXTRA_PACKAGES="bpfcc-tools linux-headers-amd64"
 # scripts/install-deps.sh; without headers for the running kernel, the
 # nearest Debian headers are merged into one tree for it.
@@ -37,6 +39,11 @@ BENCH=$PWD/internal/alloc/testdata/bench.rb
 
 [ "$(id -u)" -eq 0 ] || { echo "bench-alloc: needs root" >&2; exit 1; }
 go build -o "$work/rbscope" ./cmd/rbscope
+if [ -n "${BASELINE_REV:-}" ]; then
+  mkdir "$work/src-before"
+  git archive "$BASELINE_REV" | tar -x -C "$work/src-before"
+  (cd "$work/src-before" && go build -o "$work/rbscope-before" ./cmd/rbscope)
+fi
 go build -o "$work/bpfprogs" ./tools/bpfprogs
 # The kernel times BPF programs only while asked to; restored on exit.
 stats_was=$(sysctl -n kernel.bpf_stats_enabled)
@@ -67,7 +74,10 @@ fi
 # allocations of the loop's class the tracer reported, "-" if none; prog:
 # its BPF programs' mean run time in ns, "-" if none ran).
 run_one() {
-  local mode=$1 kind=$2 n=$3 class
+  local mode=$1 kind=$2 n=$3 class rbscope=$work/rbscope
+  if [[ $mode == *-before ]]; then
+    mode=${mode%-before} rbscope=$work/rbscope-before
+  fi
   [ "$kind" = arrays ] && class=Array || class=Object
   local in="$work/in" out="$work/out" rep="$work/rep.json" log="$work/tracer.log"
   rm -f "$in" "$out" "$rep" "$log"
@@ -79,15 +89,15 @@ run_one() {
   local tpid=""
   case $mode in
     none) ;;
-    default) "$work/rbscope" alloc --pid $rpid --format json --interval 1h -o "$rep" >"$log" 2>&1 & tpid=$! ;;
-    exact) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    default) "$rbscope" alloc --pid $rpid --format json --interval 1h -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact) "$rbscope" alloc --pid $rpid --format json --interval 1h --exact -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     # Where --exact's cost goes: without stack copies, with one perf-event
     # uprobe per site instead of one uprobe_multi link.
-    exact_nostacks) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks -o "$rep" >"$log" 2>&1 & tpid=$! ;;
-    exact_persite) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --per-site -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact_nostacks) "$rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact_persite) "$rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --per-site -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     # What bcc's uobjnew collects (classes, no file:line): the site's line
     # is a user-memory read in the probe.
-    exact_nosites) "$work/rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --no-sites -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    exact_nosites) "$rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks --no-sites -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     # Job control on: a background job of a script otherwise ignores
     # SIGINT, and uobjnew prints its counts only on Ctrl-C.
     bcc) set -m; PYTHONUNBUFFERED=1 "$BCC" -l ruby $rpid >"$log" 2>&1 & tpid=$!; set +m ;;
@@ -128,6 +138,11 @@ median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) 
 
 modes=(${MODES:-none default exact})
 [ -n "$BCC" ] && [ -z "${MODES:-}" ] && modes+=(bcc)
+if [ -n "${BASELINE_REV:-}" ]; then
+  for m in "${modes[@]}"; do
+    case $m in none | bcc) ;; *) modes+=("$m-before") ;; esac
+  done
+fi
 [ -z "$BCC" ] && [[ " ${modes[*]} " == *" bcc "* ]] && { echo "bench-alloc: uobjnew not installed" >&2; exit 1; }
 
 echo "load before: $(uptime)"
@@ -150,13 +165,13 @@ for kind in ${KINDS:-objects arrays paced bursty}; do
     done
   done
   echo "== $kind: $n allocations, best of $RUNS runs by CPU time ($(uptime | sed 's/.*load/load/'))"
-  printf "%-15s %8s %8s %9s %9s %9s %10s %8s %20s\n" mode "cpu s" "wall s" "cpu x" "wall x" "median x" "ns/event" "prog ns" "count error"
+  printf "%-21s %8s %8s %9s %9s %9s %10s %8s %20s\n" mode "cpu s" "wall s" "cpu x" "wall x" "median x" "ns/event" "prog ns" "count error"
   for m in "${modes[@]}"; do
-    if [ "${best[$m]}" = ERROR ]; then printf "%-15s %8s\n" "$m" "failed"; continue; fi
+    if [ "${best[$m]}" = ERROR ]; then printf "%-21s %8s\n" "$m" "failed"; continue; fi
     awk -v m="$m" -v e="${best[$m]}" -v b="${best[none]}" -v w="${wall[$m]}" -v bw="${wall[none]}" -v n="$n" -v c="${cnt[$m]:--}" -v pr="${prg[$m]:--}" -v md="$(median ${all[$m]})" -v bmd="$(median ${all[none]})" 'BEGIN {
       err = "-"
       if (c != "-") { split(c, p, ":"); err = sprintf("%+.2f%%", 100 * (p[1] - n) / n); if (p[2] != "" && p[2] != "exact") err = err " (" p[2] ")" }
-      printf "%-15s %8.3f %8.3f %8.2fx %8.2fx %8.2fx %10.0f %8s %20s\n", m, e, w, e / b, w / bw, md / bmd, 1e9 * (e - b) / n, pr, err }'
+      printf "%-21s %8.3f %8.3f %8.2fx %8.2fx %8.2fx %10.0f %8s %20s\n", m, e, w, e / b, w / bw, md / bmd, 1e9 * (e - b) / n, pr, err }'
   done
   unset best cnt wall prg all
 done
