@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
@@ -46,6 +47,12 @@ type Reader struct {
 	frames    []stack.Frame
 	threads   []ThreadInfo
 	prevNanos int64
+	// last holds, per thread, the frame ids of its previous sample and
+	// the frames made for them: a thread's stack is often the same from
+	// one sample to the next (a loop, a wait), and its frames are then
+	// shared instead of made again (50 frames: 2 KB per sample).
+	last []lastStack
+	ids  []uint64 // scratch: the ids of the sample being read
 
 	trailer   *trailer
 	truncated bool
@@ -230,7 +237,15 @@ func (r *Reader) strRef() (string, error) {
 	return r.strs[id], nil
 }
 
-// Next returns the next sample. At the end it returns io.EOF; when the
+// lastStack is a thread's previous stack, as ids and as frames.
+type lastStack struct {
+	ids    []uint64
+	frames []stack.Frame
+}
+
+// Next returns the next sample. Its Frames may be shared with earlier
+// samples of the same thread: they must not be modified (appending is
+// fine: the slice is full). At the end it returns io.EOF; when the
 // recording was cut at a block boundary, Truncated reports true. A
 // recording torn inside a block, or corrupt, yields an error (wrapping
 // ErrTruncated for a torn one) after the samples of every whole block
@@ -361,8 +376,8 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 		if n > MaxFrames {
 			return s, false, fmt.Errorf("sample of %d frames, more than %d", n, MaxFrames)
 		}
-		frames := make([]stack.Frame, n)
-		for i := range frames {
+		ids := r.ids[:0]
+		for range n {
 			id, err := r.uvarint()
 			if err != nil {
 				return s, false, err
@@ -370,7 +385,21 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 			if id >= uint64(len(r.frames)) {
 				return s, false, fmt.Errorf("frame %d not defined", id)
 			}
-			frames[i] = r.frames[id]
+			ids = append(ids, id)
+		}
+		r.ids = ids
+		if len(r.last) < len(r.threads) {
+			r.last = append(r.last, make([]lastStack, len(r.threads)-len(r.last))...)
+		}
+		last := &r.last[ti]
+		frames := last.frames
+		if frames == nil || !slices.Equal(ids, last.ids) {
+			frames = make([]stack.Frame, n)
+			for i, id := range ids {
+				frames[i] = r.frames[id]
+			}
+			last.ids = append(last.ids[:0], ids...)
+			last.frames = frames
 		}
 		t := &r.threads[ti]
 		s = stack.Sample{

@@ -11,11 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/rbscope/rbscope/internal/stack"
 )
@@ -563,6 +565,77 @@ func TestSamplesKeepsPrefix(t *testing.T) {
 		}
 		if n != c.n || (r.Damage() != nil) != c.damaged || (c.damaged && !errors.Is(r.Damage(), ErrTruncated)) {
 			t.Fatalf("cut %d: %d samples, damage %v; want %d, damaged %v", c.cut, n, r.Damage(), c.n, c.damaged)
+		}
+	}
+}
+
+// TestRepeatedStacksShared reads back a thread's repeated stack as one
+// shared slice, and every stack with its own frames.
+func TestRepeatedStacksShared(t *testing.T) {
+	fr := func(names ...string) []stack.Frame {
+		var out []stack.Frame
+		for i, n := range names {
+			out = append(out, stack.Frame{Name: n, Path: "/app/x.rb", Line: i + 1, Kind: stack.KindRuby})
+		}
+		return out
+	}
+	a, b := fr("Object#leaf", "Object#mid", "<main>"), fr("Object#other", "Object#mid", "<main>")
+	t0 := time.Unix(1700000000, 0)
+	in := []stack.Sample{
+		{Time: t0, Pid: 1, TID: 10, Frames: a},
+		{Time: t0.Add(time.Millisecond), Pid: 1, TID: 10, Frames: a},
+		{Time: t0.Add(2 * time.Millisecond), Pid: 1, TID: 11, Frames: a},
+		{Time: t0.Add(3 * time.Millisecond), Pid: 1, TID: 10, Frames: b},
+		{Time: t0.Add(4 * time.Millisecond), Pid: 1, TID: 10, Frames: a},
+		{Time: t0.Add(5 * time.Millisecond), Pid: 1, TID: 10, Frames: a[1:]},
+	}
+	path := filepath.Join(t.TempDir(), "r.raw.gz")
+	w, err := Create(path, testHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range in {
+		if err := w.Add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var out []stack.Sample
+	for {
+		s, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if len(out) != len(in) {
+		t.Fatalf("%d samples read, want %d", len(out), len(in))
+	}
+	for i := range in {
+		if out[i].TID != in[i].TID || !slices.Equal(out[i].Frames, in[i].Frames) {
+			t.Errorf("sample %d: tid %d %v, want tid %d %v", i, out[i].TID, out[i].Frames, in[i].TID, in[i].Frames)
+		}
+		if len(out[i].Frames) != cap(out[i].Frames) {
+			t.Errorf("sample %d: frames not full (len %d, cap %d): an append would write into a shared array", i, len(out[i].Frames), cap(out[i].Frames))
+		}
+	}
+	same := func(i, j int) bool { return unsafe.SliceData(out[i].Frames) == unsafe.SliceData(out[j].Frames) }
+	if !same(0, 1) {
+		t.Error("a thread's repeated stack was not shared")
+	}
+	for _, p := range [][2]int{{0, 2}, {1, 3}, {3, 4}, {4, 5}} {
+		if same(p[0], p[1]) {
+			t.Errorf("samples %d and %d share frames: another thread's or another stack's", p[0], p[1])
 		}
 	}
 }
