@@ -31,6 +31,8 @@ type callgrind struct {
 	order []*cgFunc
 	frame *memo[stack.Frame, *cgFunc]
 	gen   int
+	// stacks: each thread's last stack, as its calls.
+	stacks repeats[cgStack]
 }
 
 type cgFunc struct {
@@ -67,28 +69,52 @@ func (c *callgrind) Add(s stack.Sample) {
 		return
 	}
 	c.gen++
-	last := len(s.Frames) - 1
-	caller := c.frame.get(s.Frames[last])
-	caller.seen = c.gen
-	for i := last - 1; i >= 0; i-- {
-		callee := c.frame.get(s.Frames[i])
-		e := cgEdge{max(s.Frames[i+1].Line, 0), callee}
-		call := caller.calls[e]
-		if call == nil {
-			call = &cgCall{}
-			caller.calls[e] = call
+	ent, same := c.stacks.at(&s)
+	st := &ent.v
+	if !same {
+		last := len(s.Frames) - 1
+		st.root = c.frame.get(s.Frames[last])
+		st.steps = st.steps[:0]
+		caller := st.root
+		for i := last - 1; i >= 0; i-- {
+			callee := c.frame.get(s.Frames[i])
+			e := cgEdge{max(s.Frames[i+1].Line, 0), callee}
+			call := caller.calls[e]
+			if call == nil {
+				call = &cgCall{}
+				caller.calls[e] = call
+			}
+			st.steps = append(st.steps, cgStep{callee, call})
+			caller = callee
 		}
-		if call.seen != c.gen {
-			call.seen = c.gen
-			call.samples++
-		}
-		if callee.seen != c.gen {
-			callee.seen = c.gen
-			call.cost++
-		}
-		caller = callee
+		ent.keep(&s)
 	}
-	caller.self[max(s.Frames[0].Line, 0)]++
+	st.root.seen = c.gen
+	leaf := st.root
+	for _, x := range st.steps {
+		if x.call.seen != c.gen {
+			x.call.seen = c.gen
+			x.call.samples++
+		}
+		if x.callee.seen != c.gen {
+			x.callee.seen = c.gen
+			x.call.cost++
+		}
+		leaf = x.callee
+	}
+	leaf.self[max(s.Frames[0].Line, 0)]++
+}
+
+// cgStack is a stack as callgrind counts it: its outermost function, then
+// each call from there inwards.
+type cgStack struct {
+	root  *cgFunc
+	steps []cgStep
+}
+
+type cgStep struct {
+	callee *cgFunc
+	call   *cgCall
 }
 
 func (c *callgrind) WriteTo(w io.Writer) (int64, error) {

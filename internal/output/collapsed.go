@@ -21,6 +21,7 @@ type collapsed struct {
 	labels *memo[stack.Frame, string]
 	counts map[string]*int
 	buf    []byte
+	stacks repeats[[]byte] // each thread's last stack, folded
 }
 
 func newCollapsed(o Options) Writer {
@@ -51,12 +52,18 @@ func (c *collapsed) Add(s stack.Sample) {
 		c.buf = strconv.AppendInt(c.buf, int64(s.TID), 10)
 		c.buf = append(c.buf, ");"...)
 	}
-	for i := len(s.Frames) - 1; i >= 0; i-- {
-		if i != len(s.Frames)-1 {
-			c.buf = append(c.buf, ';')
+	st, same := c.stacks.at(&s)
+	if !same {
+		st.v = st.v[:0]
+		for i := len(s.Frames) - 1; i >= 0; i-- {
+			if i != len(s.Frames)-1 {
+				st.v = append(st.v, ';')
+			}
+			st.v = append(st.v, c.labels.get(s.Frames[i])...)
 		}
-		c.buf = append(c.buf, c.labels.get(s.Frames[i])...)
+		st.keep(&s)
 	}
+	c.buf = append(c.buf, st.v...)
 	if p := c.counts[string(c.buf)]; p != nil { // no allocation for a known stack
 		*p++
 		return

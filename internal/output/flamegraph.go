@@ -39,6 +39,7 @@ type flamegraph struct {
 	samples []fgSample
 	threads map[threadID]int
 	thList  []fgThread
+	stacks  repeats[[]*fgNode] // each thread's last stack, as its path from the root
 }
 
 // fgSample is one sample for the page's filters: when, which thread, what
@@ -73,17 +74,26 @@ func (fg *flamegraph) Add(s stack.Sample) {
 	}
 	n := fg.root
 	n.total++
-	for i := len(s.Frames) - 1; i >= 0; i-- {
-		f := &s.Frames[i]
-		k := f.Func()
-		c := n.kids[k]
-		if c == nil {
-			if n.kids == nil {
-				n.kids = make(map[stack.Func]*fgNode)
+	st, same := fg.stacks.at(&s)
+	if !same {
+		st.v = st.v[:0]
+		for i := len(s.Frames) - 1; i >= 0; i-- {
+			f := &s.Frames[i]
+			k := f.Func()
+			c := n.kids[k]
+			if c == nil {
+				if n.kids == nil {
+					n.kids = make(map[stack.Func]*fgNode)
+				}
+				c = &fgNode{key: k, kind: f.Kind}
+				n.kids[k] = c
 			}
-			c = &fgNode{key: k, kind: f.Kind}
-			n.kids[k] = c
+			st.v = append(st.v, c)
+			n = c
 		}
+		st.keep(&s)
+	}
+	for _, c := range st.v {
 		c.total++
 		n = c
 	}

@@ -1,5 +1,11 @@
 package output
 
+import (
+	"slices"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
 // memo remembers one value per key, made by mk on first use: every format
 // describes each distinct frame (and function, line, label) once, then
 // looks it up.
@@ -21,3 +27,47 @@ func (c *memo[K, V]) get(k K) V {
 	c.m[k] = v
 	return v
 }
+
+// repeats remembers, per thread, the last stack a format derived
+// something from (its rows, tree path, frame indexes...), so that the next
+// sample of the thread with the same frames reuses it instead of looking
+// every frame up again. A thread's stack is often unchanged from one sample
+// to the next (a loop, a wait); read back from a recording, such a stack is
+// even one shared slice, and comparing it costs a pointer check per
+// string. The frames are kept as a private copy: a caller that reuses its
+// slice for another stack cannot make a stale entry match.
+type repeats[V any] struct {
+	last map[threadID]*repeat[V]
+}
+
+// repeat is one thread's entry: v was derived from frames.
+type repeat[V any] struct {
+	frames []stack.Frame
+	v      V
+}
+
+// at returns the entry of s's thread and whether its v was derived from
+// s's frames. When not, the caller derives v again (reusing what it
+// holds: nothing else refers to it) and then calls keep.
+func (r *repeats[V]) at(s *stack.Sample) (e *repeat[V], same bool) {
+	if r.last == nil {
+		r.last = make(map[threadID]*repeat[V])
+	}
+	id := threadID{s.Pid, s.TID}
+	e = r.last[id]
+	if e == nil {
+		e = &repeat[V]{}
+		r.last[id] = e
+		return e, false
+	}
+	return e, !noRepeats && e.frames != nil && slices.Equal(e.frames, s.Frames)
+}
+
+// keep records that e.v is now derived from s's frames.
+func (e *repeat[V]) keep(s *stack.Sample) {
+	e.frames = append(e.frames[:0], s.Frames...)
+}
+
+// noRepeats turns repeats off (tests compare the outputs with and
+// without).
+var noRepeats bool

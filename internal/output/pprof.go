@@ -27,6 +27,13 @@ type pprofOut struct {
 	prof    *profile.Profile
 	key     []byte
 	locBuf  []*profile.Location
+	stacks  repeats[pprofStack] // each thread's last stack
+}
+
+// pprofStack is a stack's locations and their part of a sample's key.
+type pprofStack struct {
+	locs []*profile.Location
+	key  []byte
 }
 
 type locKey struct {
@@ -89,13 +96,19 @@ func (p *pprofOut) Add(s stack.Sample) {
 	p.key = append(p.key, 0)
 	p.key = append(p.key, s.Activity...)
 	p.key = append(p.key, 0)
-	p.locBuf = p.locBuf[:0]
-	for i := range s.Frames {
-		l := p.locs.get(s.Frames[i])
-		p.locBuf = append(p.locBuf, l)
-		p.key = strconv.AppendUint(p.key, l.ID, 36)
-		p.key = append(p.key, ',')
+	st, same := p.stacks.at(&s)
+	if !same {
+		st.v.locs, st.v.key = st.v.locs[:0], st.v.key[:0]
+		for i := range s.Frames {
+			l := p.locs.get(s.Frames[i])
+			st.v.locs = append(st.v.locs, l)
+			st.v.key = strconv.AppendUint(st.v.key, l.ID, 36)
+			st.v.key = append(st.v.key, ',')
+		}
+		st.keep(&s)
 	}
+	p.locBuf = append(p.locBuf[:0], st.v.locs...)
+	p.key = append(p.key, st.v.key...)
 	if smp := p.samples[string(p.key)]; smp != nil {
 		smp.Value[0]++
 		return

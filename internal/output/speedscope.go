@@ -33,6 +33,7 @@ type speedscope struct {
 	byFrame  *memo[ssFrame, int]
 	threads  map[[2]int]*ssThread
 	buf      []int
+	stacks   repeats[[]int] // each thread's last stack, as frame indexes
 }
 
 type ssFrame struct {
@@ -93,10 +94,15 @@ func (s *speedscope) Add(smp stack.Sample) {
 	if !s.note(&smp) {
 		return
 	}
-	s.buf = s.buf[:0]
-	for i := len(smp.Frames) - 1; i >= 0; i-- {
-		s.buf = append(s.buf, s.frameIdx.get(smp.Frames[i]))
+	st, same := s.stacks.at(&smp)
+	if !same {
+		st.v = st.v[:0]
+		for i := len(smp.Frames) - 1; i >= 0; i-- {
+			st.v = append(st.v, s.frameIdx.get(smp.Frames[i]))
+		}
+		st.keep(&smp)
 	}
+	s.buf = append(s.buf[:0], st.v...)
 	k := [2]int{smp.Pid, smp.TID}
 	t := s.threads[k]
 	if t == nil {

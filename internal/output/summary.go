@@ -28,6 +28,7 @@ type summary struct {
 	byLine bool
 	labels *memo[stack.Frame, *row]
 	rows   *memo[string, *row]
+	stacks repeats[[]*row] // each thread's last stack, as rows
 	gen    int
 	acts   activityTally
 	// unreadAdded: Options.Unread is counted in acts.
@@ -73,8 +74,15 @@ func (s *summary) Add(smp stack.Sample) {
 		return
 	}
 	s.gen++
-	for i := range smp.Frames {
-		r := s.labels.get(smp.Frames[i])
+	st, same := s.stacks.at(&smp)
+	if !same {
+		st.v = st.v[:0]
+		for i := range smp.Frames {
+			st.v = append(st.v, s.labels.get(smp.Frames[i]))
+		}
+		st.keep(&smp)
+	}
+	for i, r := range st.v {
 		if i == 0 {
 			r.self++
 		}

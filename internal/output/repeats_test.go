@@ -1,0 +1,99 @@
+package output
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/stack"
+)
+
+// repeatSamples is a sequence in which threads repeat their stacks, share
+// them, change them, get renamed and change activity, and in which the
+// caller reuses one slice for different stacks (as a walker may).
+func repeatSamples() []stack.Sample {
+	f := func(name, path string, line int) stack.Frame {
+		return stack.Frame{Name: name, Path: path, Line: line, Kind: stack.KindRuby}
+	}
+	a := []stack.Frame{f("Object#leaf", "/a.rb", 3), f("Object#rec", "/a.rb", 9), f("Object#rec", "/a.rb", 9), f("<main>", "/a.rb", 20)}
+	b := []stack.Frame{f("Object#other", "/b.rb", 5), f("Object#rec", "/a.rb", 10), f("<main>", "/a.rb", 20)}
+	c := []stack.Frame{{Name: "Kernel#sleep", Kind: stack.KindCFunc}, f("Object#wait", "/c.rb", 2)}
+	reused := make([]stack.Frame, len(b))
+	t0 := time.Unix(1700000000, 0)
+	var out []stack.Sample
+	add := func(tid int, name, act string, fr []stack.Frame) {
+		out = append(out, stack.Sample{Time: t0.Add(time.Duration(len(out)) * time.Millisecond), Pid: 7, TID: tid,
+			ThreadName: name, Activity: act, OnCPU: act == "running", Frames: fr})
+	}
+	add(1, "main", "running", a)
+	add(1, "main", "running", a)
+	add(2, "w", "running", a)
+	add(1, "main", "gvl_wait", a)
+	add(2, "w", "running", b)
+	add(1, "main", "running", b)
+	add(2, "w2", "running", b)
+	add(3, "sleeper", "blocked", c)
+	add(3, "sleeper", "blocked", c)
+	add(1, "main", "running", a[1:])
+	add(1, "main", "running", a)
+	copy(reused, b)
+	add(4, "r", "running", reused)
+	add(4, "r", "running", reused)
+	return out
+}
+
+// TestRepeatsTransparent renders the same samples with and without the
+// per-thread stack reuse: every format must come out byte for byte the
+// same. The reused slice is rewritten between its samples, into another
+// stack, after the writer saw it.
+func TestRepeatsTransparent(t *testing.T) {
+	render := func(format string, off bool) []byte {
+		noRepeats = off
+		defer func() { noRepeats = false }()
+		w, err := New(format, Options{RateHz: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		smps := repeatSamples()
+		for i, s := range smps {
+			w.Add(s)
+			if i == len(smps)-2 {
+				// The caller reuses its slice for another stack.
+				copy(s.Frames, []stack.Frame{{Name: "Object#new_top", Path: "/d.rb", Line: 1, Kind: stack.KindRuby},
+					{Name: "Object#mid", Path: "/d.rb", Line: 2, Kind: stack.KindRuby}, {Name: "<main>", Path: "/d.rb", Line: 3, Kind: stack.KindRuby}})
+			}
+		}
+		var buf bytes.Buffer
+		if _, err := w.WriteTo(&buf); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	for _, format := range Formats() {
+		with, without := render(format, false), render(format, true)
+		if !bytes.Equal(with, without) {
+			t.Errorf("%s: output differs with stacks reused (%d bytes) and without (%d bytes)", format, len(with), len(without))
+		}
+		if format == "collapsed" && !bytes.Contains(with, []byte("Object#new_top")) {
+			t.Errorf("collapsed: the rewritten slice's stack is missing:\n%s", with)
+		}
+	}
+}
+
+// BenchmarkAddRepeated is BenchmarkAdd where, as in a loop or a wait, each
+// of 4 threads keeps its stack for 8 samples in a row before it changes.
+func BenchmarkAddRepeated(b *testing.B) {
+	samples := make([]stack.Sample, 1024)
+	for i := range samples {
+		samples[i] = deepSample(i/32*4 + i%4) // thread i%4; the stack changes every 8 of its samples
+	}
+	for _, f := range Formats() {
+		b.Run(f, func(b *testing.B) {
+			w, _ := New(f, Options{RateHz: 100})
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				w.Add(samples[i%len(samples)])
+			}
+		})
+	}
+}
