@@ -75,7 +75,7 @@ func (r *rec) summarize(st sampler.Stats) {
 		if st.Ticks > 0 {
 			perTick = fmt.Sprintf(", %.0f µs per tick", float64(st.CPU.Microseconds())/float64(st.Ticks))
 		}
-		r.con.say("own CPU use: %.2fs (%.1f%% of one core); while sampling %.2f%% of one core%s",
+		r.con.say("own CPU use: %.3fs (%.1f%% of one core); while sampling %.2f%% of one core%s",
 			cpu.Seconds(), 100*cpu.Seconds()/wall, 100*st.CPU.Seconds()/wall, perTick)
 	}
 	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
