@@ -545,7 +545,7 @@ func (p *Process) readFrames(stackStart, stackSize, cfp, cfpAddr uint64) ([]byte
 			n = maxFrameBytes
 		}
 		n -= n % o.cfpSize
-		buf := make([]byte, n)
+		buf := p.scratch.take(int(n))
 		if !check || n == 0 {
 			if err := p.t.ReadAt(buf, cfp); err != nil {
 				return nil, 0, fmt.Errorf("read control frames: %w", err)
