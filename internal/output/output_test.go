@@ -596,10 +596,14 @@ func deepSample(variant int) stack.Sample {
 	return stack.Sample{Time: t0.Add(time.Duration(variant) * 10 * time.Millisecond), Pid: 4242, TID: 100 + variant%4, ThreadName: "worker", Frames: fr}
 }
 
-func BenchmarkAdd(b *testing.B) {
+func BenchmarkAdd(b *testing.B) { benchAdd(b, func(i int) int { return i }) }
+
+// benchAdd times Add in every format over 1024 deep samples, sample i
+// being deepSample(variant(i)).
+func benchAdd(b *testing.B, variant func(int) int) {
 	samples := make([]stack.Sample, 1024)
 	for i := range samples {
-		samples[i] = deepSample(i)
+		samples[i] = deepSample(variant(i))
 	}
 	for _, f := range Formats() {
 		b.Run(f, func(b *testing.B) {

@@ -83,17 +83,5 @@ func TestRepeatsTransparent(t *testing.T) {
 // BenchmarkAddRepeated is BenchmarkAdd where, as in a loop or a wait, each
 // of 4 threads keeps its stack for 8 samples in a row before it changes.
 func BenchmarkAddRepeated(b *testing.B) {
-	samples := make([]stack.Sample, 1024)
-	for i := range samples {
-		samples[i] = deepSample(i/32*4 + i%4) // thread i%4; the stack changes every 8 of its samples
-	}
-	for _, f := range Formats() {
-		b.Run(f, func(b *testing.B) {
-			w, _ := New(f, Options{RateHz: 100})
-			b.ReportAllocs()
-			for i := 0; b.Loop(); i++ {
-				w.Add(samples[i%len(samples)])
-			}
-		})
-	}
+	benchAdd(b, func(i int) int { return i/32*4 + i%4 }) // thread i%4; its stack changes every 8 of its samples
 }
