@@ -27,7 +27,7 @@ type reportOpts struct {
 func init() {
 	var o reportOpts
 	cmd := &cobra.Command{
-		Use:   "report --input RAW [--format FORMAT] [--output FILE]",
+		Use:   "report [RAW | --input RAW] [--format FORMAT] [--output FILE]",
 		Short: "Render a raw recording in any output format",
 		Long: `Render a raw recording (written by rbscope record, by default under
 ~/.cache/rbscope/recordings) as a flame graph, a pprof or speedscope
@@ -43,13 +43,19 @@ rendered up to its last complete block, with a warning.
 
 Formats:
 ` + formatHelp(),
-		Example: `  rbscope report --input ~/.cache/rbscope/recordings/rbscope-20261121-083000-4242.raw.gz
+		Example: `  rbscope report ~/.cache/rbscope/recordings/rbscope-20261121-083000-4242.raw.gz
   rbscope report -i rec.raw.gz --format pprof -o cpu.pb.gz && go tool pprof -top cpu.pb.gz
   rbscope report -i rec.raw.gz --format summary --top 20 -o -
   rbscope report -i rec.raw.gz --format collapsed --lines -o - | flamegraph.pl > fg.svg
   rbscope report -i rec.raw.gz --upload http://pyroscope:4040 --app-name shop --tag env=prod`,
-		Args: usageArgs(cobra.NoArgs),
+		Args: usageArgs(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if o.input != "" && o.input != args[0] {
+					return usage("report reads one recording: %s and --input %s", args[0], o.input)
+				}
+				o.input = args[0]
+			}
 			if o.up.url == "" {
 				return runReport(cmd.ErrOrStderr(), o)
 			}
@@ -63,7 +69,7 @@ Formats:
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&o.input, "input", "i", "", "raw recording to read (required)")
+	f.StringVarP(&o.input, "input", "i", "", "raw recording to read (or give it as the argument)")
 	f.StringVarP(&o.format, "format", "f", "flamegraph", "output format: "+strings.Join(output.Formats(), ", "))
 	f.StringVarP(&o.output, "output", "o", "", `file to write, "-" for standard output (default: named after the input)`)
 	f.StringVar(&o.title, "title", "", "profile title (default: rbscope and the recorded command)")

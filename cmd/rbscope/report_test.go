@@ -89,6 +89,10 @@ func TestReport(t *testing.T) {
 	if code != 0 || out != repCollapsed || errOut != "" {
 		t.Fatalf("collapsed to stdout: code %d stdout %q stderr %q", code, out, errOut)
 	}
+	out, errOut, code = repRun(t, dir, "report", raw, "--format", "collapsed", "--output", "-")
+	if code != 0 || out != repCollapsed || errOut != "" {
+		t.Fatalf("the recording as the argument: code %d stdout %q stderr %q", code, out, errOut)
+	}
 	out, _, code = repRun(t, dir, "report", "-i", raw, "-f", "summary", "--top", "1", "-o", "-")
 	want := "rbscope: ruby foo.rb summary: pid 777, 1.00 s, 100 samples at 100 Hz\n" +
 		"  % self  % total     self    total  function\n" +
@@ -179,6 +183,8 @@ func TestReportBadInput(t *testing.T) {
 		{[]string{"report", "-i", filepath.Join(dir, "missing.raw.gz")}, "no such file", 1},
 		{[]string{"report", "-i", notRec}, "not an rbscope recording", 1},
 		{[]string{"report", "-i", good, "-f", "svg"}, `unknown format "svg"`, 2},
+		{[]string{"report", good, "-i", empty}, "reads one recording", 2},
+		{[]string{"report", good, empty}, "accepts at most 1 arg", 2},
 		{[]string{"report", "-i", empty, "-f", "summary"}, "holds no samples", 1},
 		{[]string{"report", "-i", good, "-o", filepath.Join(dir, "no", "such", "dir", "x.html")}, "no such file", 1},
 	} {
