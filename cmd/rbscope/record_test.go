@@ -426,7 +426,7 @@ if ENV["STACKPROF"]
   prof = StackProf.run(mode: :cpu, raw: true, interval: 1000, &run)
   tot = ->(n) { prof[:frames].values.select { |f| f[:name] == n }.sum { |f| f[:total_samples] } }
   a, b = tot.("Object#work_a"), tot.("Object#work_b")
-  puts "stackprof a=#{a.to_f / (a + b)} b=#{b.to_f / (a + b)}"
+  puts "stackprof a=#{a.to_f / (a + b)} b=#{b.to_f / (a + b)} n=#{a + b}"
 else
   run.call
 end
@@ -519,16 +519,24 @@ func TestRecordProportions(t *testing.T) {
 		if err != nil {
 			t.Fatalf("stackprof run: %v\n%s", err, b)
 		}
-		m := regexp.MustCompile(`stackprof a=([0-9.]+) b=([0-9.]+)`).FindStringSubmatch(string(b))
+		m := regexp.MustCompile(`stackprof a=([0-9.]+) b=([0-9.]+) n=([0-9]+)`).FindStringSubmatch(string(b))
 		if m == nil {
 			t.Fatalf("stackprof output %q", b)
 		}
 		spA, _ := strconv.ParseFloat(m[1], 64)
+		spN, _ := strconv.Atoi(m[3])
 		spCPUA, _, _, spCPUPerWall := recShares(t, string(b))
-		t.Logf("stackprof a=%.3f; its run: CPU share a=%.3f, CPU per wall %.2f", spA, spCPUA, spCPUPerWall)
-		if quiet && spCPUPerWall >= 0.9 {
+		t.Logf("stackprof a=%.3f (%d samples); its run: CPU share a=%.3f, CPU per wall %.2f", spA, spN, spCPUA, spCPUPerWall)
+		if quiet && spCPUPerWall >= 0.9 && spN > 0 {
 			within("stackprof vs its run's CPU share", spA, spCPUA)
-			within("stackprof vs rbscope", spA, gotA)
+			// The two tools sample different runs, whose true shares
+			// differ (0.076 in a stackprof run against 0.099 in
+			// rbscope's, each tool right about its own): compare their
+			// errors, with the noise of both sample counts.
+			sd := math.Sqrt(cpuA*(1-cpuA)/float64(na+nb) + spCPUA*(1-spCPUA)/float64(spN))
+			if d := (gotA - cpuA) - (spA - spCPUA); math.Abs(d) > max(0.03, 3*sd) {
+				t.Errorf("rbscope's error %+.3f and stackprof's %+.3f differ by more than %.3f", gotA-cpuA, spA-spCPUA, max(0.03, 3*sd))
+			}
 		}
 	})
 }
