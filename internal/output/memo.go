@@ -40,6 +40,9 @@ type repeats[V any] struct {
 	last map[threadID]*repeat[V]
 }
 
+// maxRepeats bounds the threads whose last stack a format keeps.
+const maxRepeats = 4096
+
 // repeat is one thread's entry: v was derived from frames.
 type repeat[V any] struct {
 	frames []stack.Frame
@@ -56,6 +59,11 @@ func (r *repeats[V]) at(s *stack.Sample) (e *repeat[V], same bool) {
 	id := threadID{s.Pid, s.TID}
 	e = r.last[id]
 	if e == nil {
+		if len(r.last) >= maxRepeats {
+			// Many threads (thread churn): start over rather than
+			// keep a stack for each.
+			clear(r.last)
+		}
 		e = &repeat[V]{}
 		r.last[id] = e
 		return e, false

@@ -39,6 +39,14 @@ func repeatSamples() []stack.Sample {
 	copy(reused, b)
 	add(4, "r", "running", reused)
 	add(4, "r", "running", reused)
+	// More threads than a format keeps stacks for (thread churn), each
+	// sampled twice, then an early thread again.
+	for tid := 100; tid < 100+maxRepeats+50; tid++ {
+		fr := []stack.Frame{f("Object#job", "/e.rb", tid%5), f("<main>", "/e.rb", 1)}
+		add(tid, "job", "running", fr)
+		add(tid, "job", "running", fr)
+	}
+	add(100, "job", "running", []stack.Frame{f("Object#job", "/e.rb", 0), f("<main>", "/e.rb", 1)})
 	return out
 }
 
@@ -54,10 +62,11 @@ func TestRepeatsTransparent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		smps := repeatSamples()
-		for i, s := range smps {
+		rewritten := false
+		for _, s := range repeatSamples() {
 			w.Add(s)
-			if i == len(smps)-2 {
+			if s.TID == 4 && !rewritten {
+				rewritten = true
 				// The caller reuses its slice for another stack.
 				copy(s.Frames, []stack.Frame{{Name: "Object#new_top", Path: "/d.rb", Line: 1, Kind: stack.KindRuby},
 					{Name: "Object#mid", Path: "/d.rb", Line: 2, Kind: stack.KindRuby}, {Name: "<main>", Path: "/d.rb", Line: 3, Kind: stack.KindRuby}})

@@ -52,6 +52,7 @@ type Reader struct {
 	// one sample to the next (a loop, a wait), and its frames are then
 	// shared instead of made again (50 frames: 2 KB per sample).
 	last []lastStack
+	kept int      // entries of last holding a stack (at most maxKeptStacks)
 	ids  []uint64 // scratch: the ids of the sample being read
 
 	trailer   *trailer
@@ -237,6 +238,9 @@ func (r *Reader) strRef() (string, error) {
 	return r.strs[id], nil
 }
 
+// maxKeptStacks bounds the threads whose last stack the reader keeps.
+const maxKeptStacks = 4096
+
 // lastStack is a thread's previous stack, as ids and as frames.
 type lastStack struct {
 	ids    []uint64
@@ -397,6 +401,15 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 			frames = make([]stack.Frame, n)
 			for i, id := range ids {
 				frames[i] = r.frames[id]
+			}
+			if last.frames == nil {
+				if r.kept >= maxKeptStacks {
+					// Many threads (a recording of thread churn):
+					// start over rather than keep a stack for each.
+					clear(r.last)
+					r.kept = 0
+				}
+				r.kept++
 			}
 			last.ids = append(last.ids[:0], ids...)
 			last.frames = frames

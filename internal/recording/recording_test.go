@@ -639,3 +639,50 @@ func TestRepeatedStacksShared(t *testing.T) {
 		}
 	}
 }
+
+// TestKeptStacksBounded reads a recording of more threads than the
+// reader keeps stacks for: every sample comes back right, and the kept
+// stacks stay bounded.
+func TestKeptStacksBounded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "churn.raw.gz")
+	w, err := Create(path, testHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1700000000, 0)
+	n := maxKeptStacks + 100
+	frames := func(i int) []stack.Frame {
+		return []stack.Frame{{Name: "Object#job_" + strconv.Itoa(i%7), Path: "/app/j.rb", Line: i % 13, Kind: stack.KindRuby},
+			{Name: "<main>", Path: "/app/j.rb", Line: 1, Kind: stack.KindRuby}}
+	}
+	for i := 0; i < n; i++ {
+		for k := 0; k < 2; k++ {
+			if err := w.Add(stack.Sample{Time: t0.Add(time.Duration(2*i+k) * time.Millisecond), Pid: 1, TID: 1000 + i, Frames: frames(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.Close(Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i := 0; i < 2*n; i++ {
+		s, err := r.Next()
+		if err != nil {
+			t.Fatalf("sample %d: %v", i, err)
+		}
+		if want := frames(i / 2); s.TID != 1000+i/2 || !slices.Equal(s.Frames, want) {
+			t.Fatalf("sample %d: tid %d %v, want tid %d %v", i, s.TID, s.Frames, 1000+i/2, want)
+		}
+		if r.kept > maxKeptStacks {
+			t.Fatalf("sample %d: %d stacks kept, more than %d", i, r.kept, maxKeptStacks)
+		}
+	}
+	if _, err := r.Next(); err != io.EOF {
+		t.Fatalf("after the last sample: %v", err)
+	}
+}
