@@ -589,24 +589,7 @@ func TestRepeatedStacksShared(t *testing.T) {
 		{Time: t0.Add(4 * time.Millisecond), Pid: 1, TID: 10, Frames: a},
 		{Time: t0.Add(5 * time.Millisecond), Pid: 1, TID: 10, Frames: a[1:]},
 	}
-	path := filepath.Join(t.TempDir(), "r.raw.gz")
-	w, err := Create(path, testHeader())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range in {
-		if err := w.Add(s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(Stats{}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := writeAndOpen(t, in)
 	var out []stack.Sample
 	for {
 		s, err := r.Next()
@@ -644,32 +627,19 @@ func TestRepeatedStacksShared(t *testing.T) {
 // reader keeps stacks for: every sample comes back right, and the kept
 // stacks stay bounded.
 func TestKeptStacksBounded(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "churn.raw.gz")
-	w, err := Create(path, testHeader())
-	if err != nil {
-		t.Fatal(err)
-	}
 	t0 := time.Unix(1700000000, 0)
 	n := maxKeptStacks + 100
 	frames := func(i int) []stack.Frame {
 		return []stack.Frame{{Name: "Object#job_" + strconv.Itoa(i%7), Path: "/app/j.rb", Line: i % 13, Kind: stack.KindRuby},
 			{Name: "<main>", Path: "/app/j.rb", Line: 1, Kind: stack.KindRuby}}
 	}
+	var in []stack.Sample
 	for i := 0; i < n; i++ {
 		for k := 0; k < 2; k++ {
-			if err := w.Add(stack.Sample{Time: t0.Add(time.Duration(2*i+k) * time.Millisecond), Pid: 1, TID: 1000 + i, Frames: frames(i)}); err != nil {
-				t.Fatal(err)
-			}
+			in = append(in, stack.Sample{Time: t0.Add(time.Duration(2*i+k) * time.Millisecond), Pid: 1, TID: 1000 + i, Frames: frames(i)})
 		}
 	}
-	if err := w.Close(Stats{}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := writeAndOpen(t, in)
 	for i := 0; i < 2*n; i++ {
 		s, err := r.Next()
 		if err != nil {
@@ -685,4 +655,29 @@ func TestKeptStacksBounded(t *testing.T) {
 	if _, err := r.Next(); err != io.EOF {
 		t.Fatalf("after the last sample: %v", err)
 	}
+}
+
+// writeAndOpen writes samples to a new recording and opens it for
+// reading (closed when the test ends).
+func writeAndOpen(t *testing.T, samples []stack.Sample) *Reader {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "r.raw.gz")
+	w, err := Create(path, testHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range samples {
+		if err := w.Add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
 }
