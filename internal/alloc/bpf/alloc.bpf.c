@@ -354,9 +354,11 @@ static __always_inline int bump(void *map, const void *key, __u64 n, __u64 bytes
 	return -1; /* the map is full */
 }
 
-static __always_inline int same_site(const struct site_key *a, const struct site_key *b)
+/* is_last: the CPU's last site is (cls, file, line, kind), and counts. The
+ * fields are compared as values: no key is built on the stack. */
+static __always_inline int is_last(const struct last_site *ls, __u64 cls, __u64 file, __u32 line, __u32 kind)
 {
-	return a->cls == b->cls && a->file == b->file && a->line == b->line && a->kind == b->kind;
+	return ls->c.count && ls->key.cls == cls && ls->key.file == file && ls->key.line == line && ls->key.kind == kind;
 }
 
 /* flush moves a last site's count to the site map (the class map if that
@@ -457,7 +459,7 @@ static __attribute__((noinline)) void new_site(struct last_site *ls, __u64 cls, 
 		char p[2] = {};
 		if (!bpf_probe_read_user(p, sizeof(p), (void *)cls) && p[0] == '#' && p[1] == '<') {
 			sk.cls = ANON_CLASS;
-			if (ls->c.count && same_site(&ls->key, &sk)) {
+			if (is_last(ls, sk.cls, sk.file, sk.line, sk.kind)) {
 				ls->c.count++;
 				ls->c.bytes += bytes;
 				return;
@@ -486,8 +488,7 @@ static __attribute__((noinline)) void count_down(struct last_site *ls, __u64 byt
 	}
 	/* The next gap: uniform in [1, 2*stack_period-1]. */
 	*left = 1 + bpf_get_prandom_u32() % (2 * stack_period - 1);
-	struct site_key sk = ls->key;
-	capture(&sk, bytes);
+	capture(&ls->key, bytes);
 }
 
 /* check_pid: the link does not filter by process itself (a perf-event
@@ -564,8 +565,7 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 	struct last_site *ls = bpf_map_lookup_elem(&last_site, &zero);
 	if (!ls)
 		return 0;
-	if (ls->c.count && ls->key.cls == cls && ls->key.file == a1 &&
-	    ls->key.line == (__u32)a2 && ls->key.kind == kind) {
+	if (is_last(ls, cls, a1, (__u32)a2, kind)) {
 		ls->c.count++;
 		ls->c.bytes += bytes;
 	} else {
