@@ -40,9 +40,7 @@ BENCH=$PWD/internal/alloc/testdata/bench.rb
 [ "$(id -u)" -eq 0 ] || { echo "bench-alloc: needs root" >&2; exit 1; }
 go build -o "$work/rbscope" ./cmd/rbscope
 if [ -n "${BASELINE_REV:-}" ]; then
-  mkdir "$work/src-before"
-  git archive "$BASELINE_REV" | tar -x -C "$work/src-before"
-  (cd "$work/src-before" && go build -o "$work/rbscope-before" ./cmd/rbscope)
+  build_baseline "$work/rbscope-before"
 fi
 go build -o "$work/bpfprogs" ./tools/bpfprogs
 # The kernel times BPF programs only while asked to; restored on exit.

@@ -38,9 +38,7 @@ mkdir -p "$out"
 builds=(after)
 go build -o "$work/after" ./cmd/rbscope
 if [ -n "${BASELINE_REV:-}" ]; then
-  mkdir "$work/src-before"
-  git archive "$BASELINE_REV" | tar -x -C "$work/src-before"
-  (cd "$work/src-before" && go build -o "$work/before" ./cmd/rbscope)
+  build_baseline "$work/before"
   builds=(before after)
 fi
 go build -o "$work/readfloor" ./tools/readfloor

@@ -1,7 +1,7 @@
 # Sourced by the scripts/bench-*.sh benchmarks: strict mode, the
 # repository root as working directory, Go on PATH, a scratch directory
-# $work (removed on exit) and, on exit, the processes listed in $pids and
-# the script's background jobs killed.
+# $work (removed on exit), on exit the processes listed in $pids and the
+# script's background jobs killed, and build_baseline.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PATH=$PATH:/usr/local/go/bin
@@ -16,3 +16,11 @@ bench_cleanup() {
   rm -rf "$work"
 }
 trap bench_cleanup EXIT
+
+# build_baseline OUT: builds the rbscope of git revision $BASELINE_REV (from
+# git archive, in $work) into OUT, for a same-run before/after comparison.
+build_baseline() {
+  mkdir -p "$work/src-before"
+  git archive "$BASELINE_REV" | tar -x -C "$work/src-before"
+  (cd "$work/src-before" && go build -o "$1" ./cmd/rbscope)
+}
