@@ -47,10 +47,11 @@ type Reader struct {
 	frames    []stack.Frame
 	threads   []ThreadInfo
 	prevNanos int64
-	// last holds, per thread, the frame ids of its previous sample and
-	// the frames made for them: a thread's stack is often the same from
-	// one sample to the next (a loop, a wait), and its frames are then
-	// shared instead of made again (50 frames: 2 KB per sample).
+	// last holds, per thread (indexed as threads), the frame ids of its
+	// previous sample and the frames made for them: a thread's stack is
+	// often the same from one sample to the next (a loop, a wait), and
+	// its frames are then shared instead of made again (50 frames: 2 KB
+	// per sample).
 	last []lastStack
 	kept int      // entries of last holding a stack (at most maxKeptStacks)
 	ids  []uint64 // scratch: the ids of the sample being read
@@ -352,6 +353,7 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 			return s, false, err
 		}
 		r.threads = append(r.threads, ThreadInfo{Pid: int(pid), TID: int(tid), Name: name})
+		r.last = append(r.last, lastStack{})
 	case recSample:
 		d, err := r.varint()
 		if err != nil {
@@ -392,9 +394,6 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 			ids = append(ids, id)
 		}
 		r.ids = ids
-		if len(r.last) < len(r.threads) {
-			r.last = append(r.last, make([]lastStack, len(r.threads)-len(r.last))...)
-		}
 		last := &r.last[ti]
 		frames := last.frames
 		if frames == nil || !slices.Equal(ids, last.ids) {
