@@ -26,7 +26,6 @@ type pprofOut struct {
 	samples map[string]*profile.Sample
 	prof    *profile.Profile
 	key     []byte
-	locBuf  []*profile.Location
 	stacks  repeats[pprofStack] // each thread's last stack
 }
 
@@ -107,14 +106,13 @@ func (p *pprofOut) Add(s stack.Sample) {
 		}
 		st.keep(&s)
 	}
-	p.locBuf = append(p.locBuf[:0], st.v.locs...)
 	p.key = append(p.key, st.v.key...)
 	if smp := p.samples[string(p.key)]; smp != nil {
 		smp.Value[0]++
 		return
 	}
 	smp := &profile.Sample{
-		Location: slices.Clone(p.locBuf),
+		Location: slices.Clone(st.v.locs),
 		Value:    []int64{1, 0},
 		Label:    map[string][]string{"thread": {s.ThreadName}, "thread_name": {s.ThreadName}},
 		NumLabel: map[string][]int64{"tid": {int64(s.TID)}, "pid": {int64(s.Pid)}},

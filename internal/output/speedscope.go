@@ -32,7 +32,6 @@ type speedscope struct {
 	frames   []ssFrame
 	byFrame  *memo[ssFrame, int]
 	threads  map[[2]int]*ssThread
-	buf      []int
 	stacks   repeats[[]int] // each thread's last stack, as frame indexes
 }
 
@@ -102,7 +101,6 @@ func (s *speedscope) Add(smp stack.Sample) {
 		}
 		st.keep(&smp)
 	}
-	s.buf = append(s.buf[:0], st.v...)
 	k := [2]int{smp.Pid, smp.TID}
 	t := s.threads[k]
 	if t == nil {
@@ -119,11 +117,11 @@ func (s *speedscope) Add(smp stack.Sample) {
 		t.last = smp.Time
 	}
 	t.n++
-	if n := len(t.stacks); n > 0 && slices.Equal(t.stacks[n-1], s.buf) {
+	if n := len(t.stacks); n > 0 && slices.Equal(t.stacks[n-1], st.v) {
 		t.counts[n-1]++
 		return
 	}
-	t.stacks = append(t.stacks, slices.Clone(s.buf))
+	t.stacks = append(t.stacks, slices.Clone(st.v))
 	t.counts = append(t.counts, 1)
 }
 
