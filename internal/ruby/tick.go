@@ -13,8 +13,8 @@ import (
 //  2. every thread's execution context head (vm_stack, size, cfp) and
 //     native thread id (prefetch);
 //  3. every thread's control-frame region: once when the target is
-//     stopped, else framed by two reads of its cfp and copied twice
-//     (prefetch; see readFrames for why).
+//     stopped, else framed by two reads of its cfp and copied twice, from
+//     a few slots below the cfp (prefetch; see readFrames for why).
 //
 // Environments, iseq headers and method entries are read only for frames
 // that changed (walk). More VM words per tick go into the first two
@@ -180,14 +180,13 @@ func (p *Process) prefetch(refs []threadRef) {
 		if cfp == 0 || start == 0 || cfp < start || cfp >= end {
 			continue
 		}
-		n := min(end-cfp, maxFrameBytes)
-		n -= n % o.cfpSize
+		lo, n := p.frameSpan(start, end, cfp, !p.stopped)
 		if n == 0 {
 			continue
 		}
 		r.region, r.regionCFP = p.scratch.take(int(n)), cfp
 		c := &checks[i]
-		c.r = r
+		c.r, c.lo, c.end = r, lo, end
 		if p.stopped {
 			reqs = append(reqs, target.Read{Addr: cfp, Buf: r.region})
 			continue
@@ -195,8 +194,8 @@ func (p *Process) prefetch(refs []threadRef) {
 		cfpAddr := o.thEC.u64(r.tb) + o.ecCFP.off
 		c.first = p.scratch.take(int(n))
 		reqs = append(reqs,
-			target.Read{Addr: cfpAddr, Buf: c.before[:]}, target.Read{Addr: cfp, Buf: c.first},
-			target.Read{Addr: cfp, Buf: r.region}, target.Read{Addr: cfpAddr, Buf: c.after[:]})
+			target.Read{Addr: cfpAddr, Buf: c.before[:]}, target.Read{Addr: lo, Buf: c.first},
+			target.Read{Addr: lo, Buf: r.region}, target.Read{Addr: cfpAddr, Buf: c.after[:]})
 	}
 	p.tickReqs = reqs[:0]
 	if len(reqs) == 0 {
@@ -216,17 +215,20 @@ func (p *Process) prefetch(refs []threadRef) {
 		if c.r == nil {
 			continue
 		}
-		cfp := c.r.regionCFP
-		if le64(c.before[:], 0) != cfp || le64(c.after[:], 0) != cfp || !sameFrames(o, c.first, c.r.region) {
-			c.r.region, c.r.regionTorn, c.r.regionCFP = nil, true, le64(c.after[:], 0)
+		after := le64(c.after[:], 0)
+		if region, at, ok := p.settle(c.lo, c.end, le64(c.before[:], 0), after, c.first, c.r.region); ok {
+			c.r.region, c.r.regionCFP = region, at
+		} else {
+			c.r.region, c.r.regionTorn, c.r.regionCFP = nil, true, after
 		}
 	}
 }
 
 // regionCheck frames a running thread's control-frame region with two
-// reads of its cfp and a second copy (see readFrames).
+// reads of its cfp and a second copy (see readFrames and settle).
 type regionCheck struct {
 	r             *threadRef
+	lo, end       uint64 // the copies start at lo; the VM stack ends at end
 	first         []byte
 	before, after [8]byte
 }
