@@ -329,6 +329,64 @@ func TestNamesCheckedAfterGC(t *testing.T) {
 	})
 }
 
+// TestUnchangedStacksNotWalked: a thread whose control frames are the
+// same bytes as at the last two snapshots, which named them alike, with no
+// GC since, gets the same stack without a walk, in the three batched reads
+// of a steady-state tick; the stacks are still Ruby's own
+// (caller_locations).
+func TestUnchangedStacksNotWalked(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, "stacks.rb", "nested")
+		want := reports(t, proc)["main"]
+		first, p := snapshotLive(t, proc.Pid)
+		rc, ok := p.t.(target.ReadCounter)
+		if !ok {
+			t.Fatal("the live target counts no reads")
+		}
+		if _, err := p.Snapshot(); err != nil { // the second walk
+			t.Fatal(err)
+		}
+		skipped := 0
+		for round := 0; round < 5; round++ {
+			walks, reads, epoch := p.walks, rc.ReadCalls(), p.epoch
+			ths, err := p.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			walks, reads = p.walks-walks, rc.ReadCalls()-reads
+			if len(ths) != len(first) {
+				t.Fatalf("round %d: %d threads, %d at first", round, len(ths), len(first))
+			}
+			for i, th := range ths {
+				if th.Error != "" {
+					t.Fatalf("round %d: thread %d: %s", round, th.TID, th.Error)
+				}
+				if !th.Main {
+					checkAgainstRuby(t, th, want)
+				}
+				if len(th.Frames) == 0 || &th.Frames[0] != &first[i].Frames[0] {
+					t.Errorf("round %d: thread %d: not the stack of the first snapshot", round, th.TID)
+				}
+			}
+			if p.epoch != epoch {
+				continue // a GC ran: names are checked again (TestNamesCheckedAfterGC)
+			}
+			skipped++
+			if walks != 0 {
+				t.Errorf("round %d: %d stacks walked, none changed", round, walks)
+			}
+			if reads > 3 {
+				t.Errorf("round %d: %d reads, a steady-state tick takes 3", round, reads)
+			}
+		}
+		if skipped == 0 {
+			t.Error("a GC ran in every round")
+		}
+	})
+}
+
 // TestNamesHealWhenSymbolsAppear: a process opened before its global
 // symbol table can be found (launch mode opens Ruby while it boots) names
 // C functions and classes once the table is found, without waiting for a

@@ -39,11 +39,14 @@ type caches struct {
 	fdsBuf      []frameData
 	cachedBuf   []bool
 	pendingBuf  []int
-	frameBuf    []stack.Frame            // a stack being named (see keepFrames)
-	lastFrames  map[uint64][]stack.Frame // each thread's last stack, by thread address
+	frameBuf    []stack.Frame         // a stack being named (see keepFrames)
+	lastFrames  map[uint64]*keptStack // each thread's last stack, by thread address
+	keptBytes   int                   // the regions kept in lastFrames
+	walks       uint64                // stacks walked (see sameStack)
 	envs        map[uint64]*frameData
 	walkFds     []frameData // the frames of the walk in progress
 	envsIndexed bool        // envs indexes walkFds
+	envSuspect  bool        // the walk in progress found a frame without its method entry
 	ownerTmp    frameData
 	// The global symbol table's memory scan, when it is not exported:
 	// retried (a process opened while it boots may not have filled it
@@ -55,8 +58,9 @@ type caches struct {
 	serialsSearched uint64 // symbol serials searched for them so far
 	// incomplete counts the names decoded without all they need: the
 	// symbol table (not found yet), a hidden ivar's serial (not interned
-	// yet) or a class that could not be read. A name decoded while it
-	// grew is not cached, so that it is decoded again next time.
+	// yet), a class that could not be read, or the method entry of a
+	// stopped thread's frame (see frame). A name decoded while it grew is
+	// not cached, so that it is decoded again next time.
 	incomplete uint64
 
 	// epoch is the GC count (+1) at the start of the current snapshot,

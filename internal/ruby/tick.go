@@ -17,7 +17,8 @@ import (
 //     a few slots below the cfp (prefetch; see readFrames for why).
 //
 // Environments, iseq headers and method entries are read only for frames
-// that changed (walk). More VM words per tick go into the first two
+// that changed (walk), and a thread whose frames are the bytes of the last
+// two ticks is not walked at all (sameStack). More VM words per tick go into the first two
 // batches.
 
 // tickThreads lists the Ruby threads and starts the GC epoch of this

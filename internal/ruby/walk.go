@@ -196,10 +196,19 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 		p.tornReads++
 		cfp = ref.regionCFP
 	}
+	if pre != nil {
+		if frames, ok := p.sameStack(ref.addr, cfp, pre, prefix); ok {
+			th.Frames = frames
+			return th, nil
+		}
+	}
+	misses := p.incomplete
 	frames, err := p.walk(stackStart, stackSize, cfp, cfpAddr, pre, prefix)
+	walked := pre // the region the frames were named from, if read by prefetch
 	for retry := 0; retry < maxTornWalks && errors.Is(err, ErrTorn) && cfpAddr != 0; retry++ {
 		// The stack changed while its environments or method entries
 		// were read: read it again from its current cfp.
+		walked = nil
 		if cfp, err = p.r.u64(cfpAddr); err == nil {
 			frames, err = p.walk(stackStart, stackSize, cfp, cfpAddr, nil, prefix)
 		}
@@ -207,7 +216,10 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	if cap(frames) > cap(p.frameBuf) {
 		p.frameBuf = frames[:0]
 	}
-	th.Frames = p.keepFrames(ref.addr, frames)
+	if err != nil || p.incomplete != misses {
+		walked = nil
+	}
+	th.Frames = p.keepFrames(ref.addr, frames, walked, cfp, len(prefix))
 	if err != nil {
 		if len(frames) == 0 || target.IsExited(err) {
 			return th, err
@@ -265,6 +277,7 @@ type frameData struct {
 // they are not copied again to be prepended.
 func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, prefix []stack.Frame) ([]stack.Frame, error) {
 	o := &p.o
+	p.walks++
 	buf := pre
 	if buf == nil {
 		var err error
@@ -342,7 +355,7 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 	// Environments of this stack by address, for block frames whose
 	// method entry is in an outer frame's environment: indexed when first
 	// needed (see env).
-	p.walkFds, p.envsIndexed = fds, false
+	p.walkFds, p.envsIndexed, p.envSuspect = fds, false, false
 	frames := append(p.frameBuf[:0], prefix...) // copied by keepFrames
 	pending := p.pendingBuf[:0]                 // C frames waiting for their Ruby caller's path/line
 	for i := range fds {
@@ -364,6 +377,7 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 			}
 		}
 		if errors.Is(err, ErrTorn) {
+			dropSlots(slots, top, len(fds))
 			return nil, err
 		}
 		if err != nil {
@@ -377,6 +391,7 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 			// it cannot have a callee. A running thread returned while
 			// its stack was copied.
 			p.tornReads++
+			dropSlots(slots, top, len(fds))
 			return nil, ErrTorn
 		}
 		if fr.Kind == stack.KindCFunc {
@@ -390,6 +405,9 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 		frames = append(frames, fr)
 	}
 	p.pendingBuf = pending[:0]
+	if p.envSuspect {
+		dropSlots(slots, top, len(fds))
+	}
 	if len(frames) == len(prefix) {
 		// No frame: a thread just starting gets no pseudo-frames either.
 		return frames[:0], nil
@@ -482,24 +500,79 @@ const (
 // maxLastFrames bounds the stacks kept by keepFrames.
 const maxLastFrames = 1 << 14
 
+// maxKeptBytes bounds the bytes of the control-frame regions kept by
+// keepFrames (all threads together).
+const maxKeptBytes = 4 << 20
+
+// keptStack is a thread's stack of the last snapshot and, when it was
+// named from a region read by prefetch, that region (a copy), where it
+// started and in which GC epoch, and how many pseudo-frames lead it.
+// trusted says that the last two walks named the same region alike.
+type keptStack struct {
+	frames    []stack.Frame
+	region    []byte
+	regionOK  bool
+	trusted   bool
+	cfp       uint64
+	epoch     uint64
+	prefixLen int
+}
+
 // keepFrames returns a stack of its own for frames (which are scratch):
 // the thread's stack of the last snapshot when it is the same (threads
 // that wait, and most that run, show the same stack tick after tick, and
 // sharing it costs no allocation; nothing modifies a stack once
-// returned), else a copy, remembered for the next snapshot.
-func (p *Process) keepFrames(thread uint64, frames []stack.Frame) []stack.Frame {
+// returned), else a copy, remembered for the next snapshot with the
+// region it was named from (nil: none to compare with next time; see
+// sameStack).
+func (p *Process) keepFrames(thread uint64, frames []stack.Frame, region []byte, cfp uint64, prefixLen int) []stack.Frame {
 	if len(frames) == 0 {
 		return nil
 	}
-	if last, ok := p.lastFrames[thread]; ok && slices.Equal(last, frames) {
-		return last
+	k := p.lastFrames[thread]
+	if k == nil {
+		if p.lastFrames == nil || len(p.lastFrames) >= maxLastFrames {
+			p.lastFrames = map[uint64]*keptStack{}
+			p.keptBytes = 0
+		}
+		k = &keptStack{}
+		p.lastFrames[thread] = k
 	}
-	out := slices.Clone(frames)
-	if p.lastFrames == nil || len(p.lastFrames) >= maxLastFrames {
-		p.lastFrames = map[uint64][]stack.Frame{}
+	same := slices.Equal(k.frames, frames)
+	if !same {
+		k.frames = slices.Clone(frames)
 	}
-	p.lastFrames[thread] = out
-	return out
+	k.trusted = region != nil && same && k.regionOK && k.cfp == cfp && k.epoch == p.epoch &&
+		k.prefixLen == prefixLen && string(k.region) == string(region)
+	k.regionOK = false
+	if region != nil && (len(region) <= cap(k.region) || p.keptBytes+len(region) <= maxKeptBytes) {
+		if len(region) > cap(k.region) {
+			p.keptBytes += len(region) - cap(k.region)
+		}
+		k.region = append(k.region[:0], region...)
+		k.regionOK, k.cfp, k.epoch, k.prefixLen = true, cfp, p.epoch, prefixLen
+	} else {
+		k.trusted = false
+	}
+	return k.frames
+}
+
+// sameStack returns the thread's stack of the last snapshot when it
+// stands as it is: its control frames are the same bytes from the same
+// cfp, no GC ran since (the names read through them are those of the same
+// objects), its pseudo-frames are prefix, and the last two walks of those
+// bytes named them alike. A thread that waits (most of them, in most
+// processes) is then named without a walk. (One walk is not trusted: the
+// environments and method entries it reads after the frames can be a
+// running thread's next frames', and a thread that then waits would show
+// such a name tick after tick.)
+func (p *Process) sameStack(thread, cfp uint64, region []byte, prefix []stack.Frame) ([]stack.Frame, bool) {
+	k := p.lastFrames[thread]
+	if k == nil || !k.trusted || k.epoch != p.epoch || k.cfp != cfp || k.prefixLen != len(prefix) ||
+		string(k.region) != string(region) || !slices.Equal(k.frames[:k.prefixLen], prefix) {
+		return nil, false
+	}
+	return k.frames, true
 }
 
 // ErrTorn reports a stack that kept changing while it was read (a running
@@ -678,6 +751,18 @@ func (p *Process) stackSlots(end uint64, n int) []slotEntry {
 	return ns
 }
 
+// dropSlots forgets what the slot cache holds for the n frames of a stack
+// from slot top down: what a walk read for them did not hold together (a
+// running thread moved between the reads of its frames and of their
+// environments, which are then cached under the frames' keys), so the
+// next walk reads it again instead of failing the same way until the
+// next GC.
+func dropSlots(slots []slotEntry, top, n int) {
+	for i := 0; i < n && top-i >= 0; i++ {
+		slots[top-i].gen = 0
+	}
+}
+
 // slotKey identifies the frame in a control-frame slot.
 type slotKey struct{ iseq, self, ep, block uint64 }
 
@@ -780,6 +865,13 @@ func (p *Process) frame(fd *frameData) (stack.Frame, bool, error) {
 			// changed its stack while the environments were read.
 			p.tornReads++
 			return stack.Frame{}, false, ErrTorn
+		} else {
+			// A stopped thread caught pushing the frame, or
+			// environments cached from a read that raced a running
+			// thread: the bare label, neither kept nor its stack's
+			// environments (see dropSlots).
+			p.incomplete++
+			p.envSuspect = true
 		}
 	}
 	return stack.Frame{Name: name, Path: info.path, Line: line, Kind: stack.KindRuby}, true, nil
