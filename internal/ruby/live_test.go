@@ -281,6 +281,22 @@ func init() {
 	}
 }
 
+// snapshotCounted starts a scenario of stacks.rb, takes a first snapshot
+// and returns Ruby's own report of the thread named report, the snapshot,
+// the process and its target's read counter.
+func snapshotCounted(t *testing.T, rb testutil.RubyUnderTest, scenario, report string) (rubyReport, []stack.Thread, *Process, target.ReadCounter) {
+	t.Helper()
+	rb.SetProfilerEnv(t)
+	proc := rb.Start(t, "stacks.rb", scenario)
+	want := reports(t, proc)[report]
+	first, p := snapshotLive(t, proc.Pid)
+	rc, ok := p.t.(target.ReadCounter)
+	if !ok {
+		t.Fatal("the live target counts no reads")
+	}
+	return want, first, p, rc
+}
+
 // TestNamesCheckedAfterGC: after a GC, the names of a stack cached before
 // it are checked against their witnesses in a batch instead of read
 // again, and are still Ruby's own (caller_locations). Counts reads, not
@@ -288,16 +304,9 @@ func init() {
 func TestNamesCheckedAfterGC(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		rb.SetProfilerEnv(t)
-		proc := rb.Start(t, "stacks.rb", "benchgc")
-		want := reports(t, proc)["chain"]
-		_, p := snapshotLive(t, proc.Pid)
+		want, _, p, rc := snapshotCounted(t, rb, "benchgc", "chain")
 		if p.gcCountAddr == 0 {
 			t.Fatal("the GC count was not found")
-		}
-		rc, ok := p.t.(target.ReadCounter)
-		if !ok {
-			t.Fatal("the live target counts no reads")
 		}
 		for round := 0; round < 5; round++ {
 			if err := p.waitForGC(10 * time.Second); err != nil {
@@ -337,14 +346,7 @@ func TestNamesCheckedAfterGC(t *testing.T) {
 func TestUnchangedStacksNotWalked(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		rb.SetProfilerEnv(t)
-		proc := rb.Start(t, "stacks.rb", "nested")
-		want := reports(t, proc)["main"]
-		first, p := snapshotLive(t, proc.Pid)
-		rc, ok := p.t.(target.ReadCounter)
-		if !ok {
-			t.Fatal("the live target counts no reads")
-		}
+		want, first, p, rc := snapshotCounted(t, rb, "nested", "main")
 		if _, err := p.Snapshot(); err != nil { // the second walk
 			t.Fatal(err)
 		}
