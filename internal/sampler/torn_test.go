@@ -15,9 +15,9 @@ import (
 )
 
 // tornCalls are the calls of a thread of testdata/torn.rb: who calls whom,
-// and from which of the caller's lines. A caller's line depends on its callee (mid calls leaf
-// from one line, other from the next), so a stack that mixes two calls is
-// caught.
+// and from which of the caller's lines. A caller's line depends on its
+// callee (mid calls leaf from one line, other from the next), so a stack
+// that mixes two calls is caught.
 var tornCalls = map[[2]string]int{
 	{"", "block (2 levels) in <main>"}:           0, // the thread's block
 	{"block (2 levels) in <main>", "Object#run"}: 20,
