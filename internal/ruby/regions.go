@@ -38,7 +38,7 @@ func (p *Process) FrameRegions() ([]target.Read, error) {
 		if cfp == 0 || cfp < start || cfp >= end {
 			continue
 		}
-		n := min(end-cfp, maxFrameBytes)
+		_, n := p.frameSpan(start, end, cfp, false)
 		out = append(out, target.Read{Addr: cfp, Buf: make([]byte, n)})
 	}
 	return out, nil

@@ -542,8 +542,7 @@ func (p *Process) keepFrames(thread uint64, frames []stack.Frame, region []byte,
 	if !same {
 		k.frames = slices.Clone(frames)
 	}
-	k.trusted = region != nil && same && k.regionOK && k.cfp == cfp && k.epoch == p.epoch &&
-		k.prefixLen == prefixLen && string(k.region) == string(region)
+	k.trusted = region != nil && same && k.holds(region, cfp, p.epoch, prefixLen)
 	k.regionOK = false
 	if region != nil && (len(region) <= cap(k.region) || p.keptBytes+len(region) <= maxKeptBytes) {
 		if len(region) > cap(k.region) {
@@ -568,11 +567,16 @@ func (p *Process) keepFrames(thread uint64, frames []stack.Frame, region []byte,
 // such a name tick after tick.)
 func (p *Process) sameStack(thread, cfp uint64, region []byte, prefix []stack.Frame) ([]stack.Frame, bool) {
 	k := p.lastFrames[thread]
-	if k == nil || !k.trusted || k.epoch != p.epoch || k.cfp != cfp || k.prefixLen != len(prefix) ||
-		string(k.region) != string(region) || !slices.Equal(k.frames[:k.prefixLen], prefix) {
+	if k == nil || !k.trusted || !k.holds(region, cfp, p.epoch, len(prefix)) || !slices.Equal(k.frames[:k.prefixLen], prefix) {
 		return nil, false
 	}
 	return k.frames, true
+}
+
+// holds reports whether the region kept is region, read from cfp in GC
+// epoch epoch, under prefixLen pseudo-frames.
+func (k *keptStack) holds(region []byte, cfp, epoch uint64, prefixLen int) bool {
+	return k.regionOK && k.cfp == cfp && k.epoch == epoch && k.prefixLen == prefixLen && string(k.region) == string(region)
 }
 
 // ErrTorn reports a stack that kept changing while it was read (a running
