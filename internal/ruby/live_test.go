@@ -42,6 +42,12 @@ var qualified = map[string]string{
 	"block in <main>":  "block in <main>",
 	"<top (required)>": "<top (required)>",
 	"<main>":           "<main>",
+	"nap":              "Object#nap",
+	"a":                "Fibers.a",
+	"b":                "Fibers.b",
+	"run":              "Fibers.run",
+
+	"block (2 levels) in <main>": "block (2 levels) in <main>",
 }
 
 func snapshotLive(t *testing.T, pid int) ([]stack.Thread, *Process) {
@@ -107,25 +113,34 @@ func reports(t *testing.T, p *testutil.Proc) map[string]rubyReport {
 // caller_locations listed, with qualified names, paths and lines.
 func checkAgainstRuby(t *testing.T, th stack.Thread, want rubyReport) {
 	t.Helper()
-	if len(th.Frames) != len(want.Frames)+1 {
-		t.Errorf("thread %q: %d frames, Ruby says %d (+1 for sleep):\n%s", th.Name, len(th.Frames), len(want.Frames), dump(th.Frames))
-		return
+	if m := mismatch(th, want); m != "" {
+		t.Error(m)
 	}
+}
+
+// mismatch says how th's stack differs from Ruby's report of it plus the
+// sleep it is in ("" when it does not).
+func mismatch(th stack.Thread, want rubyReport) string {
+	if len(th.Frames) != len(want.Frames)+1 {
+		return fmt.Sprintf("thread %q: %d frames, Ruby says %d (+1 for sleep):\n%s", th.Name, len(th.Frames), len(want.Frames), dump(th.Frames))
+	}
+	var b strings.Builder
 	sl := th.Frames[0]
 	if sl.Name != "Kernel#sleep" || sl.Kind != stack.KindCFunc || sl.Path != want.Frames[0].Path || sl.Line != want.Frames[0].Line {
-		t.Errorf("thread %q: innermost frame %+v, want Kernel#sleep cfunc at %s:%d", th.Name, sl, want.Frames[0].Path, want.Frames[0].Line)
+		fmt.Fprintf(&b, "thread %q: innermost frame %+v, want Kernel#sleep cfunc at %s:%d\n", th.Name, sl, want.Frames[0].Path, want.Frames[0].Line)
 	}
 	for i, wf := range want.Frames {
 		got := th.Frames[i+1]
 		wantName, ok := qualified[wf.Label]
 		if !ok {
-			t.Fatalf("test has no qualified name for label %q", wf.Label)
+			return fmt.Sprintf("test has no qualified name for label %q", wf.Label)
 		}
 		if got.Name != wantName || got.Path != wf.Path || got.Line != wf.Line {
-			t.Errorf("thread %q frame %d: got %s (%s:%d), Ruby says %s (%s:%d)", th.Name, i+1,
+			fmt.Fprintf(&b, "thread %q frame %d: got %s (%s:%d), Ruby says %s (%s:%d)\n", th.Name, i+1,
 				got.Name, got.Path, got.Line, wantName, wf.Path, wf.Line)
 		}
 	}
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 func dump(fs []stack.Frame) string {
@@ -340,9 +355,10 @@ func TestNamesCheckedAfterGC(t *testing.T) {
 
 // TestUnchangedStacksNotWalked: a thread whose control frames are the
 // same bytes as at the last two snapshots, which named them alike, with no
-// GC since, gets the same stack without a walk, in the three batched reads
-// of a steady-state tick; the stacks are still Ruby's own
-// (caller_locations).
+// GC since, gets the same stack without a walk; a tick in which no stack
+// changed takes two batched reads (the thread list with every thread's
+// execution context, then the control frames). The stacks are still
+// Ruby's own (caller_locations).
 func TestUnchangedStacksNotWalked(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
@@ -379,12 +395,57 @@ func TestUnchangedStacksNotWalked(t *testing.T) {
 			if walks != 0 {
 				t.Errorf("round %d: %d stacks walked, none changed", round, walks)
 			}
-			if reads > 3 {
-				t.Errorf("round %d: %d reads, a steady-state tick takes 3", round, reads)
+			if reads > 2 {
+				t.Errorf("round %d: %d reads, an unchanged tick takes 2", round, reads)
 			}
 		}
 		if skipped == 0 {
 			t.Error("a GC ran in every round")
+		}
+	})
+}
+
+// TestFiberSwitches: a thread that switches between two fibers is read
+// from the execution context it runs now, not from the one read where it
+// ran last tick (a tick reads the contexts of the last tick with the
+// thread list, and again where a thread points elsewhere). Each fiber naps
+// on the line it reported (caller_locations); every snapshot of the
+// thread must show one of the two stacks, but for the moments of a switch.
+func TestFiberSwitches(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, "stacks.rb", "fibers")
+		want := reports(t, proc)
+		_, p := snapshotLive(t, proc.Pid)
+		var seen [2]int
+		other, n := 0, 0
+		var lastOther string
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); n++ {
+			ths, err := p.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			th, ok := findThread(ths, "switcher")
+			if !ok {
+				t.Fatalf("no thread \"switcher\" in %d threads", len(ths))
+			}
+			ma, mb := mismatch(th, want["fiber-a"]), mismatch(th, want["fiber-b"])
+			switch {
+			case ma == "":
+				seen[0]++
+			case mb == "":
+				seen[1]++
+			default:
+				other++
+				lastOther = ma + "\n" + mb
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("%d snapshots: %d in fiber a, %d in fiber b, %d elsewhere", n, seen[0], seen[1], other)
+		if seen[0] < n/5 || seen[1] < n/5 || other > n/10 {
+			t.Errorf("%d snapshots over ten switches: %d in fiber a, %d in fiber b, %d in neither; the last of those:\n%s",
+				n, seen[0], seen[1], other, lastOther)
 		}
 	})
 }

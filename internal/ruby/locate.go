@@ -148,8 +148,10 @@ type threadRef struct {
 
 	// Read by prefetch for the whole tick (see tick.go).
 	eb         []byte  // the execution context's head
+	ebAt       uint64  // the execution context eb was read from
 	haveTID    bool    // tid holds the native thread's tid
 	tid        [4]byte //
+	tidAt      uint64  // the native thread tid was read from (0: none)
 	region     []byte  // the control frames from regionCFP, consistent
 	regionCFP  uint64  // where region starts, or the latest cfp seen
 	regionTorn bool    // the stack changed while it was read

@@ -77,6 +77,7 @@ type caches struct {
 
 	// The thread list seen last time (see tick.go).
 	knownThreads []uint64
+	knownHeads   []threadHeads // per known thread, read with it
 	knownRactor  uint64
 	tickReqs     []target.Read
 	nameCache    map[uint64]genString

@@ -4,22 +4,24 @@ import (
 	"github.com/rbscope/rbscope/internal/target"
 )
 
-// A sample of every thread costs, in steady state, three process_vm_readv
-// calls however many threads there are:
+// A sample of every thread costs, in steady state, two process_vm_readv
+// calls however many threads there are, and a third for what changed:
 //
-//  1. the GC count, the VM's ractor count, the main ractor and every thread
+//  1. the GC count, the VM's ractor count, the main ractor, every thread
 //     struct of the list seen last time (tickThreads), checked to still
-//     form the ractor's thread list;
-//  2. every thread's execution context head (vm_stack, size, cfp) and
-//     native thread id (prefetch);
-//  3. every thread's control-frame region: once when the target is
+//     form the ractor's thread list, and each thread's execution context
+//     head (vm_stack, size, cfp) and native thread id where they were last
+//     tick (keepHeads);
+//  2. every thread's control-frame region: once when the target is
 //     stopped, else framed by two reads of its cfp and copied twice, from
 //     a few slots below the cfp (prefetch; see readFrames for why).
 //
-// Environments, iseq headers and method entries are read only for frames
-// that changed (walk), and a thread whose frames are the bytes of the last
-// two ticks is not walked at all (sameStack). More VM words per tick go into the first two
-// batches.
+// A thread whose struct points to another execution context (it switched
+// fibers), and every thread at the first tick, has its context read
+// between the two (prefetch). Environments, iseq headers and method
+// entries are read only for frames that changed (walk), and a thread
+// whose frames are the bytes of the last two ticks is not walked at all
+// (sameStack). More VM words per tick go into the first batch.
 
 // tickThreads lists the Ruby threads and starts the GC epoch of this
 // snapshot: in one batched read when the thread list is the one seen last
@@ -34,6 +36,7 @@ func (p *Process) tickThreads() ([]threadRef, error) {
 		return nil, err
 	}
 	p.knownThreads = p.knownThreads[:0]
+	p.knownHeads = p.knownHeads[:0]
 	p.knownRactor = 0
 	if p.ver >= v(3, 0, 0) && len(refs) > 0 && refs[0].tb != nil {
 		ra := refs[0].ractor
@@ -72,10 +75,30 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 	}
 	rb := p.scratch.take(int(o.ractorSize))
 	reqs = append(reqs, target.Read{Addr: p.knownRactor, Buf: rb})
+	// The requests point into refs (tid): no append may move it.
 	refs := p.refsBuf[:0]
-	for _, th := range p.knownThreads {
+	if cap(refs) < len(p.knownThreads) {
+		refs = make([]threadRef, 0, len(p.knownThreads))
+	}
+	heads := len(p.knownHeads) == len(p.knownThreads)
+	for i, th := range p.knownThreads {
 		refs = append(refs, threadRef{addr: th, ractor: p.knownRactor, tb: p.scratch.take(int(o.thSize))})
-		reqs = append(reqs, target.Read{Addr: th, Buf: refs[len(refs)-1].tb})
+		r := &refs[len(refs)-1]
+		reqs = append(reqs, target.Read{Addr: th, Buf: r.tb})
+		if !heads {
+			continue
+		}
+		// Where this thread's execution context and native thread were
+		// last tick: read here, and used by prefetch if the thread
+		// struct read with them still points there.
+		if h := p.knownHeads[i]; h.ec != 0 {
+			r.eb, r.ebAt = p.scratch.take(p.ecHeadSize()), h.ec
+			reqs = append(reqs, target.Read{Addr: h.ec, Buf: r.eb})
+			if h.nt != 0 {
+				r.tidAt = h.nt
+				reqs = append(reqs, target.Read{Addr: h.nt + o.ntTID.off, Buf: r.tid[:]})
+			}
+		}
 	}
 	p.refsBuf = refs[:0]
 	p.tickReqs = reqs[:0]
@@ -121,14 +144,16 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 }
 
 // prefetch reads, for every thread at once, the execution context head and
-// native thread id, then the control-frame regions. Whatever it could not
-// read is read thread by thread later.
+// native thread id (unless knownThreadList read them where they were last
+// tick and the thread still points there), then the control-frame regions.
+// Whatever it could not read is read thread by thread later.
 func (p *Process) prefetch(refs []threadRef) {
 	o := &p.o
 	if !o.thEC.ok || len(refs) == 0 {
 		return
 	}
-	need := max(o.ecCFP.off, o.ecVMStackSize.off) + 8
+	need := p.ecHeadSize()
+	wantTID := !o.thTID.ok && o.thNT.ok && o.ntTID.ok
 	reqs := p.tickReqs[:0]
 	for i := range refs {
 		r := &refs[i]
@@ -137,26 +162,35 @@ func (p *Process) prefetch(refs []threadRef) {
 		}
 		ec := o.thEC.u64(r.tb)
 		if !isHeapPtr(ec) {
+			r.eb = nil
 			continue
 		}
-		r.eb = p.scratch.take(int(need))
-		reqs = append(reqs, target.Read{Addr: ec, Buf: r.eb})
-		if !o.thTID.ok && o.thNT.ok && o.ntTID.ok {
-			if nt := o.thNT.u64(r.tb); isHeapPtr(nt) {
-				r.haveTID = true
-				reqs = append(reqs, target.Read{Addr: nt + o.ntTID.off, Buf: r.tid[:]})
+		nt := uint64(0)
+		if wantTID {
+			if nt = o.thNT.u64(r.tb); !isHeapPtr(nt) {
+				nt = 0
 			}
 		}
-	}
-	if len(reqs) == 0 {
-		return
-	}
-	if err := p.t.ReadBatch(reqs); err != nil {
-		for i := range refs {
-			refs[i].eb, refs[i].haveTID = nil, false
+		if r.eb != nil && r.ebAt == ec && r.tidAt == nt {
+			r.haveTID = nt != 0
+			continue
 		}
-		p.tickReqs = reqs[:0]
-		return
+		r.eb, r.ebAt, r.tidAt = p.scratch.take(need), ec, nt
+		reqs = append(reqs, target.Read{Addr: ec, Buf: r.eb})
+		if nt != 0 {
+			r.haveTID = true
+			reqs = append(reqs, target.Read{Addr: nt + o.ntTID.off, Buf: r.tid[:]})
+		}
+	}
+	if len(reqs) > 0 {
+		if err := p.t.ReadBatch(reqs); err != nil {
+			for i := range refs {
+				refs[i].eb, refs[i].haveTID = nil, false
+			}
+			p.tickReqs = reqs[:0]
+			p.knownHeads = p.knownHeads[:0]
+			return
+		}
 	}
 	if refs[0].haveTID && le32(refs[0].tid[:], 0) == 0 {
 		// No tid there (a native thread not started): the slow path.
@@ -164,6 +198,7 @@ func (p *Process) prefetch(refs []threadRef) {
 			refs[i].haveTID = false
 		}
 	}
+	p.keepHeads(refs)
 
 	if cap(p.checksBuf) < len(refs) {
 		p.checksBuf = make([]regionCheck, len(refs))
@@ -251,4 +286,41 @@ func (p *Process) threadName(nv uint64) string {
 	}
 	p.nameCache[nv] = genString{s, p.epoch, wit.clip()}
 	return s
+}
+
+// threadHeads is where a thread's execution context and native thread
+// were at the last tick (0: not read there).
+type threadHeads struct{ ec, nt uint64 }
+
+// keepHeads notes where each thread of the known thread list had its
+// execution context and native thread this tick, for knownThreadList to
+// read them with the thread structs next tick: one system call less per
+// tick. A thread that switched fibers points elsewhere; prefetch then
+// reads its new context.
+func (p *Process) keepHeads(refs []threadRef) {
+	p.knownHeads = p.knownHeads[:0]
+	if len(refs) != len(p.knownThreads) {
+		return
+	}
+	for i := range refs {
+		r := &refs[i]
+		if r.addr != p.knownThreads[i] {
+			p.knownHeads = p.knownHeads[:0]
+			return
+		}
+		h := threadHeads{}
+		if r.eb != nil {
+			h.ec = r.ebAt
+			if r.haveTID {
+				h.nt = r.tidAt
+			}
+		}
+		p.knownHeads = append(p.knownHeads, h)
+	}
+}
+
+// ecHeadSize is how much of an execution context a tick reads: vm_stack,
+// vm_stack_size and cfp lead the struct in every version.
+func (p *Process) ecHeadSize() int {
+	return int(max(p.o.ecCFP.off, p.o.ecVMStackSize.off) + 8)
 }

@@ -159,15 +159,10 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 		if !isHeapPtr(ec) {
 			return th, invalidf("thread has execution context 0x%x", ec)
 		}
-		// vm_stack, vm_stack_size and cfp lead the struct in every version.
-		need := o.ecCFP.off + 8
-		if vs := o.ecVMStackSize.off + 8; vs > need {
-			need = vs
-		}
 		eb := ref.eb
 		if eb == nil {
 			var err error
-			if eb, err = p.r.read(ec, int(need)); err != nil {
+			if eb, err = p.r.read(ec, p.ecHeadSize()); err != nil {
 				return th, fmt.Errorf("read execution context: %w", err)
 			}
 		}

@@ -2,7 +2,7 @@
 # point, prints Ruby's own view of their stacks (caller_locations) as JSON,
 # prints "ready" and then stays there (sleeping) until killed.
 #
-#   ruby stacks.rb nested|threads|deep|bench|benchgc|unicode|require
+#   ruby stacks.rb nested|threads|deep|bench|benchgc|unicode|require|fibers
 require 'json'
 
 $reports = Queue.new
@@ -36,6 +36,25 @@ class Deep
   def recurse(n)
     return checkpoint if n.zero?
     recurse(n - 1)
+  end
+end
+
+# nap records the caller's stack the first time and sleeps 0.2 s on the
+# same line every time.
+def nap(name, first) = (first && $reports << report(name, caller_locations(0)); sleep 0.2)
+
+module Fibers
+  def self.a(first) = nap("fiber-a", first)
+  def self.b(first) = nap("fiber-b", first)
+
+  # run naps in fiber a or b, then hands the thread back, forever.
+  def self.run(which)
+    first = true
+    while true
+      which == :a ? a(first) : b(first)
+      first = false
+      Fiber.yield
+    end
   end
 end
 
@@ -81,7 +100,20 @@ when "unicode"
 when "require"
   Thread.new { require_relative "lib/required" }
   wait_reports(1)
+when "fibers"
+  # One thread that runs two fibers in turn, each napping 0.2 s: its
+  # execution context changes at every switch.
+  Thread.new do
+    Thread.current.name = "switcher"
+    fa = Fiber.new { Fibers.run(:a) }
+    fb = Fiber.new { Fibers.run(:b) }
+    while true
+      fa.resume
+      fb.resume
+    end
+  end
+  wait_reports(2)
 else
-  abort "usage: stacks.rb nested|threads|deep|bench|benchgc|unicode|require"
+  abort "usage: stacks.rb nested|threads|deep|bench|benchgc|unicode|require|fibers"
 end
 sleep
