@@ -598,10 +598,10 @@ func (p *Process) Torn() uint64 { return p.tornReads }
 // copied, and the kernel copies them in order, so one copy can hold a
 // frame that was already gone with callers that had moved on. Unless the
 // target is stopped, one system call reads the thread's cfp (at cfpAddr),
-// the frames, the frames again and the cfp again (see settle); the frames
-// are read from a few slots below cfp (frameSpan), so that a thread that
-// pushed or popped a frame or two since its cfp was read is still caught
-// whole. Otherwise they are read again from the latest cfp, up to
+// the frames, the cfp, the frames again and the cfp again (see settle);
+// the frames are read from a few slots below cfp (frameSpan), so that a
+// thread that pushed or popped a frame or two since its cfp was read is
+// still caught whole. Otherwise they are read again from the latest cfp, up to
 // maxStackReads times, and the thread is then reported as ErrTorn. Two
 // checks in walk and frame catch what slips through (a copy taken twice in
 // the same torn state): a frame that has a callee cannot be past its last
@@ -626,22 +626,20 @@ func (p *Process) readFrames(stackStart, stackSize, cfp, cfpAddr uint64) ([]byte
 			p.copy2 = make([]byte, n)
 		}
 		first := p.copy2[:n]
-		var before, after [8]byte
-		err := p.t.ReadBatch([]target.Read{
-			{Addr: cfpAddr, Buf: before[:]}, {Addr: lo, Buf: first},
-			{Addr: lo, Buf: buf}, {Addr: cfpAddr, Buf: after[:]},
-		})
-		if err != nil {
+		cfps := &p.frameCFPs
+		reqs := framedReads(p.frameReqs[:0], cfpAddr, lo, first, buf, cfps, true)
+		p.frameReqs = reqs[:0]
+		if err := p.t.ReadBatch(reqs); err != nil {
 			return nil, 0, fmt.Errorf("read control frames: %w", err)
 		}
-		if region, at, ok := p.settle(lo, end, le64(before[:], 0), le64(after[:], 0), first, buf); ok {
+		if region, at, ok := p.settle(lo, end, *cfps, true, first, buf); ok {
 			return region, at, nil
 		}
 		p.tornReads++
 		if reads+1 >= maxStackReads {
 			return nil, 0, ErrTorn
 		}
-		cfp = le64(after[:], 0)
+		cfp = le64(cfps[2][:], 0)
 	}
 }
 
@@ -666,42 +664,55 @@ func (p *Process) frameSpan(stackStart, end, cfp uint64, headroom bool) (lo, n u
 	return lo, n - n%sz
 }
 
-// settle returns the consistent control frames of a running thread, from
-// two copies of its frames read from lo (first, then second) between two
-// reads of its cfp (before, then after): the frames from that cfp (at most
-// maxFrameBytes of them), when the cfp was the same before and after, lies
-// in the copies and both copies are equal from it but for the innermost
-// frame's pc and sp (which a running frame moves on its own).
+// settle returns the consistent control frames of a thread, from two
+// copies of its frames read from lo (first, then second), with its cfp
+// read before and after them and, if mid, between them (cfps): the frames
+// from a cfp (at most maxFrameBytes of them) that was the same at two
+// reads in a row (with mid; else before and after), lies in the copies,
+// and from which both copies are equal but for the innermost frame's pc
+// and sp (which a running frame moves on its own). The cfp read between
+// the copies gives a thread that keeps pushing and popping one frame (a
+// block called in a loop) two chances instead of one to be seen at rest
+// around a copy; and a cfp that was the same before and after but not
+// between them is refused: the thread moved during the copies and came
+// back, as a thread does whose copies mix two passes of a loop.
 //
 // This is a check, not a proof: a thread that goes round a loop of calls
 // in about the time of one copy can be back in the same frames, at the
 // same depth, when each slot is copied the second time, so that both
 // copies hold the same mix of two passes. Nothing in the frames tells such
 // a copy apart (the slot holds the same bytes at both copies); on a loop
-// made for it (sampler/testdata/torn.rb) 0 to 0.35 % of the looping
+// made for it (sampler/testdata/torn.rb) 0 to 0.21 % of the looping
 // threads' samples pass (1.3 to 2.9 % without this check), and blocking
-// mode has none. Requiring as well the cfp read by the system call before
-// (as before the copies started below the cfp) let fewer pass (0 to 0.04
-// %), by rejecting most copies of a thread that moves: it lost a thread
-// in 42 to 67 % of that loop's ticks.
-func (p *Process) settle(lo, end, before, after uint64, first, second []byte) ([]byte, uint64, bool) {
-	sz := p.o.cfpSize
-	if before != after || before < lo || before > end || (end-before)%sz != 0 {
+// mode has none.
+func (p *Process) settle(lo, end uint64, cfps [3][8]byte, mid bool, first, second []byte) ([]byte, uint64, bool) {
+	c0, c1, c2 := le64(cfps[0][:], 0), le64(cfps[1][:], 0), le64(cfps[2][:], 0)
+	at := c1
+	if !mid {
+		if c0 != c2 {
+			return nil, 0, false
+		}
+		at = c0
+	} else if c1 != c0 && c1 != c2 {
 		return nil, 0, false
 	}
-	off := before - lo
+	sz := p.o.cfpSize
+	if at < lo || at > end || (end-at)%sz != 0 {
+		return nil, 0, false
+	}
+	off := at - lo
 	if off > uint64(len(second)) {
 		return nil, 0, false
 	}
 	n := min(uint64(len(second))-off, maxFrameBytes)
 	n -= n % sz
-	if n == 0 && before != end {
+	if n == 0 && at != end {
 		return nil, 0, false
 	}
 	if !sameFrames(&p.o, first[off:off+n], second[off:off+n]) {
 		return nil, 0, false
 	}
-	return second[off : off+n], before, true
+	return second[off : off+n], at, true
 }
 
 // sameFrames compares two copies of a control-frame region, ignoring the
