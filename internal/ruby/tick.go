@@ -15,8 +15,8 @@ import (
 //     head (vm_stack, size, cfp) and native thread id where they were last
 //     tick (keepHeads);
 //  2. every thread's control-frame region: once when the target is
-//     stopped, else framed by two reads of its cfp and copied twice, from
-//     a few slots below the cfp (prefetch; see readFrames for why).
+//     stopped, else copied twice from a few slots below the cfp, framed by
+//     reads of the cfp (framedReads; see readFrames for why).
 //
 // A thread whose struct points to another execution context (it switched
 // fibers), and every thread at the first tick, has its context read
@@ -94,12 +94,7 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 		// last tick: read here, and used by prefetch if the thread
 		// struct read with them still points there.
 		if h := p.knownHeads[i]; h.ec != 0 {
-			r.eb, r.ebAt = p.scratch.take(p.ecHeadSize()), h.ec
-			reqs = append(reqs, target.Read{Addr: h.ec, Buf: r.eb})
-			if h.nt != 0 {
-				r.tidAt = h.nt
-				reqs = append(reqs, target.Read{Addr: h.nt + o.ntTID.off, Buf: r.tid[:]})
-			}
+			reqs = p.headReads(reqs, r, h.ec, h.nt)
 		}
 	}
 	p.refsBuf = refs[:0]
@@ -154,7 +149,6 @@ func (p *Process) prefetch(refs []threadRef) {
 	if !o.thEC.ok || len(refs) == 0 {
 		return
 	}
-	need := p.ecHeadSize()
 	wantTID := !o.thTID.ok && o.thNT.ok && o.ntTID.ok
 	reqs := p.tickReqs[:0]
 	for i := range refs {
@@ -177,12 +171,8 @@ func (p *Process) prefetch(refs []threadRef) {
 			r.haveTID = nt != 0
 			continue
 		}
-		r.eb, r.ebAt, r.tidAt = p.scratch.take(need), ec, nt
-		reqs = append(reqs, target.Read{Addr: ec, Buf: r.eb})
-		if nt != 0 {
-			r.haveTID = true
-			reqs = append(reqs, target.Read{Addr: nt + o.ntTID.off, Buf: r.tid[:]})
-		}
+		reqs = p.headReads(reqs, r, ec, nt)
+		r.haveTID = nt != 0
 	}
 	if len(reqs) > 0 {
 		if err := p.t.ReadBatch(reqs); err != nil {
@@ -325,6 +315,19 @@ func (p *Process) keepHeads(refs []threadRef) {
 		}
 		p.knownHeads = append(p.knownHeads, h)
 	}
+}
+
+// headReads appends the reads of a thread's execution context head at ec
+// and, unless nt is 0, of the tid of its native thread at nt, and notes
+// where they were read from (r.ebAt, r.tidAt). r must not move before the
+// reads are made (they fill r.tid).
+func (p *Process) headReads(reqs []target.Read, r *threadRef, ec, nt uint64) []target.Read {
+	r.eb, r.ebAt, r.tidAt = p.scratch.take(p.ecHeadSize()), ec, nt
+	reqs = append(reqs, target.Read{Addr: ec, Buf: r.eb})
+	if nt != 0 {
+		reqs = append(reqs, target.Read{Addr: nt + p.o.ntTID.off, Buf: r.tid[:]})
+	}
+	return reqs
 }
 
 // ecHeadSize is how much of an execution context a tick reads: vm_stack,
