@@ -70,12 +70,15 @@ type caches struct {
 	gcCountAddr          uint64
 	gcCountTried         bool
 
-	stopped   bool          // the target does not run while it is read
-	copy2     []byte        // first copy of a control-frame region
-	frameReqs []target.Read // readFrames' reads, reused
-	frameCFPs [3][8]byte    // readFrames' cfp reads
-	tornReads uint64        // stack reads found torn
-	frameDone bool          // the last frame named is past its last instruction
+	stopped bool // the target does not run while this snapshot reads it
+	// stoppedAll: every Ruby thread is stopped while a snapshot reads
+	// (a core file, or a caller that pauses them: SetStopped).
+	stoppedAll bool
+	copy2      []byte        // first copy of a control-frame region
+	frameReqs  []target.Read // readFrames' reads, reused
+	frameCFPs  [3][8]byte    // readFrames' cfp reads
+	tornReads  uint64        // stack reads found torn
+	frameDone  bool          // the last frame named is past its last instruction
 
 	// The thread list seen last time (see tick.go).
 	knownThreads []uint64

@@ -133,7 +133,8 @@ func Open(t target.Target, opts Options) (*Process, error) {
 	// unless the caller pauses it (SetStopped). Live targets are the ones
 	// that count process_vm_readv calls.
 	_, live := t.(target.ReadCounter)
-	p.stopped = !live
+	p.stoppedAll = !live
+	p.stopped = p.stoppedAll
 	if err := p.findBinaries(); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"fmt"
 	"math/rand/v2"
 
 	"github.com/rbscope/rbscope/internal/target"
@@ -140,11 +141,11 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 	return refs, true
 }
 
-// prefetch reads, for every thread at once, the execution context head and
-// native thread id (unless knownThreadList read them where they were last
-// tick and the thread still points there), then the control-frame regions.
-// Whatever it could not read is read thread by thread later.
-func (p *Process) prefetch(refs []threadRef) {
+// prefetchHeads reads, for every thread at once, the execution context
+// head and native thread id, unless knownThreadList read them where they
+// were last tick and the thread still points there. Whatever it could not
+// read is read thread by thread later.
+func (p *Process) prefetchHeads(refs []threadRef) {
 	o := &p.o
 	if !o.thEC.ok || len(refs) == 0 {
 		return
@@ -191,7 +192,45 @@ func (p *Process) prefetch(refs []threadRef) {
 		}
 	}
 	p.keepHeads(refs)
+}
 
+// checkHolder returns a *HolderError unless thread tid holds the GVL of the
+// process's only ractor (see SnapshotHolderStopped).
+func (p *Process) checkHolder(refs []threadRef, tid int) error {
+	fail := func(holder int, why string, args ...any) error {
+		return &HolderError{Stopped: tid, Holder: holder, Why: fmt.Sprintf(why, args...)}
+	}
+	if !p.act.owner.ok {
+		return fail(0, "the layout does not locate the GVL's owner")
+	}
+	var held *threadRef
+	for i := range refs {
+		r := &refs[i]
+		if r.ractor != refs[0].ractor {
+			return fail(0, "the process runs several ractors")
+		}
+		if r.gvl {
+			held = r
+		}
+	}
+	if held == nil {
+		return fail(0, "no thread holds the GVL")
+	}
+	if h := p.refTID(held, held.tb); h != tid {
+		return fail(h, "thread %d holds the GVL", h)
+	}
+	return nil
+}
+
+// prefetchRegions reads every thread's control-frame region at once: once
+// when the target is stopped, else framed by reads of the cfp
+// (framedReads). Whatever it could not read is read thread by thread later.
+func (p *Process) prefetchRegions(refs []threadRef) {
+	o := &p.o
+	if !o.thEC.ok || len(refs) == 0 {
+		return
+	}
+	reqs := p.tickReqs[:0]
 	if cap(p.checksBuf) < len(refs) {
 		p.checksBuf = make([]regionCheck, len(refs))
 	}
@@ -204,7 +243,6 @@ func (p *Process) prefetch(refs []threadRef) {
 	for i := range refs {
 		anyGVL = anyGVL || refs[i].gvl
 	}
-	reqs = reqs[:0]
 	for i := range refs {
 		r := &refs[i]
 		if r.eb == nil {

@@ -38,14 +38,55 @@ const (
 var statusNames = []string{"running", "stopped", "stopped_forever", "killed"}
 
 // Snapshot returns every Ruby thread's stack, innermost frame first.
-func (p *Process) Snapshot() ([]stack.Thread, error) {
+func (p *Process) Snapshot() ([]stack.Thread, error) { return p.snapshot(0) }
+
+// SnapshotHolderStopped is Snapshot while the caller keeps thread tid
+// stopped, and only it. When tid holds the GVL the snapshot is as exact as
+// one of a stopped process: only the GVL's holder runs Ruby code, so no
+// other thread can change its frames (or any object the walker reads)
+// until the holder lets the lock go, which a stopped thread does not. It
+// returns a *HolderError, having read no frame, when tid does not hold the
+// GVL or that cannot be told (the layout does not locate the GVL's owner,
+// or the process runs several ractors, each with a lock of its own).
+func (p *Process) SnapshotHolderStopped(tid int) ([]stack.Thread, error) { return p.snapshot(tid) }
+
+// HolderError is SnapshotHolderStopped's error when the stopped thread did
+// not hold the GVL.
+type HolderError struct {
+	Stopped int // the thread stopped
+	// Holder is the thread that held the GVL instead (0: none, or not
+	// known).
+	Holder int
+	// Why says why the snapshot could not be taken.
+	Why string
+}
+
+func (e *HolderError) Error() string {
+	return fmt.Sprintf("thread %d stopped, but %s", e.Stopped, e.Why)
+}
+
+// HolderKnown reports whether a snapshot can tell which thread holds the
+// GVL (SnapshotHolderStopped can then succeed).
+func (p *Process) HolderKnown() bool { return p.act.owner.ok }
+
+func (p *Process) snapshot(holder int) ([]stack.Thread, error) {
 	p.scratch.reset()
 	p.gcFresh = false
+	// Until the holder is seen to hold the GVL, the other threads may run.
+	p.stopped = p.stoppedAll && holder == 0
+	defer func() { p.stopped = p.stoppedAll }()
 	refs, err := p.tickThreads()
 	if err != nil {
 		return nil, err
 	}
-	p.prefetch(refs)
+	p.prefetchHeads(refs)
+	if holder != 0 {
+		if err := p.checkHolder(refs, holder); err != nil {
+			return nil, err
+		}
+		p.stopped = true
+	}
+	p.prefetchRegions(refs)
 	out := make([]stack.Thread, 0, len(refs))
 	refreshed := false
 	var gc gcState
@@ -139,18 +180,11 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	}
 	var prefix []stack.Frame
 	th.Activity, prefix = activity(&th, ownerKnown, ref.waiting, gc)
-	if ref.haveTID {
-		th.TID = int(int32(le32(ref.tid[:], 0)))
-	} else {
-		th.TID = p.threadTID(tb)
-	}
+	th.TID = p.refTID(&ref, tb)
 	if o.thName.ok {
 		if nv := o.thName.u64(tb); isHeapPtr(nv) {
 			th.Name = p.threadName(nv)
 		}
-	}
-	if th.Main && th.TID == 0 {
-		th.TID = p.t.Pid()
 	}
 
 	var stackStart, stackSize, cfp, ec uint64
@@ -228,6 +262,21 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 // glibcPthreadTID is the offset of the kernel tid in glibc's struct
 // pthread on x86_64 (stable since glibc 2.x); pthread_t is its address.
 const glibcPthreadTID = 0x2d0
+
+// refTID is the native thread id of the thread ref (whose struct is tb),
+// 0 when it cannot be read.
+func (p *Process) refTID(ref *threadRef, tb []byte) int {
+	tid := 0
+	if ref.haveTID {
+		tid = int(int32(le32(ref.tid[:], 0)))
+	} else if tb != nil {
+		tid = p.threadTID(tb)
+	}
+	if tid == 0 && ref.main {
+		tid = p.t.Pid()
+	}
+	return tid
+}
 
 func (p *Process) threadTID(tb []byte) int {
 	o := &p.o
@@ -584,10 +633,11 @@ const maxTornWalks = 2
 // maxStackReads bounds the reads of a stack that changes under the walker.
 const maxStackReads = 6
 
-// SetStopped tells the walker whether the target is stopped while it is
-// read (blocking mode, or a core file). A running target's stacks are
-// copied twice and compared (see readFrames); a stopped one's once.
-func (p *Process) SetStopped(stopped bool) { p.stopped = stopped }
+// SetStopped tells the walker whether every Ruby thread of the target is
+// stopped while a snapshot reads it (blocking mode, or a core file). A
+// running target's stacks are copied twice and compared (see readFrames);
+// a stopped one's once.
+func (p *Process) SetStopped(stopped bool) { p.stoppedAll, p.stopped = stopped, stopped }
 
 // Torn returns how many stack reads found the stack changing (and read it
 // again) since the process was opened.

@@ -29,7 +29,8 @@ type RubyOptions struct {
 	// Pauser, when set, stops the process while its stacks are read
 	// (blocking mode: consistent stacks, a short pause of the target per
 	// sample). Nil reads the running process (nonblocking mode). When it
-	// is also a ThreadPauser, only the threads that run Ruby are stopped.
+	// is also a ThreadPauser, only the thread holding the GVL is stopped,
+	// or the threads that run Ruby when none holds it (see snapshot).
 	Pauser Pauser
 	// NoGC leaves out the GC pseudo-frames (the samples keep activity gc).
 	NoGC bool
@@ -44,8 +45,12 @@ type RubySource struct {
 	noGC   bool
 	out    []stack.Sample
 	// rubyTIDs are the Ruby threads of the last sample, the ones a
-	// ThreadPauser stops (empty: stop every thread).
+	// ThreadPauser stops when it cannot stop only the GVL's holder
+	// (empty: stop every thread).
 	rubyTIDs []int
+	// holder is the thread that held the GVL in the last sample (0: none
+	// or not known), the one thread a ThreadPauser stops.
+	holder int
 	// sampledTIDs are the threads of the last sample and needState says
 	// whose kernel state is read (see Sample).
 	sampledTIDs []int
@@ -179,20 +184,41 @@ func unreadThreads(err error) *ThreadErrors {
 }
 
 // snapshot reads every thread's stack, pausing the process around it in
-// blocking mode: only the threads that ran Ruby in the last sample when
-// the pauser can (a Ruby thread found running is then paused with the
-// others and read again). The process is resumed however the walk ends (a
-// panic included).
+// blocking mode. With a ThreadPauser, only the thread that held the GVL in
+// the last sample is stopped when it still holds it: only the holder runs
+// Ruby code, so no other thread's frames can change meanwhile (see
+// ruby.Process.SnapshotHolderStopped). When the GVL has moved on, its new
+// holder is stopped instead, once; when no thread holds it (every thread
+// waits on IO, say: any of them may take it) or that cannot be told, the
+// threads that ran Ruby in the last sample are stopped (a Ruby thread
+// found running is then paused with the others and read again), or
+// every thread. The process is resumed however the walk ends (a panic
+// included).
 func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 	if s.pauser == nil {
 		return s.p.Snapshot()
 	}
 	tp, onlyRuby := s.pauser.(ThreadPauser)
+	if onlyRuby && s.p.HolderKnown() {
+		for holder, tries := s.holder, 0; holder != 0 && tries < 2; tries++ {
+			threads, err = s.pausedSnapshot(
+				func() (func() error, error) { return tp.PauseThreads(s.pid, []int{holder}) },
+				func() ([]stack.Thread, error) { return s.p.SnapshotHolderStopped(holder) })
+			var he *ruby.HolderError
+			if !errors.As(err, &he) {
+				if err == nil {
+					s.noteThreads(threads)
+				}
+				return threads, err
+			}
+			holder = he.Holder
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		if onlyRuby && len(s.rubyTIDs) > 0 {
-			threads, err = s.pausedSnapshot(func() (func() error, error) { return tp.PauseThreads(s.pid, s.rubyTIDs) })
+			threads, err = s.pausedSnapshot(func() (func() error, error) { return tp.PauseThreads(s.pid, s.rubyTIDs) }, s.p.Snapshot)
 		} else {
-			threads, err = s.pausedSnapshot(func() (func() error, error) { return s.pauser.Pause(s.pid) })
+			threads, err = s.pausedSnapshot(func() (func() error, error) { return s.pauser.Pause(s.pid) }, s.p.Snapshot)
 		}
 		if err != nil || !onlyRuby {
 			return threads, err
@@ -201,28 +227,42 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 		// or of unknown tid) was read running: take the sample again,
 		// pausing it too (every thread when a tid is unknown).
 		known := s.rubyTIDs
-		var tids []int
-		missed := false
-		for _, th := range threads {
-			if th.TID == 0 {
-				tids, missed = nil, true
-				break
-			}
-			if !slices.Contains(known, th.TID) {
-				missed = true
-			}
-			tids = append(tids, th.TID)
-		}
-		s.rubyTIDs = tids
+		missed := s.noteThreads(threads)
 		if len(known) == 0 || !missed || attempt > 0 {
 			return threads, nil
 		}
 	}
 }
 
-// pausedSnapshot reads every thread's stack between pause and its resume
-// function, which runs however the walk ends (a panic included).
-func (s *RubySource) pausedSnapshot(pause func() (func() error, error)) (threads []stack.Thread, err error) {
+// noteThreads keeps the Ruby threads of a sample and its GVL holder for
+// the next pause, and reports whether a thread is new since the last
+// sample or of unknown tid.
+func (s *RubySource) noteThreads(threads []stack.Thread) (missed bool) {
+	known := s.rubyTIDs
+	var tids []int
+	s.holder = 0
+	for _, th := range threads {
+		if th.TID == 0 {
+			tids, missed = nil, true
+			break
+		}
+		if !slices.Contains(known, th.TID) {
+			missed = true
+		}
+		tids = append(tids, th.TID)
+		if th.GVL {
+			s.holder = th.TID
+		}
+	}
+	if tids == nil {
+		s.holder = 0
+	}
+	s.rubyTIDs = tids
+	return missed
+}
+
+// pausedSnapshot takes snapshot between pause and its resume function, which runs however the walk ends (a panic included).
+func (s *RubySource) pausedSnapshot(pause func() (func() error, error), snapshot func() ([]stack.Thread, error)) (threads []stack.Thread, err error) {
 	resume, err := pause()
 	if err != nil {
 		return nil, fmt.Errorf("pause: %w", err)
@@ -232,7 +272,7 @@ func (s *RubySource) pausedSnapshot(pause func() (func() error, error)) (threads
 			threads, err = nil, fmt.Errorf("resume: %w", rerr)
 		}
 	}()
-	return s.p.Snapshot()
+	return snapshot()
 }
 
 // Close releases the files kept open for reading thread states.

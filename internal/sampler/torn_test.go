@@ -121,9 +121,9 @@ func TestTornStacks(t *testing.T) {
 		defer p.Target().Close()
 		for _, blocking := range []bool{false, true} {
 			opts, d, mode := RubyOptions{}, 5*time.Second, "nonblocking"
+			pz := &countingPauser{p: target.NewPauser()}
+			defer pz.p.Close()
 			if blocking {
-				pz := target.NewPauser()
-				defer pz.Close()
 				opts.Pauser, d, mode = pz, 2*time.Second, "blocking"
 			}
 			src := NewRubySource(p, opts)
@@ -165,6 +165,14 @@ func TestTornStacks(t *testing.T) {
 			}
 			maxShare := maxTornShare
 			if blocking {
+				// Each pause stops the GVL's holder alone (see
+				// RubySource.snapshot), every thread when none holds
+				// it: the exactness checked here is that of pausing
+				// one thread.
+				t.Logf("%s: %d pauses of every thread, %d of %.2f threads on average", mode, pz.all, pz.some, float64(pz.pausedThreads)/float64(max(pz.some, 1)))
+				if pz.some < st.Ticks*9/10 || pz.pausedThreads > pz.some*11/10 {
+					t.Errorf("%s: %d pauses of %d threads and %d of every thread in %d ticks: want about one thread per tick", mode, pz.some, pz.pausedThreads, pz.all, st.Ticks)
+				}
 				maxShare = 0
 			} else if errRate > maxTornErrorRate {
 				t.Errorf("%s: %.1f%% of ticks lost a thread to a changing stack, more than %.0f%%", mode, 100*errRate, 100*maxTornErrorRate)

@@ -156,7 +156,8 @@ func (p *Pauser) PauseInfo(pid int) (Paused, func() error, error) {
 
 // PauseThreads stops only the threads tids of process pid (those that
 // have exited are skipped) and returns a function that resumes them, as
-// Pause does. A profiler pauses only the threads that run Ruby: a process
+// Pause does. It fails, leaving nothing stopped, when one of them does not
+// stop in time. A profiler pauses only the threads that run Ruby: a process
 // with a hundred native threads of a C library pays for none of them.
 func (p *Pauser) PauseThreads(pid int, tids []int) (resume func() error, err error) {
 	if len(tids) == 0 {
@@ -274,6 +275,17 @@ func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 		}
 	}
 	stopped := p.waitStops(pid, seized)
+	if only != nil {
+		// The caller reads these threads as stopped: one that is still
+		// running (left pending: its stop did not come in time) fails
+		// the pause rather than being read as if it were stopped.
+		for _, tid := range seized {
+			if p.pending[tid] == pid {
+				_ = p.resume(pid, stopped)
+				return nil, fmt.Errorf("pause thread %d of process %d: it did not stop within %v", tid, pid, pauseStopTimeout)
+			}
+		}
+	}
 	if len(stopped) == 0 {
 		if s := procfs.TaskState(pid, pid); s == 'Z' || s == 'X' || s == 0 || !processAlive(pid) {
 			return nil, ErrProcessExited{Pid: pid}
