@@ -189,3 +189,58 @@ func TestIdentityChangesOnExec(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestStatFileFollowsExecAndExit: a stat file kept open reads the same as
+// ReadStat, sees the process exec (new identity, same file) and reads as
+// an error once the process has exited and been reaped.
+func TestStatFileFollowsExecAndExit(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "read x; exec sleep 60")
+	in, _ := cmd.StdinPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	f, err := OpenStat(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// Until sh waits on its input, it may still be starting (exec'ing).
+	var fresh Stat
+	for deadline := time.Now().Add(2 * time.Second); fresh.Comm != "sh" || fresh.State != 'S'; time.Sleep(5 * time.Millisecond) {
+		if fresh, err = ReadStat(pid); err != nil || time.Now().After(deadline) {
+			t.Fatalf("sh not waiting on its input: %+v, %v", fresh, err)
+		}
+	}
+	before, err := f.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Pid != pid || before.Identity() != fresh.Identity() || before.Comm != fresh.Comm {
+		t.Fatalf("open file read %+v, ReadStat %+v", before, fresh)
+	}
+	in.Write([]byte("go\n"))
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		after, err := f.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.Comm == "sleep" {
+			if after.Identity() == before.Identity() {
+				t.Errorf("identity %+v unchanged by exec", after.Identity())
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sh never exec'd sleep")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if st, err := f.Read(); err == nil {
+		t.Errorf("stat of reaped process %d read %+v, want an error", pid, st)
+	}
+}

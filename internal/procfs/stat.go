@@ -3,6 +3,7 @@ package procfs
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -52,6 +53,41 @@ func ReadStat(pid int) (Stat, error) {
 	}
 	return ParseStat(b)
 }
+
+// StatFile is a process's /proc/PID/stat kept open and re-read with
+// pread: procfs regenerates the contents at each read from offset 0, with
+// no path walk per read (opening the file costs several times reading
+// it), and the open file stays bound to the process it was opened for: a
+// later process given the same pid reads as an error.
+type StatFile struct {
+	pid int
+	f   *os.File
+	buf [1024]byte
+}
+
+// OpenStat opens /proc/PID/stat for repeated reads.
+func OpenStat(pid int) (*StatFile, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, fmt.Errorf("open stat of process %d: %w", pid, err)
+	}
+	return &StatFile{pid: pid, f: f}, nil
+}
+
+// Read reads and parses the file anew.
+func (s *StatFile) Read() (Stat, error) {
+	n, err := s.f.ReadAt(s.buf[:], 0)
+	if err != nil && (!errors.Is(err, io.EOF) || n == 0) {
+		return Stat{}, fmt.Errorf("read stat of process %d: %w", s.pid, err)
+	}
+	if n == len(s.buf) {
+		return Stat{}, fmt.Errorf("read stat of process %d: longer than %d bytes", s.pid, len(s.buf))
+	}
+	return ParseStat(s.buf[:n])
+}
+
+// Close closes the file.
+func (s *StatFile) Close() error { return s.f.Close() }
 
 // ParseStat parses the contents of a /proc/PID/stat file.
 func ParseStat(b []byte) (Stat, error) {
