@@ -22,7 +22,8 @@ link's target is written, never the link replaced.
 
 By default each sample pauses the process (ptrace) for as long as it
 takes to read its stacks (tens to hundreds of microseconds), so that
-every stack is consistent; the process is always resumed, also on
+every stack is consistent: only the thread holding the GVL, the one that
+can change a Ruby stack, or every Ruby thread when none holds it; the process is always resumed, also on
 Ctrl-C, errors, SIGTERM and SIGHUP (and the kernel resumes it if rbscope
 is killed). --nonblocking reads the running process instead: no pauses,
 but a stack that changes while it is read is counted as an error.
