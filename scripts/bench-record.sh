@@ -154,13 +154,12 @@ done
 # The timer floor: the floor read alone, once per tick by the sampler's
 # own clock and tick counting, at each rate: the late or missed ticks no
 # sampler avoids on this machine (a VM's stalls, the wake-up latency).
+# Both modes sleep on the same clock (a timerfd in Go's poller).
 declare -A floorbest
-for mode in nonblocking blocking; do
+for mode in both; do
   floorbest[$mode]=0
   for rate in 100 200 500 1000 2000 5000 10000 20000; do
-    lf=""
-    [ "$mode" = blocking ] && lf=-locked
-    o=$("$work/readfloor" -paced "$rate" $lf "$deep" 2>&1) || { echo "   readfloor -paced $rate: $o"; continue; }
+    o=$("$work/readfloor" -paced "$rate" "$deep" 2>&1) || { echo "   readfloor -paced $rate: $o"; continue; }
     ticks=$(grep -o 'ticks=[0-9]*' <<<"$o" | cut -d= -f2)
     late=$(grep -o 'late=[0-9]*' <<<"$o" | cut -d= -f2)
     missed=$(grep -o 'missed=[0-9]*' <<<"$o" | cut -d= -f2)
@@ -172,10 +171,9 @@ for mode in nonblocking blocking; do
     if awk -v l="$latep" 'BEGIN{exit !(l < 1)}'; then floorbest[$mode]=$rate; fi
   done
 done
-echo "   (floor: the timer floor, the floor read alone once per tick by the sampler's own clock, nonblocking's"
-echo "    timerfd or blocking's locked thread: the late ticks this machine imposes on any sampler at that rate)"
-echo "   floor nonblocking: highest rate with <1% late or missed ticks: ${floorbest[nonblocking]} Hz"
-echo "   floor blocking: highest rate with <1% late or missed ticks: ${floorbest[blocking]} Hz"
+echo "   (floor: the timer floor, the floor read alone once per tick by the sampler's own clock, a timerfd in"
+echo "    Go's poller for both modes: the late ticks this machine imposes on any sampler at that rate)"
+echo "   floor: highest rate with <1% late or missed ticks: ${floorbest[both]} Hz"
 echo "   (cpu% and us/tick: rbscope's steady-state CPU, share of a core and per tick; x paced / x floor /"
 echo "    x 1 read: that cost over the paced floor ($((paced_ns / 1000)) us), the hot floor ($((floor_ns / 1000)) us) and one read ($((one_ns / 1000)) us))"
 for build in "${builds[@]}"; do

@@ -170,12 +170,13 @@ func (r *rec) command() []string {
 }
 
 // sample runs the sampler until the recording ends. It runs on the
-// calling goroutine, whose OS thread also does the pausing.
+// calling goroutine, which also does the pausing.
 func (r *rec) sample() (sampler.Stats, error) {
 	ro := sampler.RubyOptions{NoGC: r.cfg.NoGC}
 	if !r.cfg.Nonblocking {
-		// Bound to this goroutine's OS thread, which also runs the
-		// sampler: no thread hand-off per pause.
+		// Run on this goroutine, which also runs the sampler: no thread
+		// hand-off per pause (the goroutine is locked to its OS thread
+		// from each pause to its resume, and sleeps unlocked).
 		pauser := target.NewThreadPauser()
 		defer func() {
 			if err := pauser.Close(); err != nil {
@@ -206,7 +207,7 @@ func (r *rec) sample() (sampler.Stats, error) {
 		r.sinks = sinks
 	}
 	mode, _ := r.cfg.SampleMode() // checked by Validate
-	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode, LockedThread: !r.cfg.Nonblocking,
+	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode,
 		Progress: r.progress, ProgressEvery: 250 * time.Millisecond}
 	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)
 	for _, s := range r.sinks {

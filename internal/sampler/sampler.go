@@ -66,13 +66,6 @@ type Config struct {
 	// Mode drops the samples a mode does not keep (stack.Mode.Keeps);
 	// "" and wall keep all.
 	Mode stack.Mode
-	// LockedThread says that the calling goroutine is locked to its OS
-	// thread (blocking mode: ptrace requests must come from the thread
-	// that attached). The sampler then sleeps that thread instead of
-	// parking the goroutine in Go's poller, whose wake-up would have to be
-	// handed over to the locked thread: a second thread wake-up per tick
-	// and late ticks from 500 Hz on.
-	LockedThread bool
 	// Progress, when set, is called on the sampler's goroutine about every
 	// ProgressEvery with the statistics so far.
 	Progress      func(Stats)
@@ -203,10 +196,6 @@ func (s Stats) ErrorSummary() string {
 // passed, ctx is cancelled or the target exits. It returns the statistics;
 // the error is non-nil only for an invalid configuration.
 func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
-	if cfg.LockedThread {
-		defer preciseSleeps()()
-		return run(ctx, src, cfg, sink, threadClock{})
-	}
 	t, err := newTickTimer(ctx)
 	if err != nil {
 		// No timerfd (never seen on Linux since 2.6.25): sleep the
@@ -367,26 +356,10 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	return st, nil
 }
 
-// preciseSleeps sets the calling (locked) thread's timer slack to 1 ns
-// and returns the function that restores it. The default slack, 50 µs,
-// lets the kernel end a thread's clock_nanosleep up to 50 µs late to
-// batch wake-ups: 5 % of a 1 kHz period, on every tick (a timerfd in the
-// poller is not subject to it).
-func preciseSleeps() func() {
-	old, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
-	if err != nil || old <= 1 {
-		return func() {}
-	}
-	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0); err != nil {
-		return func() {}
-	}
-	return func() { unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(old), 0, 0, 0) }
-}
-
-// threadClock sleeps the calling (locked) thread: an absolute-deadline
-// clock_nanosleep made as a raw system call, so that the runtime's monitor
-// is not woken (see tickTimer), in steps of at most maxSleep to notice a
-// cancelled context.
+// threadClock sleeps the calling goroutine's thread, where there is no
+// timerfd: an absolute-deadline clock_nanosleep made as a raw system call,
+// so that the runtime's monitor is not woken (see tickTimer), in steps of
+// at most maxSleep to notice a cancelled context.
 type threadClock struct{}
 
 func (threadClock) Now() time.Time { return time.Now() }

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
-	"golang.org/x/sys/unix"
 )
 
 // fakeClock is virtual time: sleeping jumps to the deadline (plus an
@@ -313,47 +311,5 @@ func TestBadConfig(t *testing.T) {
 		if _, err := Run(context.Background(), src, c, nil); err == nil {
 			t.Errorf("config %+v accepted", c)
 		}
-	}
-}
-
-// TestLockedThreadSleepsPrecisely: in blocking mode the sampler's locked
-// thread runs with a timer slack of 1 ns (the default 50 µs delays every
-// clock_nanosleep), and gets its own slack back afterwards.
-func TestLockedThreadSleepsPrecisely(t *testing.T) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	before, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if before <= 1 {
-		t.Fatalf("this thread's timer slack is already %d ns", before)
-	}
-	var during []int
-	src := SourceFunc(func(ctx context.Context) ([]stack.Sample, error) {
-		s, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
-		if err != nil {
-			return nil, err
-		}
-		during = append(during, s)
-		return nil, nil
-	})
-	if _, err := Run(context.Background(), src, Config{Rate: 1000, Duration: 20 * time.Millisecond, LockedThread: true}, func([]stack.Sample) {}); err != nil {
-		t.Fatal(err)
-	}
-	if len(during) == 0 {
-		t.Fatal("no tick")
-	}
-	for _, s := range during {
-		if s != 1 {
-			t.Fatalf("timer slack %d ns during a tick, want 1", s)
-		}
-	}
-	after, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if after != before {
-		t.Errorf("timer slack %d ns after the run, was %d", after, before)
 	}
 }

@@ -43,8 +43,15 @@ type Pauser struct {
 	reqs      chan func()
 	closeOnce sync.Once
 	done      chan struct{}
-	owner     int // NewThreadPauser: the OS thread allowed to use it
+	inline    bool // NewThreadPauser
 	closed    bool
+	// NewThreadPauser: the OS thread the calling goroutine is locked to
+	// while threads are attached (held: from a pause to its resume, and
+	// while a thread that did not stop in time stays pending), the only
+	// thread whose ptrace requests the kernel then accepts.
+	owner int
+	held  bool
+	open  int // pauses not resumed yet
 
 	// Owned by the ptrace goroutine.
 	pending map[int]int  // tid -> pid: seized, interrupt sent, stop not yet seen
@@ -72,25 +79,35 @@ func (p *Pauser) loop(started chan struct{}) {
 	close(p.done)
 }
 
-// NewThreadPauser returns a Pauser bound to the calling goroutine, which
-// it locks to its OS thread (ptrace requests are accepted only from the
-// tracing thread). Only that goroutine may use it, and it must Close it;
-// the thread stays locked until then.
+// NewThreadPauser returns a Pauser that runs its ptrace requests on the
+// calling goroutine's OS thread. The kernel accepts a tracee's requests
+// only from the thread that attached it, so a pause locks the goroutine to
+// its thread until the pause is resumed (and for as long as a thread that
+// did not stop in time stays attached, see Close); in between, the
+// goroutine may sleep anywhere, such as in Go's poller, without a
+// hand-off to a locked thread at each wake-up. Use it from one goroutine
+// at a time, and Close it.
 func NewThreadPauser() *Pauser {
-	runtime.LockOSThread()
-	return &Pauser{owner: unix.Gettid(), pending: map[int]int{}}
+	return &Pauser{inline: true, pending: map[int]int{}}
 }
 
 // do runs f on the ptrace thread.
 func (p *Pauser) do(f func()) (err error) {
-	if p.owner != 0 {
-		if unix.Gettid() != p.owner {
-			return errors.New("pauser used from another thread than the one that created it")
-		}
+	if p.inline {
 		if p.closed {
 			return errors.New("pauser is closed")
 		}
+		if !p.held {
+			runtime.LockOSThread()
+			p.owner, p.held = unix.Gettid(), true
+		} else if unix.Gettid() != p.owner {
+			return errors.New("pauser used from another thread than the one its threads are attached to")
+		}
 		f()
+		if p.open == 0 && len(p.pending) == 0 {
+			p.held = false
+			runtime.UnlockOSThread()
+		}
 		return nil
 	}
 	defer func() {
@@ -107,9 +124,9 @@ func (p *Pauser) do(f func()) (err error) {
 // Close detaches from anything still attached (waiting up to a few
 // seconds for threads that have not stopped yet) and ends the Pauser.
 func (p *Pauser) Close() error {
-	if p.owner != 0 {
-		if unix.Gettid() != p.owner {
-			return errors.New("pauser closed from another thread than the one that created it")
+	if p.inline {
+		if p.held && unix.Gettid() != p.owner {
+			return errors.New("pauser closed from another thread than the one its threads are attached to")
 		}
 		if !p.closed {
 			p.closed = true
@@ -120,7 +137,10 @@ func (p *Pauser) Close() error {
 				// runs on it; the kernel detaches them when rbscope exits.
 				return fmt.Errorf("%d threads did not stop within %v of being interrupted; they stay attached until rbscope exits", n, pauseStopTimeout+5*time.Second)
 			}
-			runtime.UnlockOSThread()
+			if p.held {
+				p.held = false
+				runtime.UnlockOSThread()
+			}
 		}
 		return nil
 	}
@@ -170,7 +190,11 @@ func (p *Pauser) PauseThreads(pid int, tids []int) (resume func() error, err err
 func (p *Pauser) pauseInfo(pid int, only []int) (Paused, func() error, error) {
 	var threads []pausedThread
 	var perr error
-	if e := p.do(func() { threads, perr = p.pause(pid, only) }); e != nil {
+	if e := p.do(func() {
+		if threads, perr = p.pause(pid, only); perr == nil {
+			p.open++
+		}
+	}); e != nil {
 		return Paused{}, nil, e
 	}
 	if perr != nil {
@@ -180,14 +204,20 @@ func (p *Pauser) pauseInfo(pid int, only []int) (Paused, func() error, error) {
 	for _, th := range threads {
 		info.TIDs = append(info.TIDs, th.tid)
 	}
-	var once sync.Once
+	// The resume runs once; a call refused (from another thread than the
+	// one the threads are attached to) leaves it to a later call.
+	var mu sync.Mutex
+	var done bool
 	var rerr error
 	return info, func() error {
-		once.Do(func() {
-			if e := p.do(func() { rerr = p.resume(pid, threads) }); e != nil {
-				rerr = e
-			}
-		})
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return rerr
+		}
+		if e := p.do(func() { rerr = p.resume(pid, threads); p.open--; done = true }); e != nil {
+			return e
+		}
 		return rerr
 	}, nil
 }

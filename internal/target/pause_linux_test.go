@@ -299,28 +299,52 @@ func BenchmarkPausePhases(b *testing.B) {
 	b.ReportMetric(float64(threads), "threads")
 }
 
-// TestThreadPauserOtherThread: a thread-bound Pauser refuses calls from
-// another goroutine (whose ptrace requests the kernel would reject).
+// TestThreadPauserOtherThread: while a thread-bound Pauser has threads
+// attached (from a pause to its resume), it refuses calls from another
+// OS thread, whose ptrace requests the kernel would reject; once they are
+// resumed, any thread may use it (the sampler's goroutine sleeps unlocked
+// between ticks and may wake up on another thread).
 func TestThreadPauserOtherThread(t *testing.T) {
 	cmd := startSpinner(t)
+	pid := cmd.Process.Pid
 	p := NewThreadPauser()
 	defer p.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // surely another OS thread
-		defer runtime.UnlockOSThread()
-		_, err := p.Pause(cmd.Process.Pid)
-		errc <- err
-	}()
-	if err := <-errc; err == nil || !strings.Contains(err.Error(), "another thread") {
-		t.Fatalf("pause from another thread: %v", err)
+	// elsewhere runs f on a goroutine locked to its own OS thread.
+	elsewhere := func(f func() error) error {
+		errc := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // surely not the thread of a held pause
+			defer runtime.UnlockOSThread()
+			errc <- f()
+		}()
+		return <-errc
 	}
-	resume, err := p.Pause(cmd.Process.Pid)
+	resume, err := p.Pause(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
+	err = elsewhere(func() error { _, err := p.Pause(pid); return err })
+	if err == nil || !strings.Contains(err.Error(), "another thread") {
+		t.Errorf("pause from another thread while paused: %v", err)
+	}
+	if err := elsewhere(resume); err == nil {
+		t.Errorf("resume from another thread accepted")
+	}
 	if err := resume(); err != nil {
 		t.Fatal(err)
+	}
+	if n := countState(taskStates(t, pid), "t"); n != 0 {
+		t.Fatalf("%d threads still stopped after resume", n)
+	}
+	err = elsewhere(func() error {
+		resume, err := p.Pause(pid)
+		if err != nil {
+			return err
+		}
+		return resume()
+	})
+	if err != nil {
+		t.Errorf("pause and resume from another thread once resumed: %v", err)
 	}
 }
 

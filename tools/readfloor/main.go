@@ -9,12 +9,11 @@
 //
 // With -paced RATE it measures instead the timer floor at that rate: the
 // floor read made once per tick for 3 s by the sampler's own clock and
-// tick counting (-locked: blocking mode's, a locked thread sleeping in
-// clock_nanosleep), and prints "ticks=N late=N missed=N cpu_ns_per_tick=N":
+// tick counting (both modes'), and prints "ticks=N late=N missed=N cpu_ns_per_tick=N":
 // the late and missed ticks no sampler can avoid on this machine at that
 // rate, since this one reads nothing else.
 //
-//	go run ./tools/readfloor [-paced RATE [-locked]] PID [ITERATIONS]
+//	go run ./tools/readfloor [-paced RATE] PID [ITERATIONS]
 package main
 
 import (
@@ -22,7 +21,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"time"
 
@@ -42,13 +40,12 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("readfloor", flag.ContinueOnError)
 	pacedRate := fs.Float64("paced", 0, "measure the timer floor at this rate (Hz) instead")
-	locked := fs.Bool("locked", false, "with -paced: blocking mode's clock (a locked thread)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	args = fs.Args()
 	if len(args) < 1 {
-		return fmt.Errorf("usage: readfloor [-paced RATE [-locked]] PID [ITERATIONS]")
+		return fmt.Errorf("usage: readfloor [-paced RATE] PID [ITERATIONS]")
 	}
 	pid, err := strconv.Atoi(args[0])
 	if err != nil {
@@ -77,7 +74,7 @@ func run(args []string) error {
 		return fmt.Errorf("process %d has no Ruby thread with a stack", pid)
 	}
 	if *pacedRate > 0 {
-		st, err := paced(t, regions, *pacedRate, *locked)
+		st, err := paced(t, regions, *pacedRate)
 		if err != nil {
 			return err
 		}
@@ -116,7 +113,7 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("floor read: %w", err)
 	}
-	st, err := paced(t, regions, 100, false)
+	st, err := paced(t, regions, 100)
 	if err != nil {
 		return err
 	}
@@ -127,19 +124,15 @@ func run(args []string) error {
 }
 
 // paced makes the floor read once per tick at rate for 3 s with the
-// sampler's clock (locked: blocking mode's, on a locked thread).
-func paced(t target.Target, regions []target.Read, rate float64, locked bool) (sampler.Stats, error) {
-	if locked {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-	}
+// sampler's clock.
+func paced(t target.Target, regions []target.Read, rate float64) (sampler.Stats, error) {
 	var readErr error
 	st, err := sampler.Run(context.Background(), sampler.SourceFunc(func(context.Context) ([]stack.Sample, error) {
 		if err := t.ReadBatch(regions); err != nil && readErr == nil {
 			readErr = err
 		}
 		return nil, nil
-	}), sampler.Config{Rate: rate, Duration: 3 * time.Second, LockedThread: locked}, nil)
+	}), sampler.Config{Rate: rate, Duration: 3 * time.Second}, nil)
 	if err == nil {
 		err = readErr
 	}
