@@ -8,7 +8,7 @@
 #      of 4 spinning threads x 50 frames: rbscope's CPU, its cost per tick
 #      and late/missed ticks -> table + PNG chart (bench-record.png). The
 #      CPU is the steady state of a long recording: each point is recorded
-#      for 0.5 s and for 3 s, and the difference of the two runs' CPU over
+#      for 0.5 s and for 3 s (1500 ticks at low rates), and the difference of the two runs' CPU over
 #      the difference of their ticks is the cost per tick (opening the
 #      target and rendering cancel out, for every build alike). A third
 #      baseline, the PACED FLOOR, is what a process costs that only wakes
@@ -28,7 +28,7 @@
 # table then has a "before" and an "after" row.
 #
 # Needs root (ptrace), ruby, strace and chromium (for the PNG). About
-# 4 minutes (7 with BASELINE_REV). Output directory: $OUT (default
+# 5 minutes (9 with BASELINE_REV). Output directory: $OUT (default
 # ./bench-record-out).
 source "$(dirname "$0")/lib/bench.sh"
 root=$PWD
@@ -97,26 +97,31 @@ record_stats() {
   echo "$ticks $late $missed ${errs:-0} ${cpu:-0} ${secs:-0}"
 }
 
-# steady BUILD PID RATE FLAGS...: records for 0.5 s and for 3 s and prints
-# "ticks late missed errors cpu% us_per_tick" for the steady state: the
-# 3 s run's ticks, late, missed and errors; the CPU difference of the two
-# runs over their tick difference (per tick, and as a share of a core at
-# that rate of ticks).
+# steady BUILD PID RATE FLAGS...: records for 0.5 s and for a long run
+# (3 s, or 1500 ticks at low rates: the two runs' start-up costs differ by
+# some milliseconds, which over the 250 ticks between 0.5 and 3 s at 100
+# Hz moved the figure by tens of percent from run to run: 112 to 168 us
+# per tick for one build) and prints "ticks late missed errors cpu%
+# us_per_tick" for the steady state: the long run's ticks, late, missed
+# and errors; the CPU difference of the two runs over their tick
+# difference (per tick, and as a share of a core at that rate of ticks).
 steady() {
   local build=$1 pid=$2 rate=$3
   shift 3
+  local long
+  long=$(awk -v r="$rate" 'BEGIN { d = 1500 / r; if (d < 3) d = 3; printf "%d", d + 0.999 }')
   local t0 l0 m0 e0 c0 s0 t1 l1 m1 e1 c1 s1
   read -r t0 l0 m0 e0 c0 s0 < <(record_stats "$build" "$pid" "$rate" 500ms "$@")
-  read -r t1 l1 m1 e1 c1 s1 < <(record_stats "$build" "$pid" "$rate" 3s "$@")
+  read -r t1 l1 m1 e1 c1 s1 < <(record_stats "$build" "$pid" "$rate" "${long}s" "$@")
   if [ "$t0" = - ] || [ "$t1" = - ]; then
     echo "- - - - - -"
     return
   fi
-  awk -v t0="$t0" -v s0="$s0" -v t1="$t1" -v s1="$s1" -v l="$l1" -v m="$m1" -v e="$e1" 'BEGIN {
+  awk -v t0="$t0" -v s0="$s0" -v t1="$t1" -v s1="$s1" -v l="$l1" -v m="$m1" -v e="$e1" -v d="$long" 'BEGIN {
     dt = t1 - t0; ds = s1 - s0; if (ds < 0) ds = 0
     us = dt > 0 ? ds * 1e6 / dt : 0
-    # the share of a core: CPU per tick times ticks per second (3 s run)
-    printf "%d %d %d %d %.2f %.1f\n", t1, l, m, e, us * t1 / 3e6 * 100, us }'
+    # the share of a core: CPU per tick times ticks per second (long run)
+    printf "%d %d %d %d %.2f %.1f\n", t1, l, m, e, us * t1 / d / 1e6 * 100, us }'
 }
 
 # late_pct TICKS LATE MISSED: the share of ticks late or missed, in %.
@@ -125,20 +130,36 @@ late_pct() { awk -v t="$1" -v l="$2" -v m="$3" 'BEGIN{printf "%.2f", 100*(l+m)/(
 flags_for() { [ "$1" = nonblocking ] && echo --nonblocking || true; }
 
 echo
-echo "== 1. rate sweep on 4 threads x 50 frames (3 s per point)"
+echo "== 1. rate sweep on 4 threads x 50 frames (3 s per point, 1500 ticks below 500 Hz)"
 printf "%-7s %-11s %6s %7s %6s %7s %8s %8s %8s %8s %9s\n" build mode rate ticks late% errors% "cpu%" "us/tick" "x paced" "x floor" "x 1 read"
 : >"$work/sweep.tsv"
-declare -A best cost100
+declare -A best cost100 row
+# Each point is measured for every build in turn, so that the builds of a
+# row pair see the same machine (its load drifts over minutes); the table
+# is printed afterwards, by build.
+rates=(100 200 500 1000 2000 5000 10000 20000)
+for mode in nonblocking blocking; do
+  for rate in "${rates[@]}"; do
+    for build in "${builds[@]}"; do
+      read -r ticks late missed errs cpu us < <(steady "$build" "$deep" "$rate" $(flags_for "$mode"))
+      if [ "$ticks" = - ]; then
+        row[$build.$mode.$rate]="refused"
+        continue
+      fi
+      row[$build.$mode.$rate]="$ticks $late $missed $errs $cpu $us"
+    done
+  done
+done
 for build in "${builds[@]}"; do
   for mode in nonblocking blocking; do
     best[$build.$mode]=0
-    for rate in 100 200 500 1000 2000 5000 10000 20000; do
-      read -r ticks late missed errs cpu us < <(steady "$build" "$deep" "$rate" $(flags_for "$mode"))
-      if [ "$ticks" = - ]; then
+    for rate in "${rates[@]}"; do
+      if [ "${row[$build.$mode.$rate]}" = refused ]; then
         printf "%-7s %-11s %6d %7s\n" "$build" "$mode" "$rate" "refused"
         echo "$build $mode $rate - -" >>"$work/sweep.tsv"
         continue
       fi
+      read -r ticks late missed errs cpu us <<<"${row[$build.$mode.$rate]}"
       latep=$(late_pct "$ticks" "$late" "$missed")
       errp=$(awk -v t="$ticks" -v e="$errs" 'BEGIN{printf "%.2f", t ? 100*e/t : 0}')
       xp=$(awk -v u="$us" -v f="$paced_ns" 'BEGIN{printf "%.1f", u*1000/f}')
@@ -155,7 +176,7 @@ done
 # own clock and tick counting, at each rate: the late or missed ticks no
 # sampler avoids on this machine (a VM's stalls, the wake-up latency).
 # Both modes sleep on the same clock (a timerfd in Go's poller).
-declare -A floorbest
+declare -A floorbest paused
 for mode in both; do
   floorbest[$mode]=0
   for rate in 100 200 500 1000 2000 5000 10000 20000; do
@@ -206,6 +227,12 @@ if command -v strace >/dev/null; then
     for mode in nonblocking blocking; do
       strace_counts "$build" 500ms $(flags_for "$mode") >"$work/sc0.txt"
       strace_counts "$build" 3s $(flags_for "$mode") >"$work/sc1.txt"
+      if [ "$mode" = blocking ]; then
+        # Each thread paused costs three ptrace calls (SEIZE, INTERRUPT,
+        # DETACH): the threads a blocking tick stops, for section 5.
+        paused[$build]=$(awk 'NR == FNR { c0[$1] = $2; next } { c1[$1] = $2 }
+          END { printf "%.2f", (c1["ptrace"] - c0["ptrace"]) / 250 / 3 }' "$work/sc0.txt" "$work/sc1.txt")
+      fi
       awk -v b="$build" -v m="$mode" '
         NR == FNR { c0[$1] = $2; next } { c1[$1] = $2 }
         END { printf "   %-7s %-11s per tick:", b, m
@@ -226,8 +253,8 @@ ruby examples/shop.rb >/dev/null 2>&1 &
 shop=$!
 pids+=("$shop")
 sleep 1
-for build in "${builds[@]}"; do
-  for mode in nonblocking blocking; do
+for mode in nonblocking blocking; do
+  for build in "${builds[@]}"; do
     read -r ticks late missed errs cpu us < <(steady "$build" "$shop" 100 $(flags_for "$mode"))
     printf "   %-7s %-11s rbscope CPU %s%% of one core, %s us per tick = %s x paced floor (%s ticks, %s errors)\n" "$build" "$mode" "$cpu" "$us" \
       "$(awk -v u="$us" -v f="$paced_ns" 'BEGIN{printf "%.1f", u*1000/f}')" "$ticks" "$errs"
@@ -254,13 +281,16 @@ for build in "${builds[@]}"; do
 done
 
 echo
-echo "== 5. pause cost per thread at 100 Hz (blocking minus nonblocking CPU per tick, 4 threads)"
+echo "== 5. pause cost at 100 Hz (blocking minus nonblocking CPU per tick; per thread stopped, counted from"
+echo "   section 3's ptrace calls: three per thread)"
 for build in "${builds[@]}"; do
   nb=${cost100[$build.nonblocking]:-}
   bl=${cost100[$build.blocking]:-}
   if [ -n "$nb" ] && [ -n "$bl" ]; then
-    awk -v b="$build" -v nb="$nb" -v bl="$bl" -v o="$one_ns" 'BEGIN {
-      d = (bl - nb) / 4; printf "   %-7s %.1f us per thread (%.1f x one read)\n", b, d, d * 1000 / o }'
+    awk -v b="$build" -v nb="$nb" -v bl="$bl" -v o="$one_ns" -v n="${paused[$build]:-}" 'BEGIN {
+      d = bl - nb; printf "   %-7s %.1f us per tick (%.1f x one read)", b, d, d * 1000 / o
+      if (n > 0) printf "; %.2f threads stopped per tick, %.1f us per thread", n, d / n
+      printf "\n" }'
   fi
 done
 echo
