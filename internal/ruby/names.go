@@ -74,11 +74,14 @@ type caches struct {
 	// stoppedAll: every Ruby thread is stopped while a snapshot reads
 	// (a core file, or a caller that pauses them: SetStopped).
 	stoppedAll bool
-	copy2      []byte        // first copy of a control-frame region
-	frameReqs  []target.Read // readFrames' reads, reused
-	frameCFPs  [3][8]byte    // readFrames' cfp reads
-	tornReads  uint64        // stack reads found torn
-	frameDone  bool          // the last frame named is past its last instruction
+	// knownThreadList's reads of the GC count and the ractor count.
+	tickGC    [8]byte
+	tickCnt   [4]byte
+	copy2     []byte        // first copy of a control-frame region
+	frameReqs []target.Read // readFrames' reads, reused
+	frameCFPs [3][8]byte    // readFrames' cfp reads
+	tornReads uint64        // stack reads found torn
+	frameDone bool          // the last frame named is past its last instruction
 
 	// The thread list seen last time (see tick.go).
 	knownThreads []uint64

@@ -64,11 +64,13 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 		return nil, false
 	}
 	reqs := p.tickReqs[:0]
-	var gc [8]byte
+	// In the Process: buffers handed to the kernel escape, and would be
+	// allocated per tick on the stack's behalf.
+	gc, cnt := &p.tickGC, &p.tickCnt
+	*gc, *cnt = [8]byte{}, [4]byte{}
 	if p.gcCountAddr != 0 {
 		reqs = append(reqs, target.Read{Addr: p.gcCountAddr, Buf: gc[:]})
 	}
-	var cnt [4]byte
 	if o.vmRactorCnt.ok {
 		reqs = append(reqs, target.Read{Addr: p.vmAddr + o.vmRactorCnt.off, Buf: cnt[:]})
 	}

@@ -47,10 +47,11 @@ type RubySource struct {
 	// rubyTIDs are the Ruby threads of the last sample, the ones a
 	// ThreadPauser stops when it cannot stop only the GVL's holder
 	// (empty: stop every thread).
-	rubyTIDs []int
+	rubyTIDs, spareTIDs []int
 	// holder is the thread that held the GVL in the last sample (0: none
 	// or not known), the one thread a ThreadPauser stops.
-	holder int
+	holder    int
+	holderTID [1]int // the threads to stop: holder (no allocation per tick)
 	// sampledTIDs are the threads of the last sample and needState says
 	// whose kernel state is read (see Sample).
 	sampledTIDs []int
@@ -201,14 +202,14 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 	tp, onlyRuby := s.pauser.(ThreadPauser)
 	if onlyRuby && s.p.HolderKnown() {
 		for holder, tries := s.holder, 0; holder != 0 && tries < 2; tries++ {
-			threads, err = s.pausedSnapshot(
-				func() (func() error, error) { return tp.PauseThreads(s.pid, []int{holder}) },
-				func() ([]stack.Thread, error) { return s.p.SnapshotHolderStopped(holder) })
+			s.holderTID[0] = holder
+			threads, err = s.pausedSnapshot(tp, s.holderTID[:], holder)
+			if err == nil {
+				s.noteThreads(threads)
+				return threads, nil
+			}
 			var he *ruby.HolderError
 			if !errors.As(err, &he) {
-				if err == nil {
-					s.noteThreads(threads)
-				}
 				return threads, err
 			}
 			holder = he.Holder
@@ -216,9 +217,9 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 	}
 	for attempt := 0; ; attempt++ {
 		if onlyRuby && len(s.rubyTIDs) > 0 {
-			threads, err = s.pausedSnapshot(func() (func() error, error) { return tp.PauseThreads(s.pid, s.rubyTIDs) }, s.p.Snapshot)
+			threads, err = s.pausedSnapshot(tp, s.rubyTIDs, 0)
 		} else {
-			threads, err = s.pausedSnapshot(func() (func() error, error) { return s.pauser.Pause(s.pid) }, s.p.Snapshot)
+			threads, err = s.pausedSnapshot(nil, nil, 0)
 		}
 		if err != nil || !onlyRuby {
 			return threads, err
@@ -239,7 +240,7 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 // sample or of unknown tid.
 func (s *RubySource) noteThreads(threads []stack.Thread) (missed bool) {
 	known := s.rubyTIDs
-	var tids []int
+	tids := s.spareTIDs[:0]
 	s.holder = 0
 	for _, th := range threads {
 		if th.TID == 0 {
@@ -257,13 +258,23 @@ func (s *RubySource) noteThreads(threads []stack.Thread) (missed bool) {
 	if tids == nil {
 		s.holder = 0
 	}
+	// The two lists take turns (known is read while tids is built).
+	s.spareTIDs = known
 	s.rubyTIDs = tids
 	return missed
 }
 
-// pausedSnapshot takes snapshot between pause and its resume function, which runs however the walk ends (a panic included).
-func (s *RubySource) pausedSnapshot(pause func() (func() error, error), snapshot func() ([]stack.Thread, error)) (threads []stack.Thread, err error) {
-	resume, err := pause()
+// pausedSnapshot pauses threads tids with tp (every thread with the
+// pauser when tp is nil) and takes a snapshot (SnapshotHolderStopped when
+// holder is not 0), then resumes them however the walk ends (a panic
+// included).
+func (s *RubySource) pausedSnapshot(tp ThreadPauser, tids []int, holder int) (threads []stack.Thread, err error) {
+	var resume func() error
+	if tp != nil {
+		resume, err = tp.PauseThreads(s.pid, tids)
+	} else {
+		resume, err = s.pauser.Pause(s.pid)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pause: %w", err)
 	}
@@ -272,7 +283,10 @@ func (s *RubySource) pausedSnapshot(pause func() (func() error, error), snapshot
 			threads, err = nil, fmt.Errorf("resume: %w", rerr)
 		}
 	}()
-	return snapshot()
+	if holder != 0 {
+		return s.p.SnapshotHolderStopped(holder)
+	}
+	return s.p.Snapshot()
 }
 
 // Close releases the files kept open for reading thread states.

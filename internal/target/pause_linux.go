@@ -171,7 +171,7 @@ func (p *Pauser) Pause(pid int) (resume func() error, err error) {
 
 // PauseInfo is Pause that also reports which threads were stopped.
 func (p *Pauser) PauseInfo(pid int) (Paused, func() error, error) {
-	return p.pauseInfo(pid, nil)
+	return p.pauseInfo(pid, nil, true)
 }
 
 // PauseThreads stops only the threads tids of process pid (those that
@@ -183,43 +183,68 @@ func (p *Pauser) PauseThreads(pid int, tids []int) (resume func() error, err err
 	if len(tids) == 0 {
 		return nil, errors.New("no threads to pause")
 	}
-	_, resume, err = p.pauseInfo(pid, tids)
+	_, resume, err = p.pauseInfo(pid, tids, false)
 	return resume, err
 }
 
-func (p *Pauser) pauseInfo(pid int, only []int) (Paused, func() error, error) {
-	var threads []pausedThread
-	var perr error
-	if e := p.do(func() {
-		if threads, perr = p.pause(pid, only); perr == nil {
-			p.open++
-		}
-	}); e != nil {
+// pauseInfo pauses process pid's threads only (every thread when nil),
+// reporting which in the Paused when withTIDs.
+func (p *Pauser) pauseInfo(pid int, only []int, withTIDs bool) (Paused, func() error, error) {
+	c := &pauseCall{p: p, pid: pid, only: only}
+	if e := p.do(c.pause); e != nil {
 		return Paused{}, nil, e
 	}
-	if perr != nil {
-		return Paused{}, nil, perr
+	if c.perr != nil {
+		return Paused{}, nil, c.perr
 	}
 	info := Paused{Pid: pid}
-	for _, th := range threads {
-		info.TIDs = append(info.TIDs, th.tid)
+	if withTIDs {
+		info.TIDs = make([]int, len(c.threads))
+		for i, th := range c.threads {
+			info.TIDs[i] = th.tid
+		}
 	}
-	// The resume runs once; a call refused (from another thread than the
-	// one the threads are attached to) leaves it to a later call.
-	var mu sync.Mutex
-	var done bool
-	var rerr error
-	return info, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if done {
-			return rerr
-		}
-		if e := p.do(func() { rerr = p.resume(pid, threads); p.open--; done = true }); e != nil {
-			return e
-		}
-		return rerr
-	}, nil
+	return info, c.resume, nil
+}
+
+// pauseCall is one pause and its resume, in one allocation.
+type pauseCall struct {
+	p       *Pauser
+	pid     int
+	only    []int // the threads to pause (nil: all); not kept after the pause
+	threads []pausedThread
+	perr    error
+	mu      sync.Mutex
+	done    bool
+	rerr    error
+}
+
+func (c *pauseCall) pause() {
+	if c.threads, c.perr = c.p.pause(c.pid, c.only); c.perr == nil {
+		c.p.open++
+	}
+	c.only = nil
+}
+
+func (c *pauseCall) detach() {
+	c.rerr = c.p.resume(c.pid, c.threads)
+	c.p.open--
+	c.done = true
+}
+
+// resume resumes the paused threads, once; a call refused (from another
+// thread than the one the threads are attached to) leaves it to a later
+// call.
+func (c *pauseCall) resume() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		return c.rerr
+	}
+	if e := c.p.do(c.detach); e != nil {
+		return e
+	}
+	return c.rerr
 }
 
 var defaultPauser struct {
@@ -238,7 +263,10 @@ func Pause(pid int) (resume func() error, err error) {
 func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 	p.settlePending(0)
 	var seized []int
-	seen := map[int]bool{}
+	var seen map[int]bool // threads tried, when re-listing (only == nil)
+	if only == nil {
+		seen = map[int]bool{}
+	}
 	fail := func(err error) ([]pausedThread, error) {
 		// Stop what we started, then let everything go.
 		stopped := p.waitStops(pid, seized)
@@ -263,10 +291,12 @@ func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 		}
 		added := false
 		for _, tid := range tids {
-			if seen[tid] {
-				continue
+			if seen != nil {
+				if seen[tid] {
+					continue
+				}
+				seen[tid] = true
 			}
-			seen[tid] = true
 			if err := ptrace(unix.PTRACE_SEIZE, tid, 0); err != nil {
 				if errors.Is(err, unix.ESRCH) {
 					continue // the thread exited
