@@ -20,6 +20,7 @@
 #      timed inside Ruby, each run paired with an unprofiled one);
 #   5. the error rate (torn or otherwise inconsistent stacks) beside the
 #      rate, and the pause cost per thread (blocking minus nonblocking);
+#   1b. the same on a single-thread target at 5, 10 and 20 kHz (nonblocking);
 #   6. the TIMER FLOOR beside the sweep: the floor read alone at each rate
 #      by the sampler's own clock and counting (readfloor -paced), whose
 #      late ticks are the machine's, not rbscope's.
@@ -48,6 +49,11 @@ cat >"$work/deep.rb" <<'EOF'
 def deep(n, &blk); n > 0 ? deep(n - 1, &blk) : blk.call; end
 def spin; x = 0; loop { x += 1 }; end
 3.times { |i| Thread.new { deep(47) { spin } }.name = "t#{i}" }
+deep(47) { spin }
+EOF
+cat >"$work/single.rb" <<'EOF'
+def deep(n, &blk); n > 0 ? deep(n - 1, &blk) : blk.call; end
+def spin; x = 0; loop { x += 1 }; end
 deep(47) { spin }
 EOF
 cat >"$work/workload.rb" <<'EOF'
@@ -246,6 +252,26 @@ else
 fi
 kill -9 "$deep" 2>/dev/null || true
 wait "$deep" 2>/dev/null || true
+
+echo
+echo "== 1b. a single-thread target (1 thread x 50 frames, the 4-thread target stopped), nonblocking"
+ruby "$work/single.rb" &
+single=$!
+pids+=("$single")
+sleep 1
+for rate in 5000 10000 20000; do
+  for build in "${builds[@]}"; do
+    read -r ticks late missed errs cpu us < <(steady "$build" "$single" "$rate" --nonblocking)
+    if [ "$ticks" = - ]; then
+      printf "   %-7s %6d Hz refused\n" "$build" "$rate"
+      continue
+    fi
+    printf "   %-7s %6d Hz: %s%% late or missed, %s%% errors, %s us per tick, %s%% of a core\n" "$build" "$rate" \
+      "$(late_pct "$ticks" "$late" "$missed")" "$(awk -v t="$ticks" -v e="$errs" 'BEGIN{printf "%.2f", t ? 100*e/t : 0}')" "$us" "$cpu"
+  done
+done
+kill -9 "$single" 2>/dev/null || true
+wait "$single" 2>/dev/null || true
 
 echo
 echo "== 2. rbscope steady-state CPU at 100 Hz on examples/shop.rb"
