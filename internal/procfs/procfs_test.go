@@ -154,39 +154,49 @@ func FuzzParseStat(f *testing.F) {
 	})
 }
 
-// TestIdentityChangesOnExec: a process that execs keeps its pid and start
-// time but gets new code and stack addresses.
-func TestIdentityChangesOnExec(t *testing.T) {
+// startExecer starts sh that execs sleep when told to (the returned
+// function).
+func startExecer(t *testing.T) (*exec.Cmd, func()) {
+	t.Helper()
 	cmd := exec.Command("sh", "-c", "read x; exec sleep 60")
 	in, _ := cmd.StdinPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	before, err := ReadStat(cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	in.Write([]byte("go\n"))
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		after, err := ReadStat(cmd.Process.Pid)
+	return cmd, func() { in.Write([]byte("go\n")) }
+}
+
+// waitComm reads the stat with read until its command is comm.
+func waitComm(t *testing.T, read func() (Stat, error), comm string) Stat {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st, err := read()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if after.Comm == "sleep" {
-			if after.StartTime != before.StartTime {
-				t.Errorf("start time changed on exec")
-			}
-			if after.Identity() == before.Identity() {
-				t.Errorf("identity %+v unchanged by exec", after.Identity())
-			}
-			return
+		if st.Comm == comm {
+			return st
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("sh never exec'd sleep")
+			t.Fatalf("process %d is %q, never %q", st.Pid, st.Comm, comm)
 		}
-		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestIdentityChangesOnExec: a process that execs keeps its pid and start
+// time but gets new code and stack addresses.
+func TestIdentityChangesOnExec(t *testing.T) {
+	cmd, execNow := startExecer(t)
+	readStat := func() (Stat, error) { return ReadStat(cmd.Process.Pid) }
+	before := waitComm(t, readStat, "sh")
+	execNow()
+	after := waitComm(t, readStat, "sleep")
+	if after.StartTime != before.StartTime {
+		t.Errorf("start time changed on exec")
+	}
+	if after.Identity() == before.Identity() {
+		t.Errorf("identity %+v unchanged by exec", after.Identity())
 	}
 }
 
@@ -194,12 +204,7 @@ func TestIdentityChangesOnExec(t *testing.T) {
 // ReadStat, sees the process exec (new identity, same file) and reads as
 // an error once the process has exited and been reaped.
 func TestStatFileFollowsExecAndExit(t *testing.T) {
-	cmd := exec.Command("sh", "-c", "read x; exec sleep 60")
-	in, _ := cmd.StdinPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cmd, execNow := startExecer(t)
 	pid := cmd.Process.Pid
 	f, err := OpenStat(pid)
 	if err != nil {
@@ -220,23 +225,9 @@ func TestStatFileFollowsExecAndExit(t *testing.T) {
 	if before.Pid != pid || before.Identity() != fresh.Identity() || before.Comm != fresh.Comm {
 		t.Fatalf("open file read %+v, ReadStat %+v", before, fresh)
 	}
-	in.Write([]byte("go\n"))
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		after, err := f.Read()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if after.Comm == "sleep" {
-			if after.Identity() == before.Identity() {
-				t.Errorf("identity %+v unchanged by exec", after.Identity())
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("sh never exec'd sleep")
-		}
-		time.Sleep(5 * time.Millisecond)
+	execNow()
+	if after := waitComm(t, f.Read, "sleep"); after.Identity() == before.Identity() {
+		t.Errorf("identity %+v unchanged by exec", after.Identity())
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
