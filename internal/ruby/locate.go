@@ -199,6 +199,7 @@ func (p *Process) threadList() ([]threadRef, error) {
 				cnt = uint64(c)
 			}
 		}
+		p.ractors = int(cnt)
 		if cnt > 1 && o.vmRactorSet.ok && o.ractorVMLRNode.ok {
 			err = p.walkList(vm+o.vmRactorSet.off, func(node uint64) error {
 				ractors = append(ractors, node-o.ractorVMLRNode.off)

@@ -75,8 +75,11 @@ type caches struct {
 	// (a core file, or a caller that pauses them: SetStopped).
 	stoppedAll bool
 	// knownThreadList's reads of the GC count and the ractor count.
-	tickGC    [8]byte
-	tickCnt   [4]byte
+	tickGC  [8]byte
+	tickCnt [4]byte
+	// ractors is the VM's ractor count read by this snapshot (0: not
+	// known).
+	ractors   int
 	copy2     []byte        // first copy of a control-frame region
 	frameReqs []target.Read // readFrames' reads, reused
 	frameCFPs [3][8]byte    // readFrames' cfp reads

@@ -106,7 +106,12 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 		return nil, false
 	}
 	p.gcFresh = gcOK
-	if le32(cnt[:], 0) > 1 {
+	if o.vmRactorCnt.ok {
+		p.ractors = int(le32(cnt[:], 0))
+	} else {
+		p.ractors = 0
+	}
+	if p.ractors > 1 {
 		return nil, false
 	}
 	// The list: head -> each thread's lt_node -> ... -> head.
@@ -204,6 +209,9 @@ func (p *Process) checkHolder(refs []threadRef, tid int) error {
 	}
 	if !p.act.owner.ok {
 		return fail(0, "the layout does not locate the GVL's owner")
+	}
+	if p.ver >= v(3, 0, 0) && p.ractors != 1 {
+		return fail(0, "the process runs %d ractors (0: not known)", p.ractors)
 	}
 	var held *threadRef
 	for i := range refs {

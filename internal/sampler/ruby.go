@@ -242,6 +242,7 @@ func (s *RubySource) noteThreads(threads []stack.Thread) (missed bool) {
 	known := s.rubyTIDs
 	tids := s.spareTIDs[:0]
 	s.holder = 0
+	holders := 0
 	for _, th := range threads {
 		if th.TID == 0 {
 			tids, missed = nil, true
@@ -252,10 +253,13 @@ func (s *RubySource) noteThreads(threads []stack.Thread) (missed bool) {
 		}
 		tids = append(tids, th.TID)
 		if th.GVL {
+			holders++
 			s.holder = th.TID
 		}
 	}
-	if tids == nil {
+	if tids == nil || holders > 1 {
+		// Several holders: several ractors, each with its lock, which
+		// stopping one thread does not freeze.
 		s.holder = 0
 	}
 	// The two lists take turns (known is read while tids is built).
