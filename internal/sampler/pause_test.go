@@ -93,3 +93,54 @@ func TestPauseOnlyRubyThreads(t *testing.T) {
 		}
 	})
 }
+
+// TestPauseRactors samples, in blocking mode, a process of two ractors
+// that both run Ruby at once (a GVL each): stopping the holder of one
+// lock does not freeze the other, so every pause must stop both threads,
+// and the stacks must be whole.
+func TestPauseRactors(t *testing.T) {
+	testutil.NeedRoot(t)
+	script, err := filepath.Abs(filepath.Join("testdata", "ractors.rb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, script)
+		ctx := context.Background()
+		p, err := OpenRuby(ctx, proc.Pid, ruby.Options{}, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Target().Close()
+		pz := &countingPauser{p: target.NewThreadPauser()}
+		defer pz.p.Close()
+		src := NewRubySource(p, RubyOptions{Pauser: pz})
+		defer src.Close()
+		seen := map[string]int{}
+		st, err := Run(ctx, src, Config{Rate: 200, Duration: time.Second}, func(ss []stack.Sample) {
+			for _, s := range ss {
+				names := frameNames(s.Frames)
+				switch {
+				case strings.Contains(names, "Object#main_spin"):
+					seen["main"]++
+				case strings.Contains(names, "Object#ractor_spin"):
+					seen["ractor"]++
+				default:
+					t.Errorf("thread %d (%s): stack %q is neither spinner's", s.TID, s.ThreadName, names)
+				}
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d ticks; %d pauses of every thread, %d of %.2f threads on average; samples %v; errors: %s",
+			rb.Name, st.Ticks, pz.all, pz.some, float64(pz.pausedThreads)/float64(max(pz.some, 1)), seen, st.ErrorSummary())
+		if st.Ticks < 20 || seen["main"] != st.Ticks || seen["ractor"] != st.Ticks {
+			t.Fatalf("ticks %d, samples %v, errors %s", st.Ticks, seen, st.ErrorSummary())
+		}
+		if pz.some < st.Ticks-1 || pz.pausedThreads != 2*pz.some {
+			t.Errorf("%d pauses of %d threads in %d ticks: want every pause to stop both ractors' threads", pz.some, pz.pausedThreads, st.Ticks)
+		}
+	})
+}
