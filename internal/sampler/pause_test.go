@@ -3,7 +3,6 @@ package sampler
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,6 +34,25 @@ func (c *countingPauser) PauseThreads(pid int, tids []int) (func() error, error)
 	return c.p.PauseThreads(pid, tids)
 }
 
+// sampleCounted samples p for a second at 200 Hz in blocking mode,
+// counting the pauses, and gives f every sample.
+func sampleCounted(t *testing.T, p *ruby.Process, f func(stack.Sample)) (Stats, *countingPauser) {
+	t.Helper()
+	pz := &countingPauser{p: target.NewThreadPauser()}
+	defer pz.p.Close()
+	src := NewRubySource(p, RubyOptions{Pauser: pz})
+	defer src.Close()
+	st, err := Run(context.Background(), src, Config{Rate: 200, Duration: time.Second}, func(ss []stack.Sample) {
+		for _, s := range ss {
+			f(s)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, pz
+}
+
 // TestPauseOnlyRubyThreads samples, in blocking mode, a process with 100
 // native threads that never run Ruby beside its three Ruby threads, one
 // of them busy (it holds the GVL all the time) and two asleep: after the
@@ -42,47 +60,27 @@ func (c *countingPauser) PauseThreads(pid int, tids []int) (func() error, error)
 // holder, and the samples are still whole.
 func TestPauseOnlyRubyThreads(t *testing.T) {
 	testutil.NeedRoot(t)
-	script, err := filepath.Abs(filepath.Join("testdata", "natives.rb"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		rb.SetProfilerEnv(t)
-		proc := rb.Start(t, script)
+		proc, p := startTestdata(t, rb, "natives.rb")
 		tasks, err := os.ReadDir("/proc/" + strconv.Itoa(proc.Pid) + "/task")
 		if err != nil || len(tasks) < 100 {
 			t.Fatalf("target has %d threads (%v), want over 100", len(tasks), err)
 		}
-		ctx := context.Background()
-		p, err := OpenRuby(ctx, proc.Pid, ruby.Options{}, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Target().Close()
-		pz := &countingPauser{p: target.NewThreadPauser()}
-		defer pz.p.Close()
-		src := NewRubySource(p, RubyOptions{Pauser: pz})
-		defer src.Close()
 		seen := map[string]int{}
-		st, err := Run(ctx, src, Config{Rate: 200, Duration: time.Second}, func(ss []stack.Sample) {
-			for _, s := range ss {
-				seen[s.ThreadName]++
-				names := frameNames(s.Frames)
-				switch s.ThreadName {
-				case "busy":
-					if !strings.Contains(names, "Object#busy_worker") {
-						t.Errorf("busy thread stack %q", names)
-					}
-				case "idle":
-					if !strings.HasPrefix(names, "Kernel#sleep;Object#idle_waiter") {
-						t.Errorf("idle thread stack %q", names)
-					}
+		st, pz := sampleCounted(t, p, func(s stack.Sample) {
+			seen[s.ThreadName]++
+			names := frameNames(s.Frames)
+			switch s.ThreadName {
+			case "busy":
+				if !strings.Contains(names, "Object#busy_worker") {
+					t.Errorf("busy thread stack %q", names)
+				}
+			case "idle":
+				if !strings.HasPrefix(names, "Kernel#sleep;Object#idle_waiter") {
+					t.Errorf("idle thread stack %q", names)
 				}
 			}
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		t.Logf("%s: %d tasks; %d ticks; %d pauses of every thread, %d of only %d Ruby threads at most (%.1f per pause); errors: %s",
 			rb.Name, len(tasks), st.Ticks, pz.all, pz.some, pz.maxSome, float64(pz.pausedThreads)/float64(max(pz.some, 1)), st.ErrorSummary())
 		if st.Ticks < 20 || seen["busy"] != st.Ticks || seen["idle"] != st.Ticks {
@@ -100,40 +98,20 @@ func TestPauseOnlyRubyThreads(t *testing.T) {
 // and the stacks must be whole.
 func TestPauseRactors(t *testing.T) {
 	testutil.NeedRoot(t)
-	script, err := filepath.Abs(filepath.Join("testdata", "ractors.rb"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		rb.SetProfilerEnv(t)
-		proc := rb.Start(t, script)
-		ctx := context.Background()
-		p, err := OpenRuby(ctx, proc.Pid, ruby.Options{}, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Target().Close()
-		pz := &countingPauser{p: target.NewThreadPauser()}
-		defer pz.p.Close()
-		src := NewRubySource(p, RubyOptions{Pauser: pz})
-		defer src.Close()
+		_, p := startTestdata(t, rb, "ractors.rb")
 		seen := map[string]int{}
-		st, err := Run(ctx, src, Config{Rate: 200, Duration: time.Second}, func(ss []stack.Sample) {
-			for _, s := range ss {
-				names := frameNames(s.Frames)
-				switch {
-				case strings.Contains(names, "Object#main_spin"):
-					seen["main"]++
-				case strings.Contains(names, "Object#ractor_spin"):
-					seen["ractor"]++
-				default:
-					t.Errorf("thread %d (%s): stack %q is neither spinner's", s.TID, s.ThreadName, names)
-				}
+		st, pz := sampleCounted(t, p, func(s stack.Sample) {
+			names := frameNames(s.Frames)
+			switch {
+			case strings.Contains(names, "Object#main_spin"):
+				seen["main"]++
+			case strings.Contains(names, "Object#ractor_spin"):
+				seen["ractor"]++
+			default:
+				t.Errorf("thread %d (%s): stack %q is neither spinner's", s.TID, s.ThreadName, names)
 			}
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		t.Logf("%s: %d ticks; %d pauses of every thread, %d of %.2f threads on average; samples %v; errors: %s",
 			rb.Name, st.Ticks, pz.all, pz.some, float64(pz.pausedThreads)/float64(max(pz.some, 1)), seen, st.ErrorSummary())
 		if st.Ticks < 20 || seen["main"] != st.Ticks || seen["ractor"] != st.Ticks {

@@ -94,6 +94,24 @@ func openRuby(t testing.TB, pid int) *ruby.Process {
 	return p
 }
 
+// startTestdata starts this package's testdata/NAME under rb, with the
+// profiler's environment, waits for its "ready" and opens it.
+func startTestdata(t *testing.T, rb testutil.RubyUnderTest, name string) (*testutil.Proc, *ruby.Process) {
+	t.Helper()
+	script, err := filepath.Abs(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb.SetProfilerEnv(t)
+	proc := rb.Start(t, script)
+	p, err := OpenRuby(context.Background(), proc.Pid, ruby.Options{}, 10*time.Second)
+	if err != nil {
+		t.Fatalf("open ruby %d: %v", proc.Pid, err)
+	}
+	t.Cleanup(func() { p.Target().Close() })
+	return proc, p
+}
+
 func frameNames(fs []stack.Frame) string {
 	var b []string
 	for _, f := range fs {

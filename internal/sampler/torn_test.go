@@ -3,12 +3,10 @@ package sampler
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
@@ -106,19 +104,9 @@ const (
 // every caller on its call site.
 func TestTornStacks(t *testing.T) {
 	testutil.NeedRoot(t)
-	script, err := filepath.Abs(filepath.Join("testdata", "torn.rb"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		rb.SetProfilerEnv(t)
-		proc := rb.Start(t, script)
+		_, p := startTestdata(t, rb, "torn.rb")
 		ctx := context.Background()
-		p, err := OpenRuby(ctx, proc.Pid, ruby.Options{}, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Target().Close()
 		for _, blocking := range []bool{false, true} {
 			opts, d, mode := RubyOptions{}, 5*time.Second, "nonblocking"
 			pz := &countingPauser{p: target.NewPauser()}
