@@ -146,7 +146,7 @@ type threadRef struct {
 	ractor  uint64
 	tb      []byte // the rb_thread_t, when already read
 
-	// Read by prefetch for the whole tick (see tick.go).
+	// Read by prefetchHeads for the whole tick (see tick.go).
 	eb         []byte  // the execution context's head
 	ebAt       uint64  // the execution context eb was read from
 	haveTID    bool    // tid holds the native thread's tid

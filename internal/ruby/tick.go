@@ -21,10 +21,13 @@ import (
 //
 // A thread whose struct points to another execution context (it switched
 // fibers), and every thread at the first tick, has its context read
-// between the two (prefetch). Environments, iseq headers and method
+// between the two (prefetchHeads). Environments, iseq headers and method
 // entries are read only for frames that changed (walk), and a thread
 // whose frames are the bytes of the last two ticks is not walked at all
-// (sameStack). More VM words per tick go into the first batch.
+// (sameStack). More VM words per tick go into the first batch. When the
+// caller stopped only the GVL's holder (SnapshotHolderStopped), the owner
+// read in the first batch must name it (checkHolder) before the regions
+// are read, once, as from a stopped process.
 
 // tickThreads lists the Ruby threads and starts the GC epoch of this
 // snapshot: in one batched read when the thread list is the one seen last
@@ -94,7 +97,7 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 			continue
 		}
 		// Where this thread's execution context and native thread were
-		// last tick: read here, and used by prefetch if the thread
+		// last tick: read here, and used by prefetchHeads if the thread
 		// struct read with them still points there.
 		if h := p.knownHeads[i]; h.ec != 0 {
 			reqs = p.headReads(reqs, r, h.ec, h.nt)
@@ -341,7 +344,7 @@ type threadHeads struct{ ec, nt uint64 }
 // keepHeads notes where each thread of the known thread list had its
 // execution context and native thread this tick, for knownThreadList to
 // read them with the thread structs next tick: one system call less per
-// tick. A thread that switched fibers points elsewhere; prefetch then
+// tick. A thread that switched fibers points elsewhere; prefetchHeads then
 // reads its new context.
 func (p *Process) keepHeads(refs []threadRef) {
 	p.knownHeads = p.knownHeads[:0]

@@ -216,7 +216,7 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	}
 	var pre []byte
 	if ref.region != nil {
-		// Read by prefetch; a running thread's cfp may have moved since
+		// Read by prefetchRegions; a running thread's cfp may have moved since
 		// its execution context was read.
 		pre, cfp = ref.region, ref.regionCFP
 	} else if ref.regionTorn {
@@ -233,7 +233,7 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	}
 	misses := p.incomplete
 	frames, err := p.walk(stackStart, stackSize, cfp, cfpAddr, pre, prefix)
-	walked := pre // the region the frames were named from, if read by prefetch
+	walked := pre // the region the frames were named from, if read by prefetchRegions
 	for retry := 0; retry < maxTornWalks && errors.Is(err, ErrTorn) && cfpAddr != 0; retry++ {
 		// The stack changed while its environments or method entries
 		// were read: read it again from its current cfp.
@@ -313,7 +313,7 @@ type frameData struct {
 }
 
 // walk reads the control frames from cfp (innermost) to the end of the VM
-// stack (unless pre holds them, read by prefetch) and names them. Reads
+// stack (unless pre holds them, read by prefetchRegions) and names them. Reads
 // are batched: the frames in one call, then every frame's environment and
 // iseq header that changed in one process_vm_readv, then the method
 // entries they point to in another. The frames returned start with prefix
@@ -549,7 +549,7 @@ const maxLastFrames = 1 << 14
 const maxKeptBytes = 4 << 20
 
 // keptStack is a thread's stack of the last snapshot and, when it was
-// named from a region read by prefetch, that region (a copy), where it
+// named from a region read by prefetchRegions, that region (a copy), where it
 // started and in which GC epoch, and how many pseudo-frames lead it.
 // trusted says that the last two walks named the same region alike.
 type keptStack struct {
