@@ -3,10 +3,12 @@ package procfs
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Stat holds the fields of /proc/PID/stat that rbscope uses.
@@ -54,40 +56,75 @@ func ReadStat(pid int) (Stat, error) {
 	return ParseStat(b)
 }
 
-// StatFile is a process's /proc/PID/stat kept open and re-read with
-// pread: procfs regenerates the contents at each read from offset 0, with
-// no path walk per read (opening the file costs several times reading
-// it), and the open file stays bound to the process it was opened for: a
-// later process given the same pid reads as an error.
+// StatFile is a process's (or thread's) stat file kept open and re-read
+// with pread: procfs regenerates the contents at each read from offset 0,
+// with no path walk per read (opening the file costs several times
+// reading it), and the open file stays bound to the task it was opened
+// for: a later task given the same id reads as an error.
 type StatFile struct {
-	pid int
-	f   *os.File
-	buf [1024]byte
+	path string
+	fd   int
 }
 
 // OpenStat opens /proc/PID/stat for repeated reads.
 func OpenStat(pid int) (*StatFile, error) {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/stat")
+	return openStatFile("/proc/" + strconv.Itoa(pid) + "/stat")
+}
+
+// OpenTaskStat opens /proc/PID/task/TID/stat, thread tid's, for repeated
+// reads.
+func OpenTaskStat(pid, tid int) (*StatFile, error) {
+	return openStatFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/stat")
+}
+
+func openStatFile(path string) (*StatFile, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open stat of process %d: %w", pid, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	return &StatFile{pid: pid, f: f}, nil
+	return &StatFile{path: path, fd: fd}, nil
+}
+
+// ReadRaw reads the file anew into buf (as much as fits), returning the
+// bytes read. The
+// read is a raw system call (see target.vmReadv for why a short call is
+// not announced to the scheduler); a task that exited reads ESRCH.
+func (s *StatFile) ReadRaw(buf []byte) (int, error) {
+	if len(buf) == 0 {
+		return 0, fmt.Errorf("read %s: no buffer", s.path)
+	}
+	n, _, errno := unix.RawSyscall6(unix.SYS_PREAD64, uintptr(s.fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0, 0)
+	if errno != 0 {
+		return 0, fmt.Errorf("read %s: %w", s.path, errno)
+	}
+	return int(n), nil
 }
 
 // Read reads and parses the file anew.
 func (s *StatFile) Read() (Stat, error) {
-	n, err := s.f.ReadAt(s.buf[:], 0)
-	if err != nil && (!errors.Is(err, io.EOF) || n == 0) {
-		return Stat{}, fmt.Errorf("read stat of process %d: %w", s.pid, err)
+	var buf [1024]byte
+	n, err := s.ReadRaw(buf[:])
+	if err != nil {
+		return Stat{}, err
 	}
-	if n == len(s.buf) {
-		return Stat{}, fmt.Errorf("read stat of process %d: longer than %d bytes", s.pid, len(s.buf))
+	if n == len(buf) {
+		return Stat{}, fmt.Errorf("read %s: longer than %d bytes", s.path, len(buf))
 	}
-	return ParseStat(s.buf[:n])
+	return ParseStat(buf[:n])
+}
+
+// State reads the task's state letter anew (see StateLetter), using buf;
+// 0 when it cannot be read.
+func (s *StatFile) State(buf []byte) byte {
+	n, err := s.ReadRaw(buf)
+	if err != nil || n == 0 {
+		return 0
+	}
+	return StateLetter(buf[:n])
 }
 
 // Close closes the file.
-func (s *StatFile) Close() error { return s.f.Close() }
+func (s *StatFile) Close() error { return unix.Close(s.fd) }
 
 // ParseStat parses the contents of a /proc/PID/stat file.
 func ParseStat(b []byte) (Stat, error) {
