@@ -69,17 +69,7 @@ func TestPauseOnlyRubyThreads(t *testing.T) {
 		seen := map[string]int{}
 		st, pz := sampleCounted(t, p, func(s stack.Sample) {
 			seen[s.ThreadName]++
-			names := frameNames(s.Frames)
-			switch s.ThreadName {
-			case "busy":
-				if !strings.Contains(names, "Object#busy_worker") {
-					t.Errorf("busy thread stack %q", names)
-				}
-			case "idle":
-				if !strings.HasPrefix(names, "Kernel#sleep;Object#idle_waiter") {
-					t.Errorf("idle thread stack %q", names)
-				}
-			}
+			checkBusyIdle(t, s)
 		})
 		t.Logf("%s: %d tasks; %d ticks; %d pauses of every thread, %d of only %d Ruby threads at most (%.1f per pause); errors: %s",
 			rb.Name, len(tasks), st.Ticks, pz.all, pz.some, pz.maxSome, float64(pz.pausedThreads)/float64(max(pz.some, 1)), st.ErrorSummary())

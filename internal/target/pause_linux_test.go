@@ -24,9 +24,7 @@ func startSpinner(t *testing.T) *exec.Cmd { return startSpinnerB(t) }
 
 func startSpinnerB(t testing.TB) *exec.Cmd {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testutil.Missing(t, "pausing needs CAP_SYS_PTRACE: run as root")
-	}
+	testutil.NeedRoot(t)
 	ruby, err := exec.LookPath("ruby")
 	if err != nil {
 		testutil.Missing(t, "ruby not installed")
@@ -130,9 +128,7 @@ func TestPauseExitedProcess(t *testing.T) {
 // TestPauseSignalPreserved: a signal that arrives while the target is
 // stopped is delivered after resuming (not swallowed by ptrace).
 func TestPauseSignalPreserved(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testutil.Missing(t, "pausing needs CAP_SYS_PTRACE: run as root")
-	}
+	testutil.NeedRoot(t)
 	ruby, err := exec.LookPath("ruby")
 	if err != nil {
 		testutil.Missing(t, "ruby not installed")
