@@ -22,7 +22,8 @@ func OpenLive(ctx context.Context, t Target) (*ruby.Process, error) {
 
 // SampleLive samples proc at t.Rate until ctx ends or the process exits,
 // pausing it for each sample unless t.Nonblocking, and gives every batch
-// to sink. It runs on the calling goroutine, which also does the pausing. cfg.Rate is taken from t.
+// to sink. It runs on the calling goroutine, which also does the
+// pausing. cfg.Rate is taken from t.
 func SampleLive(ctx context.Context, proc *ruby.Process, t Target, cfg sampler.Config, sink func([]stack.Sample)) (sampler.Stats, error) {
 	ro := sampler.RubyOptions{}
 	if !t.Nonblocking {
