@@ -74,12 +74,13 @@ func (s *RubySource) Process() *ruby.Process { return s.p }
 // reused by the next call.
 //
 // A thread's kernel state (for OnCPU) is read only when Ruby's own state
-// does not already say it: not for a thread waiting for the GVL (it sleeps
-// on the lock's condition variable), which in a process of many threads
-// is most of them. A nonblocking sample reads the states after the walk;
-// a blocking one before pausing (a paused thread's state is "traced"),
-// choosing by the activities of the last sample. A thread whose state was
-// not read is on a CPU when it runs Ruby (holds the GVL).
+// does not already say it (needsKernelState): not for a thread waiting
+// for the GVL, which in a process of many threads is most of them, nor
+// (nonblocking) for the one running Ruby code. A nonblocking sample reads
+// the states after the walk; a blocking one before pausing (a paused
+// thread's state is "traced"), choosing by the activities of the last
+// sample. A thread whose state was not read is on a CPU when it runs Ruby
+// (holds the GVL).
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	if s.pauser != nil {
 		s.states.read(s.sampledTIDs, s.needState)
@@ -93,7 +94,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	for i := range threads {
 		if th := &threads[i]; th.TID != 0 {
 			s.sampledTIDs = append(s.sampledTIDs, th.TID)
-			s.needState = append(s.needState, th.Error == "" && th.Activity != stack.ActivityGVLWait)
+			s.needState = append(s.needState, needsKernelState(th, s.pauser == nil))
 		}
 	}
 	if s.pauser == nil {
@@ -138,6 +139,29 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		return s.out, failed
 	}
 	return s.out, nil
+}
+
+// needsKernelState says whether th's kernel state tells anything Ruby's
+// own state does not. Not for a thread waiting for the GVL (it sleeps on
+// the lock's condition variable). Nor, when the state is read right
+// after this walk (afterWalk: nonblocking), for one running Ruby code:
+// holding the GVL with a Ruby frame innermost, it executes the VM's
+// instructions, which sleep in the kernel only for a page fault or a lock
+// taken inside one instruction, so it is on a CPU (or runnable, which the
+// kernel calls 'R' too). The state is read for a holder in a C function
+// (a C extension that blocks without releasing the GVL) or in GC, and for
+// a thread Ruby says is blocked, which may run native code outside the
+// GVL. A blocking sample reads the states before the next pause, by this
+// sample's needs: by then a holder in Ruby code may be asleep in a C
+// call, so its state is read.
+func needsKernelState(th *stack.Thread, afterWalk bool) bool {
+	switch {
+	case th.Error != "" || th.Activity == stack.ActivityGVLWait:
+		return false
+	case afterWalk && th.Activity == stack.ActivityRunning && len(th.Frames) > 0 && th.Frames[0].Kind == stack.KindRuby:
+		return false
+	}
+	return true
 }
 
 // ThreadError is one thread whose stack could not be read in a sample.

@@ -94,16 +94,16 @@ func openRuby(t testing.TB, pid int) *ruby.Process {
 	return p
 }
 
-// startTestdata starts this package's testdata/NAME under rb, with the
+// startTestdata starts this package's testdata/NAME (with args) under rb, with the
 // profiler's environment, waits for its "ready" and opens it.
-func startTestdata(t *testing.T, rb testutil.RubyUnderTest, name string) (*testutil.Proc, *ruby.Process) {
+func startTestdata(t *testing.T, rb testutil.RubyUnderTest, name string, args ...string) (*testutil.Proc, *ruby.Process) {
 	t.Helper()
 	script, err := filepath.Abs(filepath.Join("testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rb.SetProfilerEnv(t)
-	proc := rb.Start(t, script)
+	proc := rb.Start(t, script, args...)
 	p, err := OpenRuby(context.Background(), proc.Pid, ruby.Options{}, 10*time.Second)
 	if err != nil {
 		t.Fatalf("open ruby %d: %v", proc.Pid, err)
@@ -227,6 +227,85 @@ func threadStates(pid int) map[int]byte {
 
 // TestRubySourceTargetExits: the sampler stops with Exited when the
 // target ends, keeping what it sampled.
+// TestHolderKernelState: a thread holding the GVL asleep in a C function
+// (testdata/holdgvl.rb: usleep through Fiddle, keeping the lock) is off a
+// CPU, its kernel state read; the same thread spinning in Ruby code is on
+// one, and a nonblocking recording reads no state for it.
+func TestHolderKernelState(t *testing.T) { eachRuby(t, testHolderKernelState) }
+
+func testHolderKernelState(t *testing.T, rb testutil.RubyUnderTest) {
+	for _, blocking := range []bool{false, true} {
+		name := "nonblocking"
+		if blocking {
+			name = "blocking"
+		}
+		t.Run(name, func(t *testing.T) {
+			for _, spin := range []bool{false, true} {
+				var args []string
+				if spin {
+					args = []string{"spin"}
+				}
+				_, p := startTestdata(t, rb, "holdgvl.rb", args...)
+				var opts RubyOptions
+				if blocking {
+					pz := target.NewThreadPauser()
+					defer pz.Close()
+					opts.Pauser = pz
+				}
+				src := NewRubySource(p, opts)
+				type share struct{ onCPU, all int }
+				byInner := map[string]*share{}
+				st, err := Run(context.Background(), src, Config{Rate: 200, Duration: 1500 * time.Millisecond}, func(b []stack.Sample) {
+					for _, s := range b {
+						if s.ThreadName != "holder" || len(s.Frames) == 0 {
+							continue
+						}
+						sh := byInner[s.Frames[0].Name]
+						if sh == nil {
+							sh = &share{}
+							byInner[s.Frames[0].Name] = sh
+						}
+						sh.all++
+						if s.OnCPU {
+							sh.onCPU++
+						}
+					}
+				})
+				reads := src.states.reads
+				src.Close()
+				if err != nil || st.Ticks < 100 {
+					t.Fatalf("spin=%v: %d ticks, %v", spin, st.Ticks, err)
+				}
+				summary := ""
+				for n, sh := range byInner {
+					summary += fmt.Sprintf(" %s %d/%d on CPU;", n, sh.onCPU, sh.all)
+				}
+				t.Logf("spin=%v: %d ticks, %d states read:%s", spin, st.Ticks, reads, summary)
+				inRuby := byInner["Object#spin_in_ruby"]
+				if inRuby == nil || inRuby.all < st.Ticks/10 || inRuby.onCPU < inRuby.all*95/100 {
+					t.Errorf("spin=%v: spinning in Ruby should be on a CPU:%s", spin, summary)
+				}
+				if spin {
+					// Nothing but Ruby code: a nonblocking recording needs no
+					// kernel state; a blocking one reads the holder's before
+					// each pause (it may have entered a C call since).
+					if !blocking && reads != 0 {
+						t.Errorf("nonblocking read %d kernel states of a thread running only Ruby code", reads)
+					}
+					if blocking && reads < st.Ticks*9/10 {
+						t.Errorf("blocking read %d kernel states in %d ticks", reads, st.Ticks)
+					}
+					continue
+				}
+				inC := byInner["Fiddle::Function#call"]
+				if inC == nil || inC.all < st.Ticks/10 || inC.onCPU > inC.all/5 {
+					t.Errorf("asleep in usleep holding the GVL should be off a CPU:%s", summary)
+				}
+			}
+		})
+	}
+}
+
 func TestRubySourceTargetExits(t *testing.T) { eachRuby(t, testRubySourceTargetExits) }
 
 func testRubySourceTargetExits(t *testing.T, rb testutil.RubyUnderTest) {

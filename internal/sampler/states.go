@@ -15,6 +15,7 @@ type taskStates struct {
 	cur   map[int]byte
 	seen  map[int]bool
 	buf   [1024]byte
+	reads int // states read so far
 }
 
 func newTaskStates(pid int) *taskStates {
@@ -41,6 +42,7 @@ func (ts *taskStates) read(tids []int, need []bool) {
 			}
 			ts.files[tid] = f
 		}
+		ts.reads++
 		if st := f.State(ts.buf[:]); st != 0 {
 			ts.cur[tid] = st
 		}
