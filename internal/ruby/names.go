@@ -91,7 +91,10 @@ type caches struct {
 	knownHeads   []threadHeads // per known thread, read with it
 	knownRactor  uint64
 	tickReqs     []target.Read
-	nameCache    map[uint64]genString
+	// merged reads the thread list's requests (their order does not
+	// matter) in page spans: fewer remote iovecs per tick.
+	merged    target.Coalescer
+	nameCache map[uint64]genString
 	// Per-snapshot buffers, reused (see scratch.go).
 	scratch   scratch
 	refsBuf   []threadRef

@@ -105,7 +105,7 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 	}
 	p.refsBuf = refs[:0]
 	p.tickReqs = reqs[:0]
-	if err := p.t.ReadBatch(reqs); err != nil {
+	if err := p.merged.ReadBatch(p.t, reqs); err != nil {
 		return nil, false
 	}
 	p.gcFresh = gcOK
@@ -186,7 +186,7 @@ func (p *Process) prefetchHeads(refs []threadRef) {
 		r.haveTID = nt != 0
 	}
 	if len(reqs) > 0 {
-		if err := p.t.ReadBatch(reqs); err != nil {
+		if err := p.merged.ReadBatch(p.t, reqs); err != nil {
 			for i := range refs {
 				refs[i].eb, refs[i].haveTID = nil, false
 			}

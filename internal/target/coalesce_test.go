@@ -1,0 +1,118 @@
+package target
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestCoalescer reads this process's own memory (a pattern on four fresh
+// pages, the last one made unreadable) in merged spans and checks every
+// request's bytes against the pattern.
+func TestCoalescer(t *testing.T) {
+	mem, err := unix.Mmap(-1, 0, 4*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for i := range mem {
+		mem[i] = byte(i*7 + i>>8)
+	}
+	if err := unix.Mprotect(mem[3*pageSize:], unix.PROT_NONE); err != nil {
+		t.Fatal(err)
+	}
+	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	tg, err := OpenLive(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	type req struct{ off, n int }
+	for _, tc := range []struct {
+		name  string
+		reqs  []req
+		spans int // spans read; 0: as given (nothing merged)
+	}{
+		// Page 0 twice, one crossing into page 1, page 1 (starts on the
+		// page where that one ends), page 2 apart; given out of order.
+		{"merged", []req{{3000, 16}, {2*pageSize + 1000, 32}, {100, 8}, {pageSize + 50, 8}, {4000, 200}}, 2},
+		{"overlapping", []req{{10, 100}, {20, 10}, {10, 100}, {pageSize - 8, 16}}, 1},
+		{"one per page", []req{{0, 8}, {pageSize + 8, 8}, {2*pageSize + 16, 8}}, 0},
+		{"ends on a boundary", []req{{pageSize - 8, 8}, {pageSize, 8}, {pageSize + 100, 8}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c Coalescer
+			reqs := make([]Read, len(tc.reqs))
+			for i, r := range tc.reqs {
+				reqs[i] = Read{Addr: base + uint64(r.off), Buf: make([]byte, r.n)}
+			}
+			if err := c.ReadBatch(tg, reqs); err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range tc.reqs {
+				if !bytes.Equal(reqs[i].Buf, mem[r.off:r.off+r.n]) {
+					t.Errorf("request %d (offset %d, %d bytes): wrong bytes", i, r.off, r.n)
+				}
+			}
+			if got := len(c.spans); tc.spans > 0 && got != tc.spans {
+				t.Errorf("%d spans read, want %d", got, tc.spans)
+			}
+			if tc.spans == 0 && len(c.spans) != len(tc.reqs) {
+				t.Errorf("%d spans for %d requests on distinct pages", len(c.spans), len(tc.reqs))
+			}
+		})
+	}
+	// A request on the unreadable page fails the batch with its address,
+	// also when it would merge with a readable one.
+	var c Coalescer
+	bad := base + 3*pageSize + 16
+	reqs := []Read{{Addr: base + 3*pageSize - 16, Buf: make([]byte, 8)}, {Addr: bad, Buf: make([]byte, 8)}, {Addr: base, Buf: make([]byte, 8)}}
+	err = c.ReadBatch(tg, reqs)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%#x", bad)) {
+		t.Errorf("read of an unreadable page: %v, want an error naming %#x", err, bad)
+	}
+}
+
+// BenchmarkCoalescer compares a thread list's small reads (as a 4-thread
+// sample makes them: 12 requests on 6 pages) read as given and merged.
+func BenchmarkCoalescer(b *testing.B) {
+	mem, err := unix.Mmap(-1, 0, 8*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for i := range mem {
+		mem[i] = byte(i)
+	}
+	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	tg, err := OpenLive(os.Getpid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	offs := [][2]int{{0x39b8, 8}, {0x1328, 4}, {0x3810, 4}, {0x3f80, 664}, {0x00f0, 376}, {0x3d70, 24},
+		{0x65d0 + pageSize, 376}, {0x5ba0, 24}, {0x5ea0, 376}, {0x7530 - pageSize, 24}, {0x77a0 - pageSize, 376}, {0x7970 - pageSize, 24}}
+	reqs := make([]Read, len(offs))
+	for i, o := range offs {
+		reqs[i] = Read{Addr: base + uint64(o[0]), Buf: make([]byte, o[1])}
+	}
+	b.Run("as-given", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if err := tg.ReadBatch(reqs); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("merged", func(b *testing.B) {
+		var c Coalescer
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if err := c.ReadBatch(tg, reqs); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
