@@ -42,6 +42,15 @@ func (tp *timedPauser) PauseThreads(pid int, tids []int) (func() error, error) {
 	return tp.timed(func() (func() error, error) { return tpz.PauseThreads(pid, tids) })
 }
 
+// InterruptedSleep reads a stopped thread's state as record's pauser does.
+func (tp *timedPauser) InterruptedSleep(tid int) (bool, error) {
+	sr, ok := tp.p.(SleepReader)
+	if !ok {
+		return false, errors.New("the pauser cannot read a stopped thread's state")
+	}
+	return sr.InterruptedSleep(tid)
+}
+
 func (tp *timedPauser) timed(pause func() (func() error, error)) (func() error, error) {
 	start := time.Now()
 	resume, err := pause()

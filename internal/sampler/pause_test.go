@@ -34,6 +34,9 @@ func (c *countingPauser) PauseThreads(pid int, tids []int) (func() error, error)
 	return c.p.PauseThreads(pid, tids)
 }
 
+// InterruptedSleep reads a stopped thread's state as record's pauser does.
+func (c *countingPauser) InterruptedSleep(tid int) (bool, error) { return c.p.InterruptedSleep(tid) }
+
 // sampleCounted samples p for a second at 200 Hz in blocking mode,
 // counting the pauses, and gives f every sample.
 func sampleCounted(t *testing.T, p *ruby.Process, f func(stack.Sample)) (Stats, *countingPauser) {

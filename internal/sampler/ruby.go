@@ -24,6 +24,13 @@ type ThreadPauser interface {
 	PauseThreads(pid int, tids []int) (resume func() error, err error)
 }
 
+// SleepReader tells, while a pause of it holds thread tid stopped,
+// whether the thread was asleep in a system call when stopped;
+// *target.Pauser implements it (see target.Pauser.InterruptedSleep).
+type SleepReader interface {
+	InterruptedSleep(tid int) (asleep bool, err error)
+}
+
 // RubyOptions tunes a RubySource.
 type RubyOptions struct {
 	// Pauser, when set, stops the process while its stacks are read
@@ -52,10 +59,14 @@ type RubySource struct {
 	// or not known), the one thread a ThreadPauser stops.
 	holder    int
 	holderTID [1]int // the threads to stop: holder (no allocation per tick)
-	// sampledTIDs are the threads of the last sample and needState says
-	// whose kernel state is read (see Sample).
+	// sampledTIDs are the threads of a sample and needState says whose
+	// kernel state is read from /proc (see Sample).
 	sampledTIDs []int
 	needState   []bool
+	// stopStates are the kernel states of a blocking sample's threads
+	// ('R' or 'S') taken from their stop, per thread of the snapshot (0:
+	// not taken; see stoppedStates).
+	stopStates []byte
 }
 
 // NewRubySource samples the Ruby process p.
@@ -76,30 +87,29 @@ func (s *RubySource) Process() *ruby.Process { return s.p }
 // A thread's kernel state (for OnCPU) is read only when Ruby's own state
 // does not already say it (needsKernelState): not for a thread waiting
 // for the GVL, which in a process of many threads is most of them, nor
-// (nonblocking) for the one running Ruby code. A nonblocking sample reads
-// the states after the walk; a blocking one before pausing (a paused
-// thread's state is "traced"), choosing by the activities of the last
-// sample. A thread whose state was not read is on a CPU when it runs Ruby
-// (holds the GVL).
+// for the one running Ruby code. The states are read after the walk: of
+// a thread that a blocking sample stopped, from its stop (stoppedStates;
+// a stopped thread's /proc state is "traced"), of the others from /proc.
+// A thread whose state was not read is on a CPU when it runs Ruby (holds
+// the GVL).
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
-	if s.pauser != nil {
-		s.states.read(s.sampledTIDs, s.needState)
-	}
 	now := time.Now()
+	s.stopStates = s.stopStates[:0]
 	threads, err := s.snapshot()
 	if err != nil {
 		return nil, err
+	}
+	if len(s.stopStates) != len(threads) {
+		s.stopStates = append(s.stopStates[:0], make([]byte, len(threads))...)
 	}
 	s.sampledTIDs, s.needState = s.sampledTIDs[:0], s.needState[:0]
 	for i := range threads {
 		if th := &threads[i]; th.TID != 0 {
 			s.sampledTIDs = append(s.sampledTIDs, th.TID)
-			s.needState = append(s.needState, needsKernelState(th, s.pauser == nil))
+			s.needState = append(s.needState, s.stopStates[i] == 0 && needsKernelState(th))
 		}
 	}
-	if s.pauser == nil {
-		s.states.read(s.sampledTIDs, s.needState)
-	}
+	s.states.read(s.sampledTIDs, s.needState)
 	s.out = s.out[:0]
 	var failed *ThreadErrors
 	for i := range threads {
@@ -114,7 +124,10 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error, Activity: th.Activity})
 			continue
 		}
-		kstate := s.states.state(th.TID)
+		kstate := s.stopStates[i]
+		if kstate == 0 {
+			kstate = s.states.state(th.TID)
+		}
 		ruby.KernelActivity(th, kstate)
 		onCPU := kstate == 'R'
 		if kstate == 0 {
@@ -143,22 +156,18 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 
 // needsKernelState says whether th's kernel state tells anything Ruby's
 // own state does not. Not for a thread waiting for the GVL (it sleeps on
-// the lock's condition variable). Nor, when the state is read right
-// after this walk (afterWalk: nonblocking), for one running Ruby code:
-// holding the GVL with a Ruby frame innermost, it executes the VM's
-// instructions, which sleep in the kernel only for a page fault or a lock
-// taken inside one instruction, so it is on a CPU (or runnable, which the
-// kernel calls 'R' too). The state is read for a holder in a C function
-// (a C extension that blocks without releasing the GVL) or in GC, and for
-// a thread Ruby says is blocked, which may run native code outside the
-// GVL. A blocking sample reads the states before the next pause, by this
-// sample's needs: by then a holder in Ruby code may be asleep in a C
-// call, so its state is read.
-func needsKernelState(th *stack.Thread, afterWalk bool) bool {
+// the lock's condition variable), nor for one running Ruby code: holding
+// the GVL with a Ruby frame innermost, it executes the VM's instructions,
+// which sleep in the kernel only for a page fault or a lock taken inside
+// one instruction, so it is on a CPU (or runnable, which the kernel calls
+// 'R' too). The state is read for a holder in a C function (a C
+// extension that blocks without releasing the GVL) or in GC, and for a
+// thread Ruby says is blocked, which may run native code outside the GVL.
+func needsKernelState(th *stack.Thread) bool {
 	switch {
 	case th.Error != "" || th.Activity == stack.ActivityGVLWait:
 		return false
-	case afterWalk && th.Activity == stack.ActivityRunning && len(th.Frames) > 0 && th.Frames[0].Kind == stack.KindRuby:
+	case th.Activity == stack.ActivityRunning && len(th.Frames) > 0 && th.Frames[0].Kind == stack.KindRuby:
 		return false
 	}
 	return true
@@ -312,9 +321,41 @@ func (s *RubySource) pausedSnapshot(tp ThreadPauser, tids []int, holder int) (th
 		}
 	}()
 	if holder != 0 {
-		return s.p.SnapshotHolderStopped(holder)
+		threads, err = s.p.SnapshotHolderStopped(holder)
+	} else {
+		threads, err = s.p.Snapshot()
 	}
-	return s.p.Snapshot()
+	if err == nil {
+		s.stoppedStates(threads, tids, tp == nil)
+	}
+	return threads, err
+}
+
+// stoppedStates takes, before the resume, the kernel states of the
+// stopped threads (tids, or every thread when all) that need one, from
+// their stops: asleep in a system call ('S') or running ('R'). /proc
+// would say "traced" now, and after the resume the thread is back on its
+// way into the call it left.
+func (s *RubySource) stoppedStates(threads []stack.Thread, tids []int, all bool) {
+	sr, ok := s.pauser.(SleepReader)
+	if !ok {
+		return
+	}
+	s.stopStates = append(s.stopStates[:0], make([]byte, len(threads))...)
+	for i := range threads {
+		th := &threads[i]
+		if th.TID == 0 || !needsKernelState(th) || (!all && !slices.Contains(tids, th.TID)) {
+			continue
+		}
+		asleep, err := sr.InterruptedSleep(th.TID)
+		if err != nil {
+			continue // read from /proc after the resume
+		}
+		s.stopStates[i] = 'R'
+		if asleep {
+			s.stopStates[i] = 'S'
+		}
+	}
 }
 
 // Close releases the files kept open for reading thread states.

@@ -518,6 +518,60 @@ func (p *Pauser) resume(pid int, threads []pausedThread) error {
 
 func detach(tid, sig int) error { return ptrace(unix.PTRACE_DETACH, tid, uintptr(sig)) }
 
+// InterruptedSleep reports whether thread tid, stopped by a pause of p
+// (between the pause and its resume), was asleep in a system call when it
+// was stopped: the pause interrupted the call, which the thread restarts
+// on resume. Its registers (PTRACE_GETREGS, one request, where reading
+// /proc's task state before the pause took a file read) show a system
+// call number (orig_rax; an interrupt or exception leaves -1 there) and
+// one of the kernel's restart codes in rax, or -EINTR. A thread stopped
+// in user code, or on its way back from a call that had completed, was
+// running: on a CPU or waiting for one. It fails for a thread p has not
+// stopped. (A thread in an uninterruptible sleep, a disk read, stops only
+// once the call completes, and so counts as running.)
+func (p *Pauser) InterruptedSleep(tid int) (asleep bool, err error) {
+	var regs Registers
+	var rerr error
+	if e := p.do(func() { rerr = getRegs(tid, &regs) }); e != nil {
+		return false, e
+	}
+	if rerr != nil {
+		return false, fmt.Errorf("read the registers of stopped thread %d: %w", tid, rerr)
+	}
+	return interruptedCall(&regs), nil
+}
+
+// The kernel's internal errors of an interrupted system call that is to
+// be restarted (include/linux/errno.h).
+const (
+	errRestartSys        = 512
+	errRestartNoIntr     = 513
+	errRestartNoHand     = 514
+	errRestartRestartBlk = 516
+)
+
+// interruptedCall says whether registers taken at a ptrace stop are those
+// of a thread whose system call the stop interrupted.
+func interruptedCall(r *Registers) bool {
+	if int64(r.Orig_rax) < 0 {
+		return false
+	}
+	switch -int64(r.Rax) {
+	case int64(unix.EINTR), errRestartSys, errRestartNoIntr, errRestartNoHand, errRestartRestartBlk:
+		return true
+	}
+	return false
+}
+
+// getRegs reads a stopped tracee's registers (a raw request, as ptrace's).
+func getRegs(tid int, r *Registers) error {
+	_, _, e := unix.RawSyscall6(unix.SYS_PTRACE, unix.PTRACE_GETREGS, uintptr(tid), 0, uintptr(unsafe.Pointer(r)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
 // ptrace makes a ptrace request that returns at once (seize, interrupt,
 // detach) as a raw system call, and wait4NoHang polls a tracee's stop the
 // same way: a pause makes a dozen of these per sample, and announcing

@@ -389,3 +389,56 @@ func TestPauseTakesOverItsOwnSeize(t *testing.T) {
 		t.Errorf("thread %d left stopped (%s)", tid, s)
 	}
 }
+
+// TestInterruptedSleep: of a Ruby process whose main thread sleeps while
+// three threads spin taking turns with the GVL, the stop of each thread
+// tells the sleepers (in futex or poll, the waiters for the GVL too) from
+// the one running Ruby code.
+func TestInterruptedSleep(t *testing.T) {
+	cmd := startSpinner(t)
+	pid := cmd.Process.Pid
+	pz := NewThreadPauser()
+	defer pz.Close()
+	oneRunning := 0
+	const pauses = 20
+	for i := 0; i < pauses; i++ {
+		info, resume, err := pz.PauseInfo(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		running, mainAsleep := 0, false
+		for _, tid := range info.TIDs {
+			asleep, err := pz.InterruptedSleep(tid)
+			if err != nil {
+				resume()
+				t.Fatalf("thread %d: %v", tid, err)
+			}
+			if !asleep {
+				running++
+			}
+			if tid == pid {
+				mainAsleep = asleep
+			}
+		}
+		if err := resume(); err != nil {
+			t.Fatal(err)
+		}
+		if !mainAsleep {
+			t.Errorf("pause %d: the main thread (in sleep) was not asleep", i)
+		}
+		// Two only while the GVL changes hands.
+		if running > 2 {
+			t.Errorf("pause %d: %d of %d threads running, with one GVL", i, running, len(info.TIDs))
+		}
+		if running == 1 {
+			oneRunning++
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if oneRunning < pauses*3/4 {
+		t.Errorf("one thread running in %d of %d pauses", oneRunning, pauses)
+	}
+	if _, err := pz.InterruptedSleep(pid); err == nil {
+		t.Error("the registers of a thread no pause holds were read")
+	}
+}
