@@ -235,73 +235,67 @@ func threadStates(pid int) map[int]byte {
 func TestHolderKernelState(t *testing.T) { eachRuby(t, testHolderKernelState) }
 
 func testHolderKernelState(t *testing.T, rb testutil.RubyUnderTest) {
-	for _, blocking := range []bool{false, true} {
-		name := "nonblocking"
-		if blocking {
-			name = "blocking"
-		}
-		t.Run(name, func(t *testing.T) {
-			for _, spin := range []bool{false, true} {
-				var args []string
-				if spin {
-					args = []string{"spin"}
-				}
-				_, p := startTestdata(t, rb, "holdgvl.rb", args...)
-				var opts RubyOptions
-				if blocking {
-					pz := target.NewThreadPauser()
-					defer pz.Close()
-					opts.Pauser = pz
-				}
-				src := NewRubySource(p, opts)
-				type share struct{ onCPU, all int }
-				byInner := map[string]*share{}
-				st, err := Run(context.Background(), src, Config{Rate: 200, Duration: 1500 * time.Millisecond}, func(b []stack.Sample) {
-					for _, s := range b {
-						if s.ThreadName != "holder" || len(s.Frames) == 0 {
-							continue
-						}
-						sh := byInner[s.Frames[0].Name]
-						if sh == nil {
-							sh = &share{}
-							byInner[s.Frames[0].Name] = sh
-						}
-						sh.all++
-						if s.OnCPU {
-							sh.onCPU++
-						}
-					}
-				})
-				reads := src.states.reads
-				src.Close()
-				if err != nil || st.Ticks < 100 {
-					t.Fatalf("spin=%v: %d ticks, %v", spin, st.Ticks, err)
-				}
-				summary := ""
-				for n, sh := range byInner {
-					summary += fmt.Sprintf(" %s %d/%d on CPU;", n, sh.onCPU, sh.all)
-				}
-				t.Logf("spin=%v: %d ticks, %d states read:%s", spin, st.Ticks, reads, summary)
-				inRuby := byInner["Object#spin_in_ruby"]
-				if inRuby == nil || inRuby.all < st.Ticks/10 || inRuby.onCPU < inRuby.all*95/100 {
-					t.Errorf("spin=%v: spinning in Ruby should be on a CPU:%s", spin, summary)
-				}
-				// Nothing but Ruby code needs no kernel state; asleep in C,
-				// a blocking sample takes it from the stop, /proc saying
-				// "traced" then.
-				if (spin || blocking) && reads != 0 {
-					t.Errorf("read %d kernel states from /proc", reads)
-				}
-				if spin {
-					continue
-				}
-				inC := byInner["Fiddle::Function#call"]
-				if inC == nil || inC.all < st.Ticks/10 || inC.onCPU > inC.all/5 {
-					t.Errorf("asleep in usleep holding the GVL should be off a CPU:%s", summary)
-				}
+	modes(t, func(t *testing.T, blocking bool) {
+		for _, spin := range []bool{false, true} {
+			var args []string
+			if spin {
+				args = []string{"spin"}
 			}
-		})
-	}
+			_, p := startTestdata(t, rb, "holdgvl.rb", args...)
+			var opts RubyOptions
+			if blocking {
+				pz := target.NewThreadPauser()
+				defer pz.Close()
+				opts.Pauser = pz
+			}
+			src := NewRubySource(p, opts)
+			type share struct{ onCPU, all int }
+			byInner := map[string]*share{}
+			st, err := Run(context.Background(), src, Config{Rate: 200, Duration: 1500 * time.Millisecond}, func(b []stack.Sample) {
+				for _, s := range b {
+					if s.ThreadName != "holder" || len(s.Frames) == 0 {
+						continue
+					}
+					sh := byInner[s.Frames[0].Name]
+					if sh == nil {
+						sh = &share{}
+						byInner[s.Frames[0].Name] = sh
+					}
+					sh.all++
+					if s.OnCPU {
+						sh.onCPU++
+					}
+				}
+			})
+			reads := src.states.reads
+			src.Close()
+			if err != nil || st.Ticks < 100 {
+				t.Fatalf("spin=%v: %d ticks, %v", spin, st.Ticks, err)
+			}
+			summary := ""
+			for n, sh := range byInner {
+				summary += fmt.Sprintf(" %s %d/%d on CPU;", n, sh.onCPU, sh.all)
+			}
+			t.Logf("spin=%v: %d ticks, %d states read:%s", spin, st.Ticks, reads, summary)
+			inRuby := byInner["Object#spin_in_ruby"]
+			if inRuby == nil || inRuby.all < st.Ticks/10 || inRuby.onCPU < inRuby.all*95/100 {
+				t.Errorf("spin=%v: spinning in Ruby should be on a CPU:%s", spin, summary)
+			}
+			// Nothing but Ruby code needs no kernel state; asleep in C,
+			// a blocking sample takes it from the stop, /proc saying
+			// "traced" then.
+			if (spin || blocking) && reads != 0 {
+				t.Errorf("read %d kernel states from /proc", reads)
+			}
+			if spin {
+				continue
+			}
+			inC := byInner["Fiddle::Function#call"]
+			if inC == nil || inC.all < st.Ticks/10 || inC.onCPU > inC.all/5 {
+				t.Errorf("asleep in usleep holding the GVL should be off a CPU:%s", summary)
+			}
+		}
+	})
 }
 
 func TestRubySourceTargetExits(t *testing.T) { eachRuby(t, testRubySourceTargetExits) }

@@ -11,24 +11,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// patternPages maps n fresh pages of this process filled with a
+// pattern (unmapped on cleanup) and opens this process as a target.
+func patternPages(t testing.TB, n int) (mem []byte, base uint64, tg Target) {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, n*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	for i := range mem {
+		mem[i] = byte(i*7 + i>>8)
+	}
+	if tg, err = OpenLive(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+	return mem, uint64(uintptr(unsafe.Pointer(&mem[0]))), tg
+}
+
 // TestCoalescer reads this process's own memory (a pattern on four fresh
 // pages, the last one made unreadable) in merged spans and checks every
 // request's bytes against the pattern.
 func TestCoalescer(t *testing.T) {
-	mem, err := unix.Mmap(-1, 0, 4*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
-	for i := range mem {
-		mem[i] = byte(i*7 + i>>8)
-	}
+	mem, base, tg := patternPages(t, 4)
 	if err := unix.Mprotect(mem[3*pageSize:], unix.PROT_NONE); err != nil {
-		t.Fatal(err)
-	}
-	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
-	tg, err := OpenLive(os.Getpid())
-	if err != nil {
 		t.Fatal(err)
 	}
 	type req struct{ off, n int }
@@ -71,7 +77,7 @@ func TestCoalescer(t *testing.T) {
 	var c Coalescer
 	bad := base + 3*pageSize + 16
 	reqs := []Read{{Addr: base + 3*pageSize - 16, Buf: make([]byte, 8)}, {Addr: bad, Buf: make([]byte, 8)}, {Addr: base, Buf: make([]byte, 8)}}
-	err = c.ReadBatch(tg, reqs)
+	err := c.ReadBatch(tg, reqs)
 	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%#x", bad)) {
 		t.Errorf("read of an unreadable page: %v, want an error naming %#x", err, bad)
 	}
@@ -80,19 +86,7 @@ func TestCoalescer(t *testing.T) {
 // BenchmarkCoalescer compares a thread list's small reads (as a 4-thread
 // sample makes them: 12 requests on 6 pages) read as given and merged.
 func BenchmarkCoalescer(b *testing.B) {
-	mem, err := unix.Mmap(-1, 0, 8*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer unix.Munmap(mem)
-	for i := range mem {
-		mem[i] = byte(i)
-	}
-	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
-	tg, err := OpenLive(os.Getpid())
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, base, tg := patternPages(b, 8)
 	offs := [][2]int{{0x39b8, 8}, {0x1328, 4}, {0x3810, 4}, {0x3f80, 664}, {0x00f0, 376}, {0x3d70, 24},
 		{0x65d0 + pageSize, 376}, {0x5ba0, 24}, {0x5ea0, 376}, {0x7530 - pageSize, 24}, {0x77a0 - pageSize, 376}, {0x7970 - pageSize, 24}}
 	reqs := make([]Read, len(offs))
