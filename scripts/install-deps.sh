@@ -23,6 +23,7 @@ packages=(
   systemtap-sdt-dev    # sys/sdt.h for the usdt test fixture
   tmux                 # rbscope top is tested in a detached tmux session
   rubocop              # a real multi-file Ruby program: scripts/bench-gc-share.sh
+  strace linux-perf    # system calls and scheduler events: scripts/bench-record.sh, scripts/bench-pause.sh
 )
 
 missing=()
