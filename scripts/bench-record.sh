@@ -20,16 +20,20 @@
 #      timed inside Ruby, each run paired with an unprofiled one);
 #   5. the error rate (torn or otherwise inconsistent stacks) beside the
 #      rate, and the pause cost per thread (blocking minus nonblocking);
-#   1b. the same on a single-thread target at 5, 10 and 20 kHz (nonblocking);
+#   1b. the same on a single-thread target at 5, 10 and 20 kHz (nonblocking,
+#      and with --realtime);
 #   6. the TIMER FLOOR beside the sweep: the floor read alone at each rate
 #      by the sampler's own clock and counting (readfloor -paced), whose
 #      late ticks are the machine's, not rbscope's.
+# The sweep and the timer floor are also run at real-time priority
+# (--realtime; chrt -f 1 for the floor): on a kernel that preempts ordinary
+# threads lazily that, not rbscope's cost, decides the late ticks.
 # With BASELINE_REV=<git revision> (e.g. the commit before a change), the
 # rbscope of that revision is built too and measured in the same run: every
 # table then has a "before" and an "after" row.
 #
-# Needs root (ptrace), ruby, strace and chromium (for the PNG). About
-# 5 minutes (9 with BASELINE_REV). Output directory: $OUT (default
+# Needs root (ptrace, real-time priority), ruby, strace and chromium (for
+# the PNG). About 8 minutes (13 with BASELINE_REV). Output directory: $OUT (default
 # ./bench-record-out).
 source "$(dirname "$0")/lib/bench.sh"
 root=$PWD
@@ -133,18 +137,26 @@ steady() {
 # late_pct TICKS LATE MISSED: the share of ticks late or missed, in %.
 late_pct() { awk -v t="$1" -v l="$2" -v m="$3" 'BEGIN{printf "%.2f", 100*(l+m)/(t+m)}'; }
 
-flags_for() { [ "$1" = nonblocking ] && echo --nonblocking || true; }
+# flags_for MODE: the record flags of a sweep mode (-rt: --realtime).
+flags_for() {
+  case $1 in
+  nonblocking) echo --nonblocking ;;
+  nonblocking-rt) echo --nonblocking --realtime ;;
+  blocking-rt) echo --realtime ;;
+  esac
+}
+modes=(nonblocking blocking nonblocking-rt blocking-rt)
 
 echo
 echo "== 1. rate sweep on 4 threads x 50 frames (3 s per point, 1500 ticks below 500 Hz)"
-printf "%-7s %-11s %6s %7s %6s %7s %8s %8s %8s %8s %9s\n" build mode rate ticks late% errors% "cpu%" "us/tick" "x paced" "x floor" "x 1 read"
+printf "%-7s %-14s %6s %7s %6s %7s %8s %8s %8s %8s %9s\n" build mode rate ticks late% errors% "cpu%" "us/tick" "x paced" "x floor" "x 1 read"
 : >"$work/sweep.tsv"
 declare -A best cost100 row
 # Each point is measured for every build in turn, so that the builds of a
 # row pair see the same machine (its load drifts over minutes); the table
 # is printed afterwards, by build.
 rates=(100 200 500 1000 2000 5000 10000 20000)
-for mode in nonblocking blocking; do
+for mode in "${modes[@]}"; do
   for rate in "${rates[@]}"; do
     for build in "${builds[@]}"; do
       read -r ticks late missed errs cpu us < <(steady "$build" "$deep" "$rate" $(flags_for "$mode"))
@@ -157,11 +169,11 @@ for mode in nonblocking blocking; do
   done
 done
 for build in "${builds[@]}"; do
-  for mode in nonblocking blocking; do
+  for mode in "${modes[@]}"; do
     best[$build.$mode]=0
     for rate in "${rates[@]}"; do
       if [ "${row[$build.$mode.$rate]}" = refused ]; then
-        printf "%-7s %-11s %6d %7s\n" "$build" "$mode" "$rate" "refused"
+        printf "%-7s %-14s %6d %7s\n" "$build" "$mode" "$rate" "refused"
         echo "$build $mode $rate - -" >>"$work/sweep.tsv"
         continue
       fi
@@ -171,7 +183,7 @@ for build in "${builds[@]}"; do
       xp=$(awk -v u="$us" -v f="$paced_ns" 'BEGIN{printf "%.1f", u*1000/f}')
       xf=$(awk -v u="$us" -v f="$floor_ns" 'BEGIN{printf "%.1f", u*1000/f}')
       xo=$(awk -v u="$us" -v o="$one_ns" 'BEGIN{printf "%.1f", u*1000/o}')
-      printf "%-7s %-11s %6d %7d %6s %7s %8s %8s %8s %8s %9s\n" "$build" "$mode" "$rate" "$ticks" "$latep" "$errp" "$cpu" "$us" "$xp" "$xf" "$xo"
+      printf "%-7s %-14s %6d %7d %6s %7s %8s %8s %8s %8s %9s\n" "$build" "$mode" "$rate" "$ticks" "$latep" "$errp" "$cpu" "$us" "$xp" "$xf" "$xo"
       echo "$build $mode $rate $cpu $latep" >>"$work/sweep.tsv"
       if awk -v l="$latep" 'BEGIN{exit !(l < 1)}'; then best[$build.$mode]=$rate; fi
       [ "$rate" = 100 ] && cost100[$build.$mode]=$us
@@ -183,28 +195,31 @@ done
 # sampler avoids on this machine (a VM's stalls, the wake-up latency).
 # Both modes sleep on the same clock (a timerfd in Go's poller).
 declare -A floorbest paused
-for mode in both; do
+for mode in both both-rt; do
   floorbest[$mode]=0
+  rt=()
+  [ "$mode" = both-rt ] && rt=(chrt -f 1)
   for rate in 100 200 500 1000 2000 5000 10000 20000; do
-    o=$("$work/readfloor" -paced "$rate" "$deep" 2>&1) || { echo "   readfloor -paced $rate: $o"; continue; }
+    o=$("${rt[@]}" "$work/readfloor" -paced "$rate" "$deep" 2>&1) || { echo "   readfloor -paced $rate: $o"; continue; }
     ticks=$(grep -o 'ticks=[0-9]*' <<<"$o" | cut -d= -f2)
     late=$(grep -o 'late=[0-9]*' <<<"$o" | cut -d= -f2)
     missed=$(grep -o 'missed=[0-9]*' <<<"$o" | cut -d= -f2)
     ns=$(grep -o 'cpu_ns_per_tick=[0-9]*' <<<"$o" | cut -d= -f2)
     latep=$(late_pct "$ticks" "$late" "$missed")
     cpu=$(awk -v n="$ns" -v t="$ticks" 'BEGIN{printf "%.2f", n*t/3e9*100}')
-    printf "%-7s %-11s %6d %7d %6s %7s %8s %8s\n" floor "$mode" "$rate" "$ticks" "$latep" - "$cpu" "$(awk -v n="$ns" 'BEGIN{printf "%.1f", n/1000}')"
+    printf "%-7s %-14s %6d %7d %6s %7s %8s %8s\n" floor "$mode" "$rate" "$ticks" "$latep" - "$cpu" "$(awk -v n="$ns" 'BEGIN{printf "%.1f", n/1000}')"
     echo "floor $mode $rate $cpu $latep" >>"$work/sweep.tsv"
     if awk -v l="$latep" 'BEGIN{exit !(l < 1)}'; then floorbest[$mode]=$rate; fi
   done
 done
 echo "   (floor: the timer floor, the floor read alone once per tick by the sampler's own clock, a timerfd in"
 echo "    Go's poller for both modes: the late ticks this machine imposes on any sampler at that rate)"
-echo "   floor: highest rate with <1% late or missed ticks: ${floorbest[both]} Hz"
+echo "   (both-rt, nonblocking-rt, blocking-rt: at real-time priority, chrt -f 1 / --realtime)"
+echo "   floor: highest rate with <1% late or missed ticks: ${floorbest[both]} Hz (at real-time priority: ${floorbest[both-rt]} Hz)"
 echo "   (cpu% and us/tick: rbscope's steady-state CPU, share of a core and per tick; x paced / x floor /"
 echo "    x 1 read: that cost over the paced floor ($((paced_ns / 1000)) us), the hot floor ($((floor_ns / 1000)) us) and one read ($((one_ns / 1000)) us))"
 for build in "${builds[@]}"; do
-  for mode in nonblocking blocking; do
+  for mode in "${modes[@]}"; do
     echo "   $build $mode: highest rate with <1% late or missed ticks: ${best[$build.$mode]} Hz"
   done
 done
@@ -261,13 +276,15 @@ pids+=("$single")
 sleep 1
 for rate in 5000 10000 20000; do
   for build in "${builds[@]}"; do
-    read -r ticks late missed errs cpu us < <(steady "$build" "$single" "$rate" --nonblocking)
-    if [ "$ticks" = - ]; then
-      printf "   %-7s %6d Hz refused\n" "$build" "$rate"
-      continue
-    fi
-    printf "   %-7s %6d Hz: %s%% late or missed, %s%% errors, %s us per tick, %s%% of a core\n" "$build" "$rate" \
-      "$(late_pct "$ticks" "$late" "$missed")" "$(awk -v t="$ticks" -v e="$errs" 'BEGIN{printf "%.2f", t ? 100*e/t : 0}')" "$us" "$cpu"
+    for rt in "" --realtime; do
+      read -r ticks late missed errs cpu us < <(steady "$build" "$single" "$rate" --nonblocking $rt)
+      if [ "$ticks" = - ]; then
+        printf "   %-7s %-10s %6d Hz refused\n" "$build" "$rt" "$rate"
+        continue
+      fi
+      printf "   %-7s %-10s %6d Hz: %s%% late or missed, %s%% errors, %s us per tick, %s%% of a core\n" "$build" "$rt" "$rate" \
+        "$(late_pct "$ticks" "$late" "$missed")" "$(awk -v t="$ticks" -v e="$errs" 'BEGIN{printf "%.2f", t ? 100*e/t : 0}')" "$us" "$cpu"
+    done
   done
 done
 kill -9 "$single" 2>/dev/null || true

@@ -38,6 +38,8 @@ func (t *targetFlags) register(f *pflag.FlagSet, what int) {
 	if what&withSampling != 0 {
 		f.Float64VarP(&t.Rate, "rate", "r", sampler.DefaultRate, fmt.Sprintf("samples per second (up to %d)", sampler.MaxRate))
 		f.BoolVar(&t.Nonblocking, "nonblocking", false, "do not pause the process while reading its stacks")
+		f.BoolVar(&t.Realtime, "realtime", false, "sample at real-time priority (SCHED_FIFO 1; root): ticks on time at high\n"+
+			"rates, where an ordinary sampler waits for a CPU busy with the target")
 	}
 	if what&withLaunch != 0 {
 		f.BoolVarP(&t.Subprocesses, "subprocesses", "s", false, "also record Ruby child processes, including ones started later")

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -761,5 +762,85 @@ as_user_spin`), 0o644); err != nil {
 		t.Error(err)
 	} else if uid := st.Sys().(*syscall.Stat_t).Uid; uid != 65534 {
 		t.Errorf("profile owned by uid %d, want the sudo user 65534", uid)
+	}
+}
+
+// TestRecordRealtime: with --realtime, rbscope's threads run SCHED_FIFO
+// while it samples (read from /proc meanwhile) and the recording is as
+// usual; where the priority may not be raised (here: without
+// CAP_SYS_NICE, through setpriv) it is refused before anything starts,
+// saying what it needs.
+func TestRecordRealtime(t *testing.T) {
+	rb := testutil.SystemRuby(t)
+	bin := recBinary(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		testutil.Missing(t, "setpriv (util-linux) not installed")
+	}
+	if err := sampler.CheckRealtime(); err != nil {
+		testutil.Missing(t, "%v", err)
+	}
+	p := recStartRuby(t, rb, `
+def rt_spin; x = 0; loop { x += 1 }; end
+Thread.new { rt_spin }.name = "spinner"
+sleep 0.2
+puts "ready"; $stdout.flush
+sleep`)
+	dir := t.TempDir()
+	args := func(name string) []string {
+		return []string{"record", "--pid", strconv.Itoa(p.Pid), "--realtime", "--rate", "1000", "--duration", "2s",
+			"--format", "summary", "-o", filepath.Join(dir, name+".txt"), "--raw", filepath.Join(dir, name+".raw.gz")}
+	}
+	cmd := exec.Command(bin, args("rt")...)
+	cmd.Env = rb.ProfilerEnv(t)
+	var se bytes.Buffer
+	cmd.Stderr = &se
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	policies := map[int]int{} // policy -> threads
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", cmd.Process.Pid))
+	for _, e := range ents {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", cmd.Process.Pid, e.Name()))
+		if err != nil {
+			continue
+		}
+		fs := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(fs) > 38 {
+			pol, _ := strconv.Atoi(fs[38]) // field 41, policy
+			policies[pol]++
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("record --realtime: %v\n%s", err, se.String())
+	}
+	const schedFIFO = 1
+	if len(policies) != 1 || policies[schedFIFO] == 0 {
+		t.Errorf("rbscope's threads by scheduling policy while sampling: %v, want all SCHED_FIFO (1)", policies)
+	}
+	_, samples := recReadRaw(t, filepath.Join(dir, "rt.raw.gz"))
+	spinner := 0
+	for _, s := range samples {
+		if s.ThreadName == "spinner" {
+			spinner++
+		}
+	}
+	if spinner < 500 {
+		t.Errorf("%d samples of the spinner in 2 s at 1 kHz", spinner)
+	}
+
+	refused := exec.Command(setpriv, append([]string{"--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice", bin}, args("refused")...)...)
+	refused.Env = rb.ProfilerEnv(t)
+	out, err := refused.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "real-time priority") ||
+		!strings.Contains(string(out), "CAP_SYS_NICE") || strings.Contains(string(out), "recording process") {
+		t.Errorf("record --realtime without CAP_SYS_NICE: %v\n%s", err, out)
+	}
+	for _, f := range []string{"refused.txt", "refused.raw.gz"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			t.Errorf("%s written by a refused recording", f)
+		}
 	}
 }

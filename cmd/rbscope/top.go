@@ -64,6 +64,11 @@ func (o *topFlags) run() error {
 	if !tui.IsTerminal(os.Stdin, os.Stdout) {
 		return errors.New("top needs a terminal; use 'rbscope record --format summary' to sample without one")
 	}
+	if o.Realtime {
+		if err := sampler.CheckRealtime(); err != nil {
+			return err
+		}
+	}
 	proc, err := record.OpenLive(context.Background(), o.Target)
 	if err != nil {
 		return err
@@ -79,8 +84,9 @@ func (o *topFlags) run() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sampled := make(chan sampler.Stats, 1)
+	var sampleErr error // set before the stats are sent
 	go func() {
-		st, _ := record.SampleLive(ctx, proc, o.Target, sampler.Config{
+		st, err := record.SampleLive(ctx, proc, o.Target, sampler.Config{
 			ProgressEvery: 250 * time.Millisecond,
 			Progress: func(st sampler.Stats) {
 				msg := ""
@@ -97,6 +103,7 @@ func (o *topFlags) run() error {
 				agg.SetUnread(unread)
 			},
 		}, agg.Add)
+		sampleErr = err
 		sampled <- st
 	}()
 	v := topView{agg: agg, screen: screen, sortBy: tui.SortOwnPct,
@@ -108,6 +115,9 @@ func (o *topFlags) run() error {
 		return nil
 	}
 	screen.Close()
+	if sampleErr != nil {
+		return sampleErr
+	}
 	if st.Exited {
 		fmt.Fprintf(os.Stderr, "rbscope: process %d exited\n", o.Pid)
 	}

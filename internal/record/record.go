@@ -54,6 +54,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := r.checkOutputs(); err != nil {
 		return err
 	}
+	if cfg.Realtime {
+		if err := sampler.CheckRealtime(); err != nil {
+			return err
+		}
+	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	defer r.cancel(nil)
 	// Signals are caught before the command starts; they are handled
@@ -207,7 +212,7 @@ func (r *rec) sample() (sampler.Stats, error) {
 		r.sinks = sinks
 	}
 	mode, _ := r.cfg.SampleMode() // checked by Validate
-	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode,
+	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode, Realtime: r.cfg.Realtime,
 		Progress: r.progress, ProgressEvery: 250 * time.Millisecond}
 	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)
 	for _, s := range r.sinks {

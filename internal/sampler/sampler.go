@@ -63,6 +63,9 @@ type Config struct {
 	Jitter float64
 	// OnCPUOnly drops samples of threads that were not running on a CPU.
 	OnCPUOnly bool
+	// Realtime runs rbscope's threads at real-time priority while
+	// sampling (see raiseRealtime): ticks on time at high rates.
+	Realtime bool
 	// Mode drops the samples a mode does not keep (stack.Mode.Keeps);
 	// "" and wall keep all.
 	Mode stack.Mode
@@ -194,8 +197,16 @@ func (s Stats) ErrorSummary() string {
 // Run samples src according to cfg, calling sink with each tick's samples
 // (the slice is only valid during the call), until cfg.Duration has
 // passed, ctx is cancelled or the target exits. It returns the statistics;
-// the error is non-nil only for an invalid configuration.
+// the error is non-nil only for an invalid configuration, or when
+// cfg.Realtime cannot be had.
 func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
+	if cfg.Realtime {
+		restore, err := raiseRealtime()
+		if err != nil {
+			return Stats{}, err
+		}
+		defer restore()
+	}
 	t, err := newTickTimer(ctx)
 	if err != nil {
 		// No timerfd (never seen on Linux since 2.6.25): sleep the

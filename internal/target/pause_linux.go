@@ -421,6 +421,7 @@ func waitStop(pid, tid int, timeout time.Duration, keepExit bool) (sig int, ok, 
 	var ws unix.WaitStatus
 	var deadline, spinUntil time.Time
 	backoff := time.Duration(0)
+	rt := 0 // 0 unknown, 1 ordinary, 2 real-time (the caller's policy)
 	for i := 0; ; i++ {
 		var wpid int
 		var err error
@@ -476,7 +477,22 @@ func waitStop(pid, tid int, timeout time.Duration, keepExit bool) (sig int, ok, 
 			continue
 		}
 		if i < 1000 {
-			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			if rt == 0 {
+				rt = 1
+				if pol, _, e := unix.RawSyscall(unix.SYS_SCHED_GETSCHEDULER, 0, 0, 0); e == 0 {
+					if pol &^= unix.SCHED_RESET_ON_FORK; pol == unix.SCHED_FIFO || pol == unix.SCHED_RR {
+						rt = 2
+					}
+				}
+			}
+			if rt == 2 {
+				// A real-time thread's yield leaves its CPU to no
+				// ordinary thread: sleep instead (--realtime).
+				ts := unix.Timespec{Nsec: 20000}
+				_, _, _ = unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
+			} else {
+				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			}
 			continue
 		}
 		if deadline.IsZero() {

@@ -87,7 +87,8 @@ func read(r io.Reader) ([]*series, error) {
 	return out, nil
 }
 
-var colors = []string{"#d62728", "#ff9896", "#1f77b4", "#aec7e8", "#2ca02c", "#98df8a"}
+var colors = []string{"#d62728", "#ff9896", "#1f77b4", "#aec7e8", "#2ca02c", "#98df8a",
+	"#9467bd", "#c5b0d5", "#ff7f0e", "#ffbb78", "#8c564b", "#c49c94"}
 
 const (
 	panelW, panelH                 = 460, 320
