@@ -32,21 +32,25 @@ func raiseRealtime() (restore func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	type was struct{ tid, policy int }
-	var changed []was
+	// The policy each thread had; leftAlone for those not changed.
+	const leftAlone = -1
+	was := map[int]int{}
+	changed := 0
 	undo := func() {
-		known := map[int]int{}
-		for _, w := range changed {
-			known[w.tid] = w.policy
+		if changed == 0 {
+			return
 		}
 		now, _ := ownThreads()
 		for _, tid := range now {
-			pol, ok := known[tid]
+			pol, ok := was[tid]
 			if !ok {
-				pol = unix.SCHED_NORMAL // started at real-time priority meanwhile
+				pol = unix.SCHED_NORMAL // started meanwhile, inheriting real-time
 			}
-			if p, err := getPolicy(tid); err == nil && p != unix.SCHED_FIFO {
-				continue // not ours to restore
+			if pol == leftAlone {
+				continue
+			}
+			if p, err := getPolicy(tid); err != nil || p != unix.SCHED_FIFO {
+				continue
 			}
 			_ = setPolicy(tid, pol, 0)
 		}
@@ -57,7 +61,8 @@ func raiseRealtime() (restore func(), err error) {
 			continue // exited
 		}
 		if pol != unix.SCHED_NORMAL && pol != unix.SCHED_BATCH {
-			continue // already real-time (chrt), or SCHED_IDLE: left alone
+			was[tid] = leftAlone // already real-time (chrt), or SCHED_IDLE
+			continue
 		}
 		if err := setPolicy(tid, unix.SCHED_FIFO, RealtimePriority); err != nil {
 			if errors.Is(err, unix.ESRCH) {
@@ -66,7 +71,8 @@ func raiseRealtime() (restore func(), err error) {
 			undo()
 			return nil, realtimeErr(err)
 		}
-		changed = append(changed, was{tid, pol})
+		was[tid] = pol
+		changed++
 	}
 	return undo, nil
 }
