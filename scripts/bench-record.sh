@@ -228,7 +228,8 @@ done
 cp "$work/sweep.tsv" "$out/bench-record-sweep.tsv"
 if command -v chromium >/dev/null; then
   chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --screenshot="$out/bench-record.png" \
-    --window-size=1120,$((470 + 20 * ${#builds[@]} * 2)) "file://$out/bench-record.svg" >/dev/null 2>&1 || true
+    --window-size=1120,"$(grep -o 'height="[0-9]*"' "$out/bench-record.svg" | head -1 | tr -dc 0-9)" \
+    "file://$out/bench-record.svg" >/dev/null 2>&1 || true
 fi
 echo "   chart: $out/bench-record.png (data $out/bench-record-sweep.tsv)"
 
