@@ -21,7 +21,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/recording"
-	"github.com/rbscope/rbscope/internal/sampler"
+	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -777,7 +777,7 @@ func TestRecordRealtime(t *testing.T) {
 	if err != nil {
 		testutil.Missing(t, "setpriv (util-linux) not installed")
 	}
-	if err := sampler.CheckRealtime(); err != nil {
+	if err := rtprio.Check(); err != nil {
 		testutil.Missing(t, "%v", err)
 	}
 	p := recStartRuby(t, rb, `

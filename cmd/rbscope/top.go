@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rbscope/rbscope/internal/record"
+	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/tui"
 )
@@ -65,7 +66,7 @@ func (o *topFlags) run() error {
 		return errors.New("top needs a terminal; use 'rbscope record --format summary' to sample without one")
 	}
 	if o.Realtime {
-		if err := sampler.CheckRealtime(); err != nil {
+		if err := rtprio.Check(); err != nil {
 			return err
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/proctree"
 	"github.com/rbscope/rbscope/internal/recording"
+	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -55,7 +56,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if cfg.Realtime {
-		if err := sampler.CheckRealtime(); err != nil {
+		if err := rtprio.Check(); err != nil {
 			return err
 		}
 	}

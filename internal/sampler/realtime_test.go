@@ -2,9 +2,12 @@ package sampler
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -15,23 +18,23 @@ import (
 // back.
 func TestRealtime(t *testing.T) {
 	testutil.NeedRoot(t)
-	if err := CheckRealtime(); err != nil {
+	if err := rtprio.Check(); err != nil {
 		testutil.Missing(t, "%v", err)
 	}
 	before := map[int]int{}
-	tids, err := ownThreads()
+	tids, err := procfs.Tasks(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tid := range tids {
-		if pol, err := getPolicy(tid); err == nil {
+		if pol, err := rtprio.Policy(tid); err == nil {
 			before[tid] = pol
 		}
 	}
 	ticks, fifo := 0, 0
 	_, err = Run(context.Background(), SourceFunc(func(context.Context) ([]stack.Sample, error) {
 		ticks++
-		if pol, err := getPolicy(0); err == nil && pol == unix.SCHED_FIFO {
+		if pol, err := rtprio.Policy(0); err == nil && pol == unix.SCHED_FIFO {
 			fifo++
 		}
 		return nil, nil
@@ -42,12 +45,12 @@ func TestRealtime(t *testing.T) {
 	if ticks < 20 || fifo != ticks {
 		t.Errorf("%d of %d ticks ran at real-time priority", fifo, ticks)
 	}
-	after, err := ownThreads()
+	after, err := procfs.Tasks(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tid := range after {
-		pol, err := getPolicy(tid)
+		pol, err := rtprio.Policy(tid)
 		if err != nil {
 			continue
 		}

@@ -26,6 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -64,7 +65,7 @@ type Config struct {
 	// OnCPUOnly drops samples of threads that were not running on a CPU.
 	OnCPUOnly bool
 	// Realtime runs rbscope's threads at real-time priority while
-	// sampling (see raiseRealtime): ticks on time at high rates.
+	// sampling (see rtprio.Raise): ticks on time at high rates.
 	Realtime bool
 	// Mode drops the samples a mode does not keep (stack.Mode.Keeps);
 	// "" and wall keep all.
@@ -201,7 +202,7 @@ func (s Stats) ErrorSummary() string {
 // cfg.Realtime cannot be had.
 func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample)) (Stats, error) {
 	if cfg.Realtime {
-		restore, err := raiseRealtime()
+		restore, err := rtprio.Raise()
 		if err != nil {
 			return Stats{}, err
 		}

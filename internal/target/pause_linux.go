@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/rtprio"
 	"golang.org/x/sys/unix"
 )
 
@@ -479,10 +480,8 @@ func waitStop(pid, tid int, timeout time.Duration, keepExit bool) (sig int, ok, 
 		if i < 1000 {
 			if rt == 0 {
 				rt = 1
-				if pol, _, e := unix.RawSyscall(unix.SYS_SCHED_GETSCHEDULER, 0, 0, 0); e == 0 {
-					if pol &^= unix.SCHED_RESET_ON_FORK; pol == unix.SCHED_FIFO || pol == unix.SCHED_RR {
-						rt = 2
-					}
+				if rtprio.Caller() {
+					rt = 2
 				}
 			}
 			if rt == 2 {
@@ -564,7 +563,7 @@ func detach(tid, sig int) error { return ptrace(unix.PTRACE_DETACH, tid, uintptr
 func (p *Pauser) InterruptedSleep(tid int) (asleep bool, err error) {
 	var regs Registers
 	var rerr error
-	if e := p.do(func() { rerr = getRegs(tid, &regs) }); e != nil {
+	if e := p.do(func() { rerr = ptrace(unix.PTRACE_GETREGS, tid, uintptr(unsafe.Pointer(&regs))) }); e != nil {
 		return false, e
 	}
 	if rerr != nil {
@@ -595,17 +594,8 @@ func interruptedCall(r *Registers) bool {
 	return false
 }
 
-// getRegs reads a stopped tracee's registers (a raw request, as ptrace's).
-func getRegs(tid int, r *Registers) error {
-	_, _, e := unix.RawSyscall6(unix.SYS_PTRACE, unix.PTRACE_GETREGS, uintptr(tid), 0, uintptr(unsafe.Pointer(r)), 0, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
 // ptrace makes a ptrace request that returns at once (seize, interrupt,
-// detach) as a raw system call, and wait4NoHang polls a tracee's stop the
+// getregs, detach) as a raw system call, and wait4NoHang polls a tracee's stop the
 // same way: a pause makes a dozen of these per sample, and announcing
 // each to the Go scheduler would wake its monitor thread, which then
 // polls every 20 µs (measured: 12 nanosleep and 8 futex calls per tick in
@@ -630,23 +620,12 @@ func wait4NoHang(tid int, ws *unix.WaitStatus) (int, error) {
 }
 
 func (p *Pauser) listTasks(pid int) ([]int, error) {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/task")
+	tids, err := procfs.Tasks(pid)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, ErrProcessExited{Pid: pid}
 		}
-		return nil, fmt.Errorf("list threads of process %d: %w", pid, err)
-	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("list threads of process %d: %w", pid, err)
-	}
-	tids := make([]int, 0, len(names))
-	for _, n := range names {
-		if tid, err := strconv.Atoi(n); err == nil {
-			tids = append(tids, tid)
-		}
+		return nil, err
 	}
 	if len(tids) == 0 {
 		return nil, ErrProcessExited{Pid: pid}
