@@ -401,7 +401,7 @@ func TestInterruptedSleep(t *testing.T) {
 	defer pz.Close()
 	// The new threads settle into taking turns with the GVL.
 	time.Sleep(200 * time.Millisecond)
-	oneRunning := 0
+	oneRunning, mainAwake := 0, 0
 	const pauses = 20
 	for i := 0; i < pauses; i++ {
 		info, resume, err := pz.PauseInfo(pid)
@@ -426,7 +426,7 @@ func TestInterruptedSleep(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !mainAsleep {
-			t.Errorf("pause %d: the main thread (in sleep) was not asleep", i)
+			mainAwake++
 		}
 		// More while the GVL changes hands: a thread woken from its
 		// wait for it is runnable, and so running.
@@ -435,7 +435,13 @@ func TestInterruptedSleep(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Logf("one thread running in %d of %d pauses", oneRunning, pauses)
+	t.Logf("one thread running in %d of %d pauses; the main thread awake in %d", oneRunning, pauses, mainAwake)
+	// Ruby wakes a sleeping thread now and then (its timer's interrupt
+	// checks): a pause may catch it on its way back to sleep (1 of 20 once
+	// under CI's load, 0 of 300 on an idle machine).
+	if mainAwake > pauses/10 {
+		t.Errorf("the main thread (in sleep) was not asleep in %d of %d pauses", mainAwake, pauses)
+	}
 	if oneRunning < pauses*3/4 {
 		t.Errorf("one thread running in %d of %d pauses", oneRunning, pauses)
 	}
