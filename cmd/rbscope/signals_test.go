@@ -116,6 +116,7 @@ func TestRecordSIGTSTP(t *testing.T) {
 		p := rb.Start(t, recScript(t, sigScript))
 		dir := t.TempDir()
 		cmd, se := startRecording(t, rb, p.Pid, dir)
+		var resumed time.Time
 		for i := 0; i < 10; i++ {
 			_ = cmd.Process.Signal(syscall.SIGTSTP)
 			waitState(t, cmd.Process.Pid, 'T')
@@ -123,19 +124,27 @@ func TestRecordSIGTSTP(t *testing.T) {
 			if sts := taskStatus(t, p.Pid); heldBy(sts, cmd.Process.Pid) {
 				t.Fatalf("try %d: rbscope is stopped and holds the target: %+v", i, sts)
 			}
+			resumed = time.Now()
 			_ = cmd.Process.Signal(syscall.SIGCONT)
 			waitState(t, cmd.Process.Pid, 'S', 'R')
 			time.Sleep(50 * time.Millisecond)
 		}
-		raw := filepath.Join(dir, "r.gz")
-		before := fileSize(raw)
-		time.Sleep(1200 * time.Millisecond) // the raw writer flushes about every second
-		if after := fileSize(raw); after <= before {
-			t.Errorf("raw recording did not grow after SIGCONT (%d -> %d bytes): sampling did not resume", before, after)
-		}
+		time.Sleep(500 * time.Millisecond)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		if err := cmd.Wait(); err != nil {
 			t.Fatalf("rbscope after SIGTERM: %v\n%s", err, se)
+		}
+		// Sampling resumed after the last SIGCONT: the recording (all of
+		// it, flushed at the end) holds samples taken after it.
+		_, samples := recReadRaw(t, filepath.Join(dir, "r.gz"))
+		after := 0
+		for _, s := range samples {
+			if s.Time.After(resumed) {
+				after++
+			}
+		}
+		if after == 0 {
+			t.Errorf("no sample of %d taken after the last SIGCONT: sampling did not resume", len(samples))
 		}
 		if b, err := os.ReadFile(filepath.Join(dir, "prof.txt")); err != nil || !strings.Contains(string(b), "Object#busy_leaf") {
 			t.Errorf("no profile: %v\n%s", err, se)
