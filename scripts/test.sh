@@ -2,12 +2,25 @@
 # Runs rbscope's whole test suite (installing what it needs first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
 ./scripts/install-deps.sh
-# The Rubies under test besides Debian's (built once, then cached: ~16 min cold).
-./scripts/rubies.sh build
 export PATH=$PATH:/usr/local/go/bin
-# The real Pyroscope server of the upload tests (built once, then cached: ~5 min cold).
-./scripts/pyroscope.sh build >/dev/null
+# The Rubies under test besides Debian's (scripts/rubies.sh) and the real
+# Pyroscope server of the upload tests (scripts/pyroscope.sh) are built once
+# and cached. Cold, they build side by side: the Rubies' configure and
+# install steps and Pyroscope's module downloads each leave a core idle.
+logs=$(mktemp -d "${TMPDIR:-/tmp}/rbscope-test-setup.XXXXXX")
+trap 'rm -rf "$logs"' EXIT
+./scripts/rubies.sh build >"$logs/rubies.log" 2>&1 &
+rubies=$!
+./scripts/pyroscope.sh build >"$logs/pyroscope.log" 2>&1 &
+pyroscope=$!
+failed=0
+wait "$rubies" || { echo "scripts/rubies.sh build failed:" >&2; tail -n 40 "$logs/rubies.log" >&2; failed=1; }
+wait "$pyroscope" || { echo "scripts/pyroscope.sh build failed:" >&2; tail -n 40 "$logs/pyroscope.log" >&2; failed=1; }
+[ "$failed" = 0 ] || exit 1
+grep -h '^rubies.sh: Ruby .* installed\|^pyroscope.sh: building' "$logs"/*.log >&2 || true
+echo "test.sh: set-up took $((SECONDS - start)) s" >&2
 # The rbscope binaries the tests build are static, as the scripts ship them.
 export CGO_ENABLED=0
 go vet ./...
@@ -15,4 +28,7 @@ unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go')
 if [ -n "$unformatted" ]; then echo "gofmt needed: $unformatted" >&2; exit 1; fi
 # One package at a time: many tests compare shares of CPU and wall time
 # with the target's own clocks, which two packages loading both cores skew.
-go test -p 1 -count=1 -timeout 60m ./... "$@"
+status=0
+go test -p 1 -count=1 -timeout 60m ./... "$@" || status=$?
+echo "test.sh: everything took $((SECONDS - start)) s" >&2
+exit $status
