@@ -50,10 +50,10 @@ func fuzzSeeds() map[string][]byte {
 		"tiny-xz":    x.Bytes(),
 		"tiny-lz4":   l.Bytes(),
 		"zeros-zstd": zeros, // not a core: refused after its first bytes
-		"tiny":      small,
-		"tiny-xnum": xnum.bytes(),
-		"tiny-gzip": z.Bytes(),
-		"truncated": small[:len(small)/2],
+		"tiny":       small,
+		"tiny-xnum":  xnum.bytes(),
+		"tiny-gzip":  z.Bytes(),
+		"truncated":  small[:len(small)/2],
 	}
 }
 
