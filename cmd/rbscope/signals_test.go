@@ -173,7 +173,8 @@ func waitState(t *testing.T, pid int, want ...byte) {
 // of file, and rbscope then blocked forever in the final open, swallowing
 // the first SIGTERM), one that comes while rbscope says it waits, and
 // none, where SIGTERM ends the wait at once, exit 1, naming the raw
-// recording that keeps the samples.
+// recording that keeps the samples. A FIFO as the raw recording is
+// refused.
 func TestRecordFIFO(t *testing.T) {
 	testutil.NeedRoot(t)
 	rb := testutil.SystemRuby(t)
@@ -245,6 +246,18 @@ func TestRecordFIFO(t *testing.T) {
 		}
 		if err := cat.Wait(); err != nil || !strings.Contains(out.String(), "Object#busy_leaf") {
 			t.Errorf("reader: %v, got %q", err, out.String())
+		}
+	})
+	t.Run("raw recording", func(t *testing.T) {
+		// The raw recording is read back: a FIFO is refused before
+		// anything starts (it used to block the start forever).
+		cmd := exec.Command(recBinary(t), "record", "--pid", strconv.Itoa(p.Pid), "--duration", "1s",
+			"-o", filepath.Join(dir, "out.txt"), "--raw", fifo)
+		cmd.Env = rb.ProfilerEnv(t)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "raw recording "+fifo+" is a FIFO") {
+			t.Errorf("--raw FIFO: %v\n%s", err, out)
 		}
 	})
 	t.Run("no reader, SIGTERM", func(t *testing.T) {
