@@ -19,6 +19,7 @@ import (
 	"github.com/rbscope/rbscope/internal/alloc"
 	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/tui"
 	"github.com/rbscope/rbscope/internal/upload"
@@ -112,6 +113,9 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 	if err := f.validate(); err != nil {
 		return exitError{2, err}
 	}
+	if err := checkDuration(cmd, f.duration); err != nil {
+		return err
+	}
 	stderr := cmd.ErrOrStderr()
 	if o := f.output; o != "" && !output.StdoutPath(o) {
 		// Before counting: what was counted is not lost to a path
@@ -168,6 +172,9 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 		var ex target.ErrProcessExited
 		if errors.As(err, &ex) {
 			return fmt.Errorf("process %d not found: check the pid", f.pid)
+		}
+		if errors.Is(err, ruby.ErrNotRuby) {
+			return fmt.Errorf("process %d: %w", f.pid, err) // as snapshot and record say it
 		}
 		return fmt.Errorf("attach to process %d: %w", f.pid, err)
 	}

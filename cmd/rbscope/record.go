@@ -88,6 +88,9 @@ func init() {
 }
 
 func (o *recordFlags) run(cmd *cobra.Command, argv []string) error {
+	if err := checkDuration(cmd, o.cfg.Duration); err != nil {
+		return err
+	}
 	cfg := o.cfg
 	cfg.Target = o.Target
 	cfg.Command = argv
