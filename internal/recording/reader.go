@@ -10,8 +10,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
