@@ -89,7 +89,7 @@ Examples:
 	}
 	fl := cmd.Flags()
 	fl.IntVarP(&f.pid, "pid", "p", 0, "process id of the Ruby process")
-	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C or the process exits)")
+	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long, more than 0 (default: until Ctrl-C or the process exits)")
 	fl.StringVar(&f.by, "by", "line", "text report grouping: line (count file:line:Class) or class")
 	fl.StringVarP(&f.format, "format", "f", "text", "report format: text, json or pprof")
 	fl.StringVarP(&f.output, "output", "o", "", "write the report to FILE (default: stdout; pprof: rbscope-alloc-PID-TIME.pb.gz)")
