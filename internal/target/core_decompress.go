@@ -306,8 +306,13 @@ func corrupt(f *os.File, kind, name string, out int64, err error) error {
 				name, humanBytes(int64(w)), humanBytes(zstdMaxWindow), name)
 		}
 	}
-	return fmt.Errorf("the %s-compressed core %s is corrupt: %s (%v); copy or dump the core again",
-		kind, name, where, err)
+	detail := err.Error()
+	if kind == "zstd" && errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+		// The decoder's words would name its own option.
+		detail = "its frame header claims an implausible size"
+	}
+	return fmt.Errorf("the %s-compressed core %s is corrupt: %s (%s); copy or dump the core again",
+		kind, name, where, detail)
 }
 
 // zstdWindow reads the window size the first zstd frame of f asks for.
