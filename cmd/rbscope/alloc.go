@@ -17,7 +17,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rbscope/rbscope/internal/alloc"
+	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/tui"
 	"github.com/rbscope/rbscope/internal/upload"
@@ -87,7 +89,7 @@ Examples:
 	}
 	fl := cmd.Flags()
 	fl.IntVarP(&f.pid, "pid", "p", 0, "process id of the Ruby process")
-	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C or the process exits)")
+	fl.DurationVarP(&f.duration, "duration", "d", 0, "stop after this long, more than 0 (default: until Ctrl-C or the process exits)")
 	fl.StringVar(&f.by, "by", "line", "text report grouping: line (count file:line:Class) or class")
 	fl.StringVarP(&f.format, "format", "f", "text", "report format: text, json or pprof")
 	fl.StringVarP(&f.output, "output", "o", "", "write the report to FILE (default: stdout; pprof: rbscope-alloc-PID-TIME.pb.gz)")
@@ -111,7 +113,17 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 	if err := f.validate(); err != nil {
 		return exitError{2, err}
 	}
+	if err := checkDuration(cmd, f.duration); err != nil {
+		return err
+	}
 	stderr := cmd.ErrOrStderr()
+	if o := f.output; o != "" && !output.StdoutPath(o) {
+		// Before counting: what was counted is not lost to a path
+		// that cannot be written.
+		if err := output.CheckWritable(o); err != nil {
+			return fmt.Errorf("output %s is not writable: %w", o, err)
+		}
+	}
 	// Signals are caught before attaching, so that Ctrl-C during the
 	// attach still detaches cleanly.
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
@@ -150,6 +162,9 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 		cfg.PushInterval, cfg.OnPush = f.upload.interval, push.push
 	}
 	r, err := alloc.Run(ctx, cfg)
+	// Counting is over: from here on SIGINT and SIGTERM end rbscope the
+	// default way (a report waiting for a FIFO's reader, a stuck upload).
+	stop()
 	if err != nil {
 		if push != nil {
 			push.up.Close(context.Background())
@@ -157,6 +172,9 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 		var ex target.ErrProcessExited
 		if errors.As(err, &ex) {
 			return fmt.Errorf("process %d not found: check the pid", f.pid)
+		}
+		if errors.Is(err, ruby.ErrNotRuby) {
+			return fmt.Errorf("process %d: %w", f.pid, err) // as snapshot and record say it
 		}
 		return fmt.Errorf("attach to process %d: %w", f.pid, err)
 	}
@@ -246,16 +264,14 @@ func writeAllocReport(cmd *cobra.Command, f allocFlags, r *alloc.Report) error {
 	if out == "" || out == "-" {
 		return r.WriteFormat(cmd.OutOrStdout(), f.format, f.by, f.top)
 	}
-	file, err := os.Create(out)
+	stderr := cmd.ErrOrStderr()
+	wo := output.WriteOptions{Say: func(msg string) { fmt.Fprintf(stderr, "rbscope alloc: %s\n", msg) }}
+	file, err := output.WriteFile(out, wo, func(w io.Writer) error { return r.WriteFormat(w, f.format, f.by, f.top) })
 	if err != nil {
-		return fmt.Errorf("create report: %w", err)
-	}
-	defer file.Close()
-	if err := r.WriteFormat(file, f.format, f.by, f.top); err != nil {
-		return err
-	}
-	if err := file.Close(); err != nil {
 		return fmt.Errorf("write report: %w", err)
+	}
+	if file.Path != "" {
+		out = file.Path
 	}
 	if abs, err := filepath.Abs(out); err == nil {
 		out = abs

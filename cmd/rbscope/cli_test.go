@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/google/pprof/profile"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -150,6 +152,23 @@ func TestBadInput(t *testing.T) {
 	os.WriteFile(trunc, []byte("\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x04\x00>\x00"), 0o644)
 	junk := filepath.Join(dir, "junk.core")
 	os.WriteFile(junk, bytes.Repeat([]byte{0xAB}, 4096), 0o644)
+	text := filepath.Join(dir, "six.txt")
+	os.WriteFile(text, []byte("hello\n"), 0o644)
+	// 64 MiB of zeros, zstd-compressed (systemd-coredump's format) and
+	// gzip'd: refused once their first bytes are decompressed.
+	zeros := make([]byte, 64<<20)
+	zst := filepath.Join(dir, "zeros.zst")
+	zw, _ := zstd.NewWriter(nil)
+	os.WriteFile(zst, zw.EncodeAll(zeros, nil), 0o644)
+	zw.Close()
+	var gz bytes.Buffer
+	gw := gzip.NewWriter(&gz)
+	gw.Write(zeros)
+	gw.Close()
+	gzPath := filepath.Join(dir, "zeros.gz")
+	os.WriteFile(gzPath, gz.Bytes(), 0o644)
+	randZst := filepath.Join(dir, "random.zst")
+	os.WriteFile(randZst, append([]byte{0x28, 0xb5, 0x2f, 0xfd}, bytes.Repeat([]byte{0x9c, 0x41, 0xe7, 0x03}, 1000)...), 0o644)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -162,6 +181,16 @@ func TestBadInput(t *testing.T) {
 		{"junk core", []string{"snapshot", "--core", junk}, "not an ELF core file"},
 		{"missing core", []string{"snapshot", "--core", filepath.Join(dir, "nope")}, "nope"},
 		{"bad format", []string{"snapshot", "--pid", "1", "--format", "xml"}, "unknown format"},
+		{"zstd of zeros", []string{"snapshot", "--core", zst}, zst + " is zstd-compressed, but what it holds is not an ELF core file"},
+		{"gzip of zeros", []string{"snapshot", "--core", gzPath}, gzPath + " is gzip-compressed, but what it holds is not an ELF core file"},
+		{"random zstd", []string{"snapshot", "--core", randZst}, "the zstd-compressed core " + randZst + " is corrupt"},
+		{"alloc not ruby", []string{"alloc", "--pid", strconv.Itoa(sleeper.Process.Pid), "--duration", "1s"}, "not a Ruby process"},
+		{"rate 0", []string{"record", "--pid", "1", "--rate", "0"}, "--rate 0: give a rate above 0 and at most 20000 samples per second"},
+		{"rate 1e6", []string{"record", "--pid", "1", "--rate", "1000000"}, "--rate 1000000: give a rate above 0"},
+		{"rate NaN", []string{"record", "--pid", "1", "--rate", "NaN"}, "--rate NaN: give a rate above 0"},
+		{"duration 0", []string{"record", "--pid", "1", "--duration", "0s"}, "--duration 0s: give a positive duration"},
+		{"alloc duration 0", []string{"alloc", "--pid", "1", "--duration", "0"}, "--duration 0s: give a positive duration"},
+		{"report of a text file", []string{"report", "--input", text}, "not an rbscope recording"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, stderr, code := run(t, tc.args...)

@@ -47,6 +47,17 @@ func (t *targetFlags) register(f *pflag.FlagSet, what int) {
 	}
 }
 
+// checkDuration refuses a --duration given as 0 or less: left out, a
+// command runs until Ctrl-C or the process exits; given, it must be a
+// length of time (a "0s" that meant no limit surprised).
+func checkDuration(cmd *cobra.Command, d time.Duration) error {
+	if cmd.Flags().Changed("duration") && d <= 0 {
+		return usage("--duration %v: give a positive duration (e.g. 30s), or leave --duration out "+
+			"to run until Ctrl-C or the process exits", d)
+	}
+	return nil
+}
+
 // usage is a usage error (exit status 2).
 func usage(format string, args ...any) error { return record.Usagef(format, args...) }
 

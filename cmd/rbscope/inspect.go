@@ -41,6 +41,7 @@ table, field by field).`,
   rbscope inspect --pid 1234 --format json`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			o.stderr = cmd.ErrOrStderr()
 			return runInspect(cmd.OutOrStdout(), o)
 		},
 	}

@@ -74,7 +74,7 @@ func init() {
 	}
 	f := cmd.Flags()
 	o.register(f, withSampling|withLaunch)
-	f.DurationVarP(&o.cfg.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C or the process exits)")
+	f.DurationVarP(&o.cfg.Duration, "duration", "d", 0, "stop after this long, more than 0 (default: until Ctrl-C or the process exits)")
 	f.StringVarP(&o.cfg.Format, "format", "f", "flamegraph", "output format: "+strings.Join(output.Formats(), ", "))
 	f.StringVarP(&o.cfg.Output, "output", "o", "", "output file ('-' for standard output; default rbscope-<time>-<pid>.<ext>)")
 	f.StringVar(&o.cfg.Raw, "raw", "", "raw recording file (default in the user cache directory)")
@@ -88,6 +88,9 @@ func init() {
 }
 
 func (o *recordFlags) run(cmd *cobra.Command, argv []string) error {
+	if err := checkDuration(cmd, o.cfg.Duration); err != nil {
+		return err
+	}
 	cfg := o.cfg
 	cfg.Target = o.Target
 	cfg.Command = argv

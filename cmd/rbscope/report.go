@@ -150,7 +150,10 @@ func runReport(stderr io.Writer, o reportOpts) error {
 		out = reportPath(o.input, o.format)
 	}
 	// A recording cut short is rendered up to where it was cut.
-	n, f, err := output.RenderFile(o.format, opts, filterSamples(rd.Samples(), mode, o.noGC), out)
+	// A FIFO is waited for (bounded, and said); SIGINT and SIGTERM end
+	// the wait the default way.
+	wo := output.WriteOptions{Say: func(msg string) { fmt.Fprintf(stderr, "rbscope: %s\n", msg) }}
+	n, f, err := output.RenderFile(o.format, opts, filterSamples(rd.Samples(), mode, o.noGC), out, wo)
 	if err != nil {
 		return fmt.Errorf("render %s: %w", o.format, err)
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,4 +175,122 @@ func waitState(t *testing.T, pid int, want ...byte) {
 		}
 	}
 	t.Fatalf("process %d: state %q, want one of %q (%v)", pid, st.State, want, err)
+}
+
+// TestRecordFIFO records into FIFOs with real readers (cat): one opened
+// before rbscope started (its check of the output used to hand it an end
+// of file, and rbscope then blocked forever in the final open, swallowing
+// the first SIGTERM), one that comes while rbscope says it waits, and
+// none, where SIGTERM ends the wait at once, exit 1, naming the raw
+// recording that keeps the samples. A FIFO as the raw recording is
+// refused.
+func TestRecordFIFO(t *testing.T) {
+	testutil.NeedRoot(t)
+	rb := testutil.SystemRuby(t)
+	p := rb.Start(t, recScript(t, sigScript))
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	record := func() (*exec.Cmd, *bytes.Buffer) {
+		cmd := exec.Command(recBinary(t), "record", "--pid", strconv.Itoa(p.Pid), "--duration", "1s",
+			"--format", "collapsed", "-o", fifo, "--raw", filepath.Join(dir, "r.gz"))
+		cmd.Env = rb.ProfilerEnv(t)
+		var se bytes.Buffer
+		cmd.Stderr = &se
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd, &se
+	}
+	reader := func() (*exec.Cmd, *bytes.Buffer) {
+		cat := exec.Command("cat", fifo)
+		var out bytes.Buffer
+		cat.Stdout = &out
+		if err := cat.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cat.Process.Kill(); _ = cat.Wait() })
+		return cat, &out
+	}
+	waitFor := func(se *bytes.Buffer, want string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(se.String(), want); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("rbscope never said %q:\n%s", want, se)
+			}
+		}
+	}
+	t.Run("reader first", func(t *testing.T) {
+		cat, out := reader()
+		// cat waits in openat(2) (x86_64 system call 257) for a writer.
+		for i := 0; ; i++ {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", cat.Process.Pid)); strings.HasPrefix(string(b), "257 ") {
+				break
+			}
+			if i == 500 {
+				t.Fatal("cat never waited to open the FIFO")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cmd, se := record()
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("record: %v\n%s", err, se)
+		}
+		if err := cat.Wait(); err != nil || !strings.Contains(out.String(), "Object#busy_leaf") {
+			t.Errorf("reader: %v, got %q", err, out.String())
+		}
+		if strings.Contains(se.String(), "waiting") {
+			t.Errorf("said it waited with a reader there:\n%s", se)
+		}
+	})
+	t.Run("reader second", func(t *testing.T) {
+		cmd, se := record()
+		waitFor(se, "waiting up to 30s for a reader of the FIFO "+fifo)
+		cat, out := reader()
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("record: %v\n%s", err, se)
+		}
+		if err := cat.Wait(); err != nil || !strings.Contains(out.String(), "Object#busy_leaf") {
+			t.Errorf("reader: %v, got %q", err, out.String())
+		}
+	})
+	t.Run("raw recording", func(t *testing.T) {
+		// The raw recording is read back: a FIFO is refused before
+		// anything starts (it used to block the start forever).
+		cmd := exec.Command(recBinary(t), "record", "--pid", strconv.Itoa(p.Pid), "--duration", "1s",
+			"-o", filepath.Join(dir, "out.txt"), "--raw", fifo)
+		cmd.Env = rb.ProfilerEnv(t)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "raw recording "+fifo+" is a FIFO") {
+			t.Errorf("--raw FIFO: %v\n%s", err, out)
+		}
+	})
+	t.Run("no reader, SIGTERM", func(t *testing.T) {
+		cmd, se := record()
+		waitFor(se, "waiting up to 30s for a reader of the FIFO "+fifo)
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Errorf("exit %v, want 1\n%s", err, se)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("rbscope still waits 20s after SIGTERM:\n%s", se)
+		}
+		for _, want := range []string{"interrupted by terminated", "rbscope report --input " + filepath.Join(dir, "r.gz")} {
+			if !strings.Contains(se.String(), want) {
+				t.Errorf("stderr lacks %q:\n%s", want, se)
+			}
+		}
+		if fi, err := os.Lstat(fifo); err != nil || fi.Mode().Type() != os.ModeNamedPipe {
+			t.Errorf("the FIFO is gone or replaced: %v", err)
+		}
+	})
 }

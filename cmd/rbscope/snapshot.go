@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -13,6 +14,7 @@ import (
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/tui"
 )
 
 type snapshotOpts struct {
@@ -21,6 +23,7 @@ type snapshotOpts struct {
 	exe       string
 	format    string
 	noSymbols bool
+	stderr    io.Writer // progress of a long decompression
 }
 
 func init() {
@@ -39,6 +42,7 @@ The process is not paused or changed: rbscope reads its memory
   rbscope snapshot --core core.1234 --exe /usr/bin/ruby`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			o.stderr = cmd.ErrOrStderr()
 			return runSnapshot(cmd.OutOrStdout(), o)
 		},
 	}
@@ -82,7 +86,7 @@ func (o *snapshotOpts) open() (target.Target, *ruby.Process, error) {
 		if t, err = target.OpenLive(o.Pid); err != nil {
 			return nil, nil, fmt.Errorf("open process %d: %w", o.Pid, err)
 		}
-	} else if t, err = target.OpenCore(o.core, target.CoreOptions{Exe: o.exe}); err != nil {
+	} else if t, err = target.OpenCore(o.core, coreOptions(o.exe, o.stderr)); err != nil {
 		return nil, nil, fmt.Errorf("open core file %s: %w", o.core, err)
 	}
 	p, err := ruby.Open(t, ruby.Options{Version: o.RubyVersion, NoSymbols: o.noSymbols})
@@ -186,4 +190,26 @@ func completeActivities(t target.Target, threads []stack.Thread) {
 	for i := range threads {
 		ruby.KernelActivity(&threads[i], states[threads[i].TID])
 	}
+}
+
+// coreOptions are the options of a core opened for a person: a
+// compressed core's decompression, when it takes a while, shows its
+// progress on stderr (one line redrawn on a terminal, a line every few
+// seconds elsewhere).
+func coreOptions(exe string, stderr io.Writer) target.CoreOptions {
+	opts := target.CoreOptions{Exe: exe}
+	if stderr == nil {
+		return opts
+	}
+	tty := tui.WriterIsTerminal(stderr)
+	line := tui.NewBlock(stderr, tty)
+	opts.ProgressEvery = 5 * time.Second
+	if tty {
+		opts.ProgressEvery = time.Second
+	}
+	opts.Progress = func(p target.DecompressProgress) {
+		s := "rbscope: " + p.String()
+		line.Draw(s, []string{s})
+	}
+	return opts
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cilium/ebpf/link"
 
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -526,7 +527,9 @@ func sharedLibruby(t *testing.T, rb testutil.RubyUnderTest) string {
 	return string(out)
 }
 
-// TestNoProbes: a process without Ruby has nothing to attach to.
+// TestNoProbes: a process without Ruby has nothing to attach to, and is
+// said not to be Ruby (as snapshot and record say), not to be a Ruby
+// without probes.
 func TestNoProbes(t *testing.T) {
 	cmd := exec.Command("sleep", "30")
 	if err := cmd.Start(); err != nil {
@@ -534,8 +537,8 @@ func TestNoProbes(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	_, err := planOf(cmd.Process.Pid)
-	if !errors.Is(err, ErrNoProbes) {
-		t.Fatalf("PlanFor(sleep) = %v, want ErrNoProbes", err)
+	if !errors.Is(err, ruby.ErrNotRuby) || errors.Is(err, ErrNoProbes) {
+		t.Fatalf("PlanFor(sleep) = %v, want ruby.ErrNotRuby", err)
 	}
 }
 

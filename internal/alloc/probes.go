@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/rbscope/rbscope/internal/elfx"
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/usdt"
 )
@@ -125,6 +126,9 @@ func PlanFor(t target.Target, forceSymbols bool) (*Plan, error) {
 		}
 	}
 	add(t.Executable())
+	if err := checkRuby(t, maps); err != nil {
+		return nil, err
+	}
 	var errs []error
 	var symPlan *Plan
 	for _, c := range cands {
@@ -155,6 +159,27 @@ func PlanFor(t target.Target, forceSymbols bool) (*Plan, error) {
 		return nil, fmt.Errorf("%w (%v)", ErrNoProbes, errors.Join(errs...))
 	}
 	return nil, fmt.Errorf("%w: looked in %s", ErrNoProbes, strings.Join(cands, ", "))
+}
+
+// checkRuby fails with ruby.ErrNotRuby when the process maps no libruby
+// and its executable has no Ruby symbols (ruby.IsRubyProcess): no probe
+// could be found in it, and saying so beats saying that this "Ruby" has
+// none. An executable that cannot be read is left to the planning.
+func checkRuby(t target.Target, maps []target.Mapping) error {
+	if ruby.IsRubyProcess(maps, "", nil) {
+		return nil
+	}
+	exe := t.Executable()
+	r, err := t.OpenFile(exe)
+	if err != nil {
+		return nil
+	}
+	defer r.Close()
+	b, err := elfx.Open(r)
+	if err != nil || ruby.IsRubyProcess(maps, exe, b.Symbols) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s maps no libruby and has no Ruby symbols", ruby.ErrNotRuby, exe)
 }
 
 // planMapped opens the binary the process mapped as path (the mapped

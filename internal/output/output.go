@@ -157,13 +157,13 @@ func Render(format string, o Options, next func() (stack.Sample, error), w io.Wr
 	return n, nil
 }
 
-// RenderFile is Render into the file path, written safely by WriteFile:
-// "-" is standard output, a device or FIFO is written in place, a regular
-// file is replaced only once the render succeeded, a symbolic link's
-// target is written.
-func RenderFile(format string, o Options, next func() (stack.Sample, error), path string) (int, File, error) {
+// RenderFile is Render into the file path, written safely by WriteFile
+// with wo: "-" is standard output, a device or FIFO is written in place
+// (a FIFO once a reader opened it), a regular file is replaced only once
+// the render succeeded, a symbolic link's target is written.
+func RenderFile(format string, o Options, next func() (stack.Sample, error), path string, wo WriteOptions) (int, File, error) {
 	n := 0
-	f, err := WriteFile(path, func(w io.Writer) error {
+	f, err := WriteFile(path, wo, func(w io.Writer) error {
 		var err error
 		n, err = Render(format, o, next, w)
 		return err

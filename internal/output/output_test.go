@@ -564,7 +564,7 @@ func TestRender(t *testing.T) {
 		return samples[i-1], nil
 	}
 	path := filepath.Join(t.TempDir(), "out.txt")
-	n, _, err := RenderFile("collapsed", Options{}, next, path)
+	n, _, err := RenderFile("collapsed", Options{}, next, path, WriteOptions{})
 	if err != nil || n != 105 {
 		t.Fatalf("RenderFile: %d, %v", n, err)
 	}
@@ -575,7 +575,7 @@ func TestRender(t *testing.T) {
 	// A failing source leaves no file behind.
 	boom := errors.New("boom")
 	bad := filepath.Join(t.TempDir(), "bad.txt")
-	_, _, err = RenderFile("collapsed", Options{}, func() (stack.Sample, error) { return stack.Sample{}, boom }, bad)
+	_, _, err = RenderFile("collapsed", Options{}, func() (stack.Sample, error) { return stack.Sample{}, boom }, bad, WriteOptions{})
 	if !errors.Is(err, boom) {
 		t.Fatalf("RenderFile error %v", err)
 	}

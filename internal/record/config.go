@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/output"
@@ -54,8 +55,9 @@ func (t Target) Validate() error {
 		return Usagef("invalid pid %d", t.Pid)
 	case t.Pid == 0 && !t.Launch():
 		return Usagef("no process given: --pid PID")
-	case t.Rate <= 0 || t.Rate > sampler.MaxRate:
-		return Usagef("--rate %g is outside 0..%d", t.Rate, sampler.MaxRate)
+	case !(t.Rate > 0 && t.Rate <= sampler.MaxRate): // NaN too
+		return Usagef("--rate %s: give a rate above 0 and at most %d samples per second",
+			strconv.FormatFloat(t.Rate, 'f', -1, 64), sampler.MaxRate)
 	case t.StartTimeout < 0:
 		return Usagef("negative --start-timeout %v", t.StartTimeout)
 	}

@@ -100,12 +100,19 @@ func (r *rec) render(st sampler.Stats) error {
 	// The trailer just written holds the unread samples, as for report.
 	mode, _ := r.cfg.SampleMode() // checked when the recording began
 	o.Unread = UnreadOptions(rd, mode)
-	n, f, err := output.RenderFile(r.cfg.Format, o, rd.Samples(), r.cfg.Output)
+	// Sampling is over: a stop signal now ends the output (a wait for a
+	// FIFO's reader), and rbscope with it.
+	octx, ocancel := context.WithCancelCause(context.Background())
+	defer ocancel(nil)
+	defer r.sig.duringOutput(ocancel)()
+	wo := output.WriteOptions{Context: octx, Say: func(msg string) { r.con.say("%s", msg) }}
+	n, f, err := output.RenderFile(r.cfg.Format, o, rd.Samples(), r.cfg.Output, wo)
 	if derr := rd.Damage(); derr != nil {
 		r.con.say("warning: raw recording is damaged after %d samples: %v", n, derr)
 	}
 	if err != nil {
-		return fmt.Errorf("render %s: %w", r.cfg.Format, err)
+		return fmt.Errorf("render %s: %w (the samples are in the raw recording: rbscope report --input %s -o FILE)",
+			r.cfg.Format, err, r.cfg.Raw)
 	}
 	if !output.StdoutPath(r.cfg.Output) {
 		if f.Replaced {

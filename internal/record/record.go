@@ -102,6 +102,21 @@ func (r *rec) checkOutputs() error {
 		return fmt.Errorf("cannot write the output to the current directory (give --output FILE): %w", err)
 	}
 	if raw := r.cfg.Raw; raw != "" {
+		if fi, err := os.Stat(raw); err == nil && !fi.Mode().IsRegular() {
+			// It is read back to render the profile: a FIFO would
+			// block the recording's start, a device lose it.
+			what := "not a regular file"
+			switch {
+			case fi.Mode()&os.ModeNamedPipe != 0:
+				what = "a FIFO"
+			case fi.Mode()&os.ModeDevice != 0:
+				what = "a device"
+			case fi.IsDir():
+				what = "a directory"
+			}
+			return fmt.Errorf("raw recording %s is %s: rbscope reads the raw recording back to render "+
+				"the profile; give a regular file with --raw", raw, what)
+		}
 		if err := os.MkdirAll(filepath.Dir(raw), 0o755); err != nil {
 			return fmt.Errorf("raw recording %s is not writable: %w", raw, err)
 		}

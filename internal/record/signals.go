@@ -2,10 +2,12 @@ package record
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -77,6 +79,41 @@ func (s *signals) suspend(ctx context.Context) {
 	select {
 	case <-s.cont:
 	case <-ctx.Done():
+	}
+}
+
+// outputGrace is how long a stop signal during the output waits for
+// rbscope to end by itself before the signal ends it the default way.
+const outputGrace = 2 * time.Second
+
+// duringOutput makes every stop signal from now on, the first one
+// included, cancel the output (cancel, with the signal as the cause):
+// once sampling is over a stop signal ends rbscope, never just the
+// recording. Should the output not end within outputGrace (a write the
+// kernel does not interrupt), the signal is raised again with its
+// default action. It returns the function that stops this.
+func (s *signals) duringOutput(cancel context.CancelCauseFunc) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, StopSignals...)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-ch:
+			cancel(fmt.Errorf("interrupted by %v", sig))
+			select {
+			case <-done:
+			case <-time.After(outputGrace):
+				signal.Reset(sig)
+				if ss, ok := sig.(syscall.Signal); ok {
+					_ = syscall.Kill(os.Getpid(), ss)
+				}
+			}
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		close(done)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
@@ -94,7 +95,13 @@ func NewReader(rd io.Reader) (*Reader, error) {
 	r.br = bufio.NewReaderSize(countingReader{rd, &r.off}, 64<<10)
 	var pre [12]byte
 	if n, err := io.ReadFull(r.br, pre[:]); err != nil {
-		if n > 0 && errors.Is(err, io.ErrUnexpectedEOF) || n == 0 && err == io.EOF {
+		switch {
+		case n > 0 && !strings.HasPrefix(Magic, string(pre[:min(n, len(Magic))])):
+			// Too short to be a recording, and not the start of one.
+			return nil, errors.New("read magic: not an rbscope recording")
+		case n == 0 && err == io.EOF:
+			return nil, fmt.Errorf("read magic: %w: the file is empty", ErrTruncated)
+		case errors.Is(err, io.ErrUnexpectedEOF):
 			return nil, fmt.Errorf("read magic: %w: file is %d bytes", ErrTruncated, n)
 		}
 		return nil, fmt.Errorf("read magic: %w", err)

@@ -277,6 +277,14 @@ func TestNotARecording(t *testing.T) {
 			t.Fatalf("%q: no error", in)
 		}
 	}
+	// Shorter than the magic: another file says so, the start of a
+	// recording is a truncated one.
+	if _, err := NewReader(strings.NewReader("hello\n")); err == nil || !strings.Contains(err.Error(), "not an rbscope recording") {
+		t.Errorf("6-byte text file: %v", err)
+	}
+	if _, err := NewReader(strings.NewReader(Magic[:5])); !errors.Is(err, ErrTruncated) {
+		t.Errorf("the first 5 bytes of a recording: %v, want ErrTruncated", err)
+	}
 	_, err := NewReader(strings.NewReader(Magic + "\x02\x00\x00\x00"))
 	if err == nil || !strings.Contains(err.Error(), "version 2") {
 		t.Fatalf("version error %v", err)

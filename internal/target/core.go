@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/elfx"
 )
@@ -28,6 +29,12 @@ type CoreOptions struct {
 	// MaxDecompressed caps the size of a compressed core once
 	// decompressed (DefaultMaxDecompressed when 0).
 	MaxDecompressed int64
+	// Progress, when set, is called every ProgressEvery
+	// (DefaultProgressEvery when 0) while a compressed core is
+	// decompressed, and once more when that ends; never for a
+	// decompression that ends sooner.
+	Progress      func(DecompressProgress)
+	ProgressEvery time.Duration
 }
 
 // DefaultMaxDecompressed is the default cap on a decompressed core's size.
@@ -102,8 +109,9 @@ type coreThread struct {
 }
 
 // OpenCore opens the ELF core file path (x86_64; plain, or compressed with
-// gzip, zstd as systemd-coredump stores cores, or bzip2: decompressed to an
-// unlinked temporary file) as a Target. Memory reads
+// zstd, xz or lz4 as systemd-coredump stores cores, gzip or bzip2:
+// decompressed to an unlinked temporary file, and refused as soon as its
+// first bytes are not a core's) as a Target. Memory reads
 // are served from the core's PT_LOAD segments, and for file-backed pages
 // the core does not hold, from the mapped files under opts.SysRoot
 // (opts.Exe for the executable) when their first page matches the core's
@@ -122,7 +130,7 @@ func OpenCore(path string, opts CoreOptions) (Target, error) {
 	}
 	var cut *cutShort
 	if kind := compression(f); kind != "" {
-		plain, short, err := decompressToTemp(f, kind, path, opts.MaxDecompressed)
+		plain, short, err := decompressToTemp(f, kind, path, opts)
 		f.Close()
 		if err != nil {
 			return nil, err
@@ -171,25 +179,10 @@ func (c *core) readHeaders() ([][]byte, error) {
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("read ELF header of %s: %w", c.name, err)
 	}
-	if n < 4 || string(h[:4]) != "\x7fELF" {
-		return nil, fmt.Errorf("%s is not an ELF core file (nor a compressed one): "+
-			"pass a core dump made by gcore or the kernel", c.name)
-	}
-	if n < elfHeaderSize {
-		return nil, fmt.Errorf("%s is truncated: its ELF header is incomplete (%d of %d bytes); "+
-			"copy or dump the core again", c.name, n, elfHeaderSize)
-	}
-	if h[4] != 2 || h[5] != 1 {
-		return nil, fmt.Errorf("%s is not a 64-bit little-endian ELF file: rbscope reads x86_64 cores only", c.name)
+	if err := checkCoreHeader(h[:n], c.name, ""); err != nil {
+		return nil, err
 	}
 	le := binary.LittleEndian
-	if typ := le.Uint16(h[16:]); typ != etCore {
-		return nil, fmt.Errorf("%s is an ELF %s, not a core file: pass a core dump "+
-			"(gcore PID, or a kernel core), and the executable with --exe", c.name, elfTypeName(typ))
-	}
-	if m := le.Uint16(h[18:]); m != emX86_64 {
-		return nil, fmt.Errorf("%s is a core of a machine of ELF type %d, not x86_64: rbscope reads x86_64 cores only", c.name, m)
-	}
 	phoff := le.Uint64(h[32:])
 	shoff := le.Uint64(h[40:])
 	phentsize := le.Uint16(h[54:])
@@ -279,6 +272,43 @@ func (c *core) readHeaders() ([][]byte, error) {
 func (c *core) truncated(what string, end uint64) error {
 	return fmt.Errorf("%s is truncated: its %s end at byte %d, past the end of the file (%d bytes); "+
 		"copy or dump the core again", c.name, what, end, c.size)
+}
+
+// checkCoreHeader checks h, the first bytes (up to elfHeaderSize) of what
+// should be an x86_64 ELF core named name: the ELF magic, then, as far as
+// h reaches, 64-bit little-endian, a core, x86_64. compressed names how
+// the file was compressed ("" for not at all): what it decompressed to
+// is checked from its first bytes, before the rest is decompressed.
+func checkCoreHeader(h []byte, name, compressed string) error {
+	if len(h) < 4 || string(h[:4]) != "\x7fELF" {
+		if compressed != "" {
+			what := fmt.Sprintf("it starts with % x", h[:min(len(h), 8)])
+			if len(h) < 4 {
+				what = fmt.Sprintf("it holds %d bytes", len(h))
+			}
+			return fmt.Errorf("%s is %s-compressed, but what it holds is not an ELF core file "+
+				"(%s): pass a core dump made by gcore or the kernel, compressed or not",
+				name, compressed, what)
+		}
+		return fmt.Errorf("%s is not an ELF core file (nor a compressed one): "+
+			"pass a core dump made by gcore or the kernel", name)
+	}
+	if len(h) < elfHeaderSize {
+		return fmt.Errorf("%s is truncated: its ELF header is incomplete (%d of %d bytes); "+
+			"copy or dump the core again", name, len(h), elfHeaderSize)
+	}
+	if h[4] != 2 || h[5] != 1 {
+		return fmt.Errorf("%s is not a 64-bit little-endian ELF file: rbscope reads x86_64 cores only", name)
+	}
+	le := binary.LittleEndian
+	if typ := le.Uint16(h[16:]); typ != etCore {
+		return fmt.Errorf("%s is an ELF %s, not a core file: pass a core dump "+
+			"(gcore PID, or a kernel core), and the executable with --exe", name, elfTypeName(typ))
+	}
+	if m := le.Uint16(h[18:]); m != emX86_64 {
+		return fmt.Errorf("%s is a core of a machine of ELF type %d, not x86_64: rbscope reads x86_64 cores only", name, m)
+	}
+	return nil
 }
 
 func elfTypeName(t uint16) string {

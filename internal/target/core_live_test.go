@@ -352,3 +352,89 @@ func TestKernelCore(t *testing.T) {
 		t.Errorf("libruby text from the core differs from the file (%v)", err)
 	}
 }
+
+// TestCompressedLiveCore dumps a live Ruby with gcore, compresses the core
+// with each tool OpenCore reads (fast levels: the bytes are the same),
+// and checks that each opens as the plain core does: threads, registers,
+// mappings, and the bytes of every mapping the core holds, Ruby's
+// version string among them.
+func TestCompressedLiveCore(t *testing.T) {
+	t.Setenv("MALLOC_ARENA_MAX", "1") // no 64 MiB arena per thread: a smaller core
+	cmd := startRuby(t, twoThreads)
+	path := gcoreOf(t, cmd.Process.Pid)
+	plain, err := target.OpenCore(path, target.CoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	pthreads, _ := plain.Threads()
+	pmaps, _ := plain.Mappings()
+	var rubyVersion uint64
+	for _, m := range pmaps {
+		if strings.Contains(m.Path, "libruby") && m.Offset == 0 {
+			img, err := elfx.ReadMemoryImage(plain, m.Start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, ok := img.Lookup("ruby_version")
+			if !ok {
+				t.Fatal("no ruby_version in libruby's dynamic symbols")
+			}
+			rubyVersion = s.Value
+		}
+	}
+	if rubyVersion == 0 || len(pthreads) < 2 {
+		t.Fatalf("plain core: %d threads, ruby_version at 0x%x", len(pthreads), rubyVersion)
+	}
+	for _, c := range []struct{ tool, level, suffix string }{
+		{"gzip", "-1", ".gz"}, {"zstd", "-1", ".zst"}, {"xz", "-0", ".xz"}, {"bzip2", "-1", ".bz2"}, {"lz4", "-1", ".lz4"},
+	} {
+		t.Run(c.tool, func(t *testing.T) {
+			if _, err := exec.LookPath(c.tool); err != nil {
+				testutil.Missing(t, "%s not installed (scripts/install-deps.sh installs it): %v", c.tool, err)
+			}
+			out := path + c.suffix
+			sh := exec.Command("sh", "-c", `"$0" "$1" -c "$2" > "$3"`, c.tool, c.level, path, out)
+			if b, err := sh.CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v\n%s", c.tool, err, b)
+			}
+			defer os.Remove(out)
+			core, err := target.OpenCore(out, target.CoreOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer core.Close()
+			if th, _ := core.Threads(); fmt.Sprint(th) != fmt.Sprint(pthreads) {
+				t.Errorf("threads %v, plain core's %v", th, pthreads)
+			}
+			if r1, _ := core.(target.CoreInfo).Registers(pthreads[0].TID); r1 != mustRegs(t, plain, pthreads[0].TID) {
+				t.Errorf("registers of thread %d differ from the plain core's", pthreads[0].TID)
+			}
+			cmaps, _ := core.Mappings()
+			if fmt.Sprint(cmaps) != fmt.Sprint(pmaps) {
+				t.Fatalf("mappings differ from the plain core's")
+			}
+			for _, m := range pmaps {
+				n := int(min(m.End-m.Start, 1<<20))
+				a, b := make([]byte, n), make([]byte, n)
+				perr, cerr := plain.ReadAt(a, m.Start), core.ReadAt(b, m.Start)
+				if (perr == nil) != (cerr == nil) || !bytes.Equal(a, b) {
+					t.Errorf("%x-%x %s: reads differ from the plain core's (%v, %v)", m.Start, m.End, m.Path, perr, cerr)
+				}
+			}
+			var v [6]byte
+			if err := core.ReadAt(v[:], rubyVersion); err != nil || string(v[:]) != testutil.SystemRuby(t).Version+"\x00" {
+				t.Errorf("ruby_version = %q, %v", v, err)
+			}
+		})
+	}
+}
+
+func mustRegs(t *testing.T, tg target.Target, tid int) target.Registers {
+	t.Helper()
+	r, ok := tg.(target.CoreInfo).Registers(tid)
+	if !ok {
+		t.Fatalf("no registers for thread %d", tid)
+	}
+	return r
+}

@@ -6,12 +6,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -238,8 +241,8 @@ func TestCoreGzip(t *testing.T) {
 	tg.Close()
 
 	if _, err := OpenCore(writeTiny(t, z.Bytes()), CoreOptions{MaxDecompressed: int64(len(raw) - 1)}); err == nil ||
-		!strings.Contains(err.Error(), "MaxDecompressed") {
-		t.Errorf("over the cap: %v, want an error naming MaxDecompressed", err)
+		!strings.Contains(err.Error(), "decompresses to more than") || !strings.Contains(err.Error(), "gzip -dk ") {
+		t.Errorf("over the cap: %v, want an error saying so and how to decompress it", err)
 	}
 	if tg, err := OpenCore(writeTiny(t, z.Bytes()), CoreOptions{MaxDecompressed: int64(len(raw))}); err != nil {
 		t.Errorf("exactly at the cap: %v", err)
@@ -417,36 +420,23 @@ func TestCoreConcurrentReads(t *testing.T) {
 }
 
 // TestCoreCompressed compresses the tiny core with the real tools: zstd
-// (systemd-coredump's format) and bzip2 read like the plain core, cut
-// short they read as partial cores or say truncated; xz and lz4 are named
-// with the command that decompresses them.
+// (systemd-coredump's format), xz and lz4 (its formats before zstd) and
+// bzip2 read like the plain core; over the size cap they are refused
+// with the command that decompresses them; cut short they read as
+// partial cores or say truncated.
 func TestCoreCompressed(t *testing.T) {
 	raw := defaultTinyCore().bytes()
 	plainPath := writeTiny(t, raw)
 	root := tinySysroot(t)
 	plain := openTiny(t, defaultTinyCore(), CoreOptions{SysRoot: root})
 	want, _ := plain.Mappings()
-	for _, c := range []struct {
-		tool, suffix string
-		readable     bool
-	}{{"zstd", ".zst", true}, {"bzip2", ".bz2", true}, {"xz", ".xz", false}, {"lz4", ".lz4", false}} {
+	for _, c := range compressors {
 		t.Run(c.tool, func(t *testing.T) {
-			if _, err := exec.LookPath(c.tool); err != nil {
-				testutil.Missing(t, "%s not installed: %v", c.tool, err)
-			}
 			out := filepath.Join(t.TempDir(), "core"+c.suffix)
-			if b, err := exec.Command(c.tool, "-c", plainPath).Output(); err != nil {
-				t.Fatalf("%s: %v", c.tool, err)
-			} else if err := os.WriteFile(out, b, 0o600); err != nil {
+			if err := os.WriteFile(out, compressWith(t, c.tool, raw), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			tg, err := OpenCore(out, CoreOptions{SysRoot: root})
-			if !c.readable {
-				if err == nil || !strings.Contains(err.Error(), c.tool+" -dk "+out) {
-					t.Errorf("OpenCore: %v; want an error saying %s -dk", err, c.tool)
-				}
-				return
-			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -456,8 +446,9 @@ func TestCoreCompressed(t *testing.T) {
 			}
 			checkPattern(t, tg, tinyLibBase, 0x4000)
 			if _, err := OpenCore(out, CoreOptions{MaxDecompressed: int64(len(raw) / 2)}); err == nil ||
-				!strings.Contains(err.Error(), "MaxDecompressed") {
-				t.Errorf("over the cap: %v", err)
+				!strings.Contains(err.Error(), "decompresses to more than") || !strings.Contains(err.Error(), " -d") ||
+				strings.Contains(err.Error(), "MaxDecompressed") {
+				t.Errorf("over the cap: %v; want it said for a person, with the command that decompresses it", err)
 			}
 			// Cut short.
 			b, _ := os.ReadFile(out)
@@ -465,9 +456,138 @@ func TestCoreCompressed(t *testing.T) {
 			os.WriteFile(cut, b[:len(b)*2/3], 0o600)
 			if tg, err := OpenCore(cut, CoreOptions{}); err == nil {
 				tg.Close()
-			} else if !strings.Contains(err.Error(), c.tool+"-compressed core "+cut+" is truncated") {
+			} else if !strings.Contains(err.Error(), c.kind+"-compressed core "+cut+" is truncated") {
 				t.Errorf("cut %s: %v", c.tool, err)
 			}
 		})
+	}
+	_ = plainPath
+}
+
+// compressors are the compressions OpenCore reads, with the tool that
+// makes each and its usual suffix.
+var compressors = []struct{ tool, kind, suffix string }{
+	{"gzip", "gzip", ".gz"}, {"zstd", "zstd", ".zst"}, {"xz", "xz", ".xz"}, {"bzip2", "bzip2", ".bz2"}, {"lz4", "lz4", ".lz4"},
+}
+
+// compressWith compresses data with the real tool (gzip, zstd, xz, bzip2,
+// lz4), as a person or systemd-coredump would.
+func compressWith(t testing.TB, tool string, data []byte) []byte {
+	t.Helper()
+	if _, err := exec.LookPath(tool); err != nil {
+		testutil.Missing(t, "%s not installed (scripts/install-deps.sh installs it): %v", tool, err)
+	}
+	cmd := exec.Command(tool, "-c")
+	cmd.Stdin = bytes.NewReader(data)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v", tool, err)
+	}
+	return out
+}
+
+// TestCompressedNotACore: a compressed file whose first bytes are not an
+// x86_64 core's ELF header (16 MiB of zeros, an ELF executable) is
+// refused once they are decompressed, saying what it holds, before
+// anything is written: TMPDIR names a missing directory, where writing
+// would fail with another error. No time is measured.
+func TestCompressedNotACore(t *testing.T) {
+	zeros := make([]byte, 16<<20)
+	exe, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	type files struct{ zeros, exe string }
+	cores := map[string]files{}
+	for _, c := range compressors {
+		cores[c.tool] = files{write("zeros"+c.suffix, compressWith(t, c.tool, zeros)),
+			write("exe"+c.suffix, compressWith(t, c.tool, exe[:1<<20]))}
+	}
+	t.Setenv("TMPDIR", filepath.Join(dir, "missing"))
+	for _, c := range compressors {
+		t.Run(c.tool, func(t *testing.T) {
+			p := cores[c.tool].zeros
+			progress := 0
+			_, err := OpenCore(p, CoreOptions{ProgressEvery: time.Nanosecond,
+				Progress: func(DecompressProgress) { progress++ }})
+			want := p + " is " + c.kind + "-compressed, but what it holds is not an ELF core file (it starts with 00 00 00 00"
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("zeros: %v; want %q", err, want)
+			}
+			if progress != 0 {
+				t.Errorf("progress shown %d times for a refused core", progress)
+			}
+			if _, err := OpenCore(cores[c.tool].exe, CoreOptions{}); err == nil || !strings.Contains(err.Error(), "not a core file") {
+				t.Errorf("an executable: %v; want not a core file", err)
+			}
+		})
+	}
+}
+
+// TestCompressedCorrupt: random bytes after a compression's magic are
+// called corrupt (never "exceeds configured limit", nor a Go option's
+// name), whatever the decoder complains of.
+func TestCompressedCorrupt(t *testing.T) {
+	magics := map[string][]byte{
+		"zstd": {0x28, 0xb5, 0x2f, 0xfd}, "gzip": {0x1f, 0x8b}, "xz": {0xfd, '7', 'z', 'X', 'Z', 0},
+		"bzip2": []byte("BZh9"), "lz4": {0x04, 0x22, 0x4d, 0x18},
+	}
+	rng := rand.New(rand.NewPCG(29, 5))
+	for kind, magic := range magics {
+		for i := 0; i < 50; i++ {
+			b := append(slices.Clone(magic), make([]byte, 4096)...)
+			for j := len(magic); j < len(b); j++ {
+				b[j] = byte(rng.Uint32())
+			}
+			p := writeTiny(t, b)
+			_, err := OpenCore(p, CoreOptions{})
+			if err == nil || !strings.Contains(err.Error(), "the "+kind+"-compressed core "+p+" is corrupt") ||
+				strings.Contains(err.Error(), "Options") || strings.Contains(err.Error(), "configured limit") {
+				t.Errorf("%s, random bytes #%d (% x...): %v; want corrupt", kind, i, b[:8], err)
+			}
+		}
+	}
+}
+
+// TestDecompressProgress: a decompression that takes longer than
+// ProgressEvery (here at once) is reported on the way and once at its
+// end, with the bytes of core and of compressed file so far.
+func TestDecompressProgress(t *testing.T) {
+	raw := defaultTinyCore().bytes()
+	z := compressWith(t, "zstd", raw)
+	p := writeTiny(t, z)
+	var got []DecompressProgress
+	tg, err := OpenCore(p, CoreOptions{SysRoot: tinySysroot(t), ProgressEvery: time.Nanosecond,
+		Progress: func(dp DecompressProgress) { got = append(got, dp) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg.Close()
+	if len(got) < 2 {
+		t.Fatalf("progress %+v: want a report on the way and one at the end", got)
+	}
+	last := got[len(got)-1]
+	if !last.Done || last.Out != int64(len(raw)) || last.InSize != int64(len(z)) || last.In == 0 ||
+		last.Kind != "zstd" || last.Path != p || last.TempDir != os.TempDir() {
+		t.Errorf("last progress %+v: want done, %d bytes of core, %d compressed", last, len(raw), len(z))
+	}
+	for _, dp := range got[:len(got)-1] {
+		if dp.Done || dp.Out > last.Out {
+			t.Errorf("progress on the way %+v", dp)
+		}
+	}
+	if s := got[0].String(); !strings.Contains(s, "decompressing "+p+" (zstd) into "+os.TempDir()) || !strings.Contains(s, "of core so far") {
+		t.Errorf("progress line %q", s)
+	}
+	if s := last.String(); !strings.HasPrefix(s, "decompressed "+p+" (zstd): ") {
+		t.Errorf("last progress line %q", s)
 	}
 }
