@@ -311,16 +311,25 @@ func buildGCClock(t *testing.T, rb testutil.RubyUnderTest) string {
 // process gets much less than a CPU, CPU and wall-clock shares part), and,
 // through the gcclock extension, the wall-clock time between gc_enter and
 // gc_exit (the hooks gc.c fires next to setting and clearing during_gc).
-// The wall-clock share must be within 3 points always, the GC.stat(:time)
-// share whenever the process had a CPU to itself (CPU time >= 90% of wall
-// time over the loop).
+//
+// "gc" runs Ruby as it comes: the wall-clock and the GC.stat(:time) shares
+// must be within 3 points whenever the process had a CPU to itself (CPU
+// time >= 90% of wall time over the loop). On a busy machine they are only
+// logged: Ruby's GC clock is a system call at every marking and sweeping
+// step, and a kernel that preempts lazily hands the CPU to the waiting
+// sampler at the next return from one, so samples land inside GC more
+// often than time alone would put them there (measured under load on
+// 3.3.8: +4.5 to +6.5 points with the clock, within 0.5 without; see the
+// README). "gc-nomeasure" turns that clock off (GC.measure_total_time =
+// false: no system call inside GC) and its wall-clock share must be within
+// 3 points always, loaded or not.
 func TestActivityGCShare(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		rb.SetProfilerEnv(t)
 		ext := buildGCClock(t, rb)
 		modes(t, func(t *testing.T, blocking bool) {
-			for _, gc := range []string{"gc", "nogc"} {
+			for _, gc := range []string{"gc", "gc-nomeasure", "nogc"} {
 				t.Run(gc, func(t *testing.T) {
 					// One 6-second window on a machine shared with other
 					// work can be skewed by the load (GC runs are long
@@ -351,7 +360,11 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 	if gc == "nogc" {
 		secs = "3" // no GC: memory grows while it runs
 	}
-	proc := rb.Start(t, "gcshare.rb", out, secs, gc, ext, goFile)
+	measure := "measure"
+	if gc == "gc-nomeasure" {
+		measure = "nomeasure"
+	}
+	proc := rb.Start(t, "gcshare.rb", out, secs, gc, ext, goFile, measure)
 	// The loop starts when sampling does (a loaded machine can take
 	// seconds to open the process).
 	samples, st, ps := sampleForGo(t, proc.Pid, blocking, 250, 60*time.Second, waitFile(out), func() {
@@ -448,12 +461,17 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 	if phases < inGC/2 {
 		t.Errorf("only %d of %d GC samples tell marking from sweeping", phases, inGC)
 	}
+	quiet := res.CPUms >= 0.9*res.Wallms
+	if gc == "gc" && !quiet {
+		t.Logf("the loop had %.0f%% of a CPU: with Ruby's GC clock on, shares only logged", 100*res.CPUms/res.Wallms)
+		return ""
+	}
 	if math.Abs(got-wantWall) > bound {
 		return fmt.Sprintf("GC share %.1f%%, the script measured %.1f%% of wall time in GC: more than %.1f points apart", got, wantWall, bound)
 	}
 	// The same bound for GC.stat(:time): its share is as exact as the
 	// wall-clock one, the sampled share has the same standard error.
-	if res.CPUms >= 0.9*res.Wallms && math.Abs(got-wantCPU) > bound {
+	if gc == "gc" && math.Abs(got-wantCPU) > bound {
 		return fmt.Sprintf("GC share %.1f%%, GC.stat(:time) says %.1f%% of CPU time: more than %.1f points apart", got, wantCPU, bound)
 	}
 	return ""
