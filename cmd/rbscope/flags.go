@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,8 +39,11 @@ func (t *targetFlags) register(f *pflag.FlagSet, what int) {
 	if what&withSampling != 0 {
 		f.Float64VarP(&t.Rate, "rate", "r", sampler.DefaultRate, fmt.Sprintf("samples per second (up to %d)", sampler.MaxRate))
 		f.BoolVar(&t.Nonblocking, "nonblocking", false, "do not pause the process while reading its stacks")
-		f.BoolVar(&t.Realtime, "realtime", false, "sample at real-time priority (SCHED_FIFO 1; root): ticks on time at high\n"+
-			"rates, where an ordinary sampler waits for a CPU busy with the target")
+		f.Var(&t.Realtime, "realtime", "sample at real-time priority (SCHED_FIFO 1; root or CAP_SYS_NICE). auto (the\n"+
+			"default): wherever rbscope may, at rates up to "+strconv.Itoa(record.AutoRealtimeMaxRate)+" Hz; true: always (refused where it\n"+
+			"may not); false: never. An ordinary sampler on a busy machine waits for the target's\n"+
+			"next system call, and its samples pile up there")
+		f.Lookup("realtime").NoOptDefVal = "true"
 	}
 	if what&withLaunch != 0 {
 		f.BoolVarP(&t.Subprocesses, "subprocesses", "s", false, "also record Ruby child processes, including ones started later")

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rbscope/rbscope/internal/record"
-	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/tui"
 )
@@ -65,10 +64,8 @@ func (o *topFlags) run() error {
 	if !tui.IsTerminal(os.Stdin, os.Stdout) {
 		return errors.New("top needs a terminal; use 'rbscope record --format summary' to sample without one")
 	}
-	if o.Realtime {
-		if err := rtprio.Check(); err != nil {
-			return err
-		}
+	if err := o.Target.CheckRealtime(); err != nil {
+		return err
 	}
 	proc, err := record.OpenLive(context.Background(), o.Target)
 	if err != nil {

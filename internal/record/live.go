@@ -23,7 +23,8 @@ func OpenLive(ctx context.Context, t Target) (*ruby.Process, error) {
 // SampleLive samples proc at t.Rate until ctx ends or the process exits,
 // pausing it for each sample unless t.Nonblocking, and gives every batch
 // to sink. It runs on the calling goroutine, which also does the
-// pausing. cfg.Rate and cfg.Realtime are taken from t.
+// pausing. cfg.Rate and cfg.Realtime are taken from t (t.Realtime
+// resolved: see Realtime).
 func SampleLive(ctx context.Context, proc *ruby.Process, t Target, cfg sampler.Config, sink func([]stack.Sample)) (sampler.Stats, error) {
 	ro := sampler.RubyOptions{}
 	if !t.Nonblocking {
@@ -33,6 +34,10 @@ func SampleLive(ctx context.Context, proc *ruby.Process, t Target, cfg sampler.C
 	}
 	src := sampler.NewRubySource(proc, ro)
 	defer src.Close()
-	cfg.Rate, cfg.Realtime = t.Rate, t.Realtime
+	rt, err := t.resolveRealtime()
+	if err != nil {
+		return sampler.Stats{}, err
+	}
+	cfg.Rate, cfg.Realtime = t.Rate, rt
 	return sampler.Run(ctx, src, cfg, sink)
 }

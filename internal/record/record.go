@@ -14,7 +14,6 @@ import (
 	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/proctree"
 	"github.com/rbscope/rbscope/internal/recording"
-	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -26,13 +25,15 @@ var errChildExited = errors.New("command exited")
 
 // rec is one run of a recording.
 type rec struct {
-	cfg    Config
-	con    *console
-	sig    *signals
-	child  *child // launch mode
-	pid    int
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	cfg   Config
+	con   *console
+	sig   *signals
+	child *child // launch mode
+	pid   int
+	// realtime: sampling runs at real-time priority (cfg.Realtime resolved)
+	realtime bool
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
 
 	proc   *ruby.Process // nil when the root is not Ruby (--subprocesses)
 	tree   *sampler.TreeSource
@@ -55,11 +56,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := r.checkOutputs(); err != nil {
 		return err
 	}
-	if cfg.Realtime {
-		if err := rtprio.Check(); err != nil {
-			return err
-		}
+	rt, err := cfg.resolveRealtime()
+	if err != nil {
+		return err
 	}
+	r.realtime = rt
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	defer r.cancel(nil)
 	// Signals are caught before the command starts; they are handled
@@ -228,7 +229,7 @@ func (r *rec) sample() (sampler.Stats, error) {
 		r.sinks = sinks
 	}
 	mode, _ := r.cfg.SampleMode() // checked by Validate
-	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode, Realtime: r.cfg.Realtime,
+	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode, Realtime: r.realtime,
 		Progress: r.progress, ProgressEvery: 250 * time.Millisecond}
 	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)
 	for _, s := range r.sinks {
