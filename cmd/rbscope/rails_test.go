@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -184,7 +186,11 @@ type railsWindow struct {
 	Samples       int      `json:"samples"`
 	GCSamples     int      `json:"gc_samples"`
 	MissedSamples int      `json:"missed_samples"`
-	Frames        []struct {
+	// WaitShare is the time the app's threads spent runnable without a
+	// CPU over the window (schedstat), as a share of the window: the
+	// test's measure, not the app's.
+	WaitShare float64 `json:"-"`
+	Frames    []struct {
 		Name    string `json:"name"`
 		File    string `json:"file"`
 		Samples int    `json:"samples"`
@@ -207,7 +213,8 @@ func unqualified(name string) string { return qualifierRE.ReplaceAllString(name,
 
 // TestRecordRails profiles a real Rails 6.1 app (scripts/rails-app.sh:
 // Debian's rails, sqlite3 and puma, 12 Ruby threads) under load from 8
-// connections, in blocking and nonblocking mode, with `--mode cpu`, while
+// connections, in blocking and nonblocking mode, each at the default
+// scheduling and with --realtime, with `--mode cpu` at 250 Hz, while
 // stackprof (:cpu, 1 kHz of CPU time) profiles the same app over the same
 // window (the app's initializer starts and stops it on SIGWINCH; rbscope's
 // samples are cut to the window by their time stamps). It checks:
@@ -218,13 +225,24 @@ func unqualified(name string) string { return qualifierRE.ReplaceAllString(name,
 //     Record's, Action View's, the partials' templates);
 //   - the shares: the 10 functions with the most self samples, for either
 //     profiler, have shares within 3 points of each other;
-//   - GC: the share of samples in GC against GC.stat(:time) over the
-//     process's CPU time in the window, within 3 points.
+//   - GC: the share of samples in GC (those whose stack could not be read
+//     included) against GC.stat(:time) over the process's CPU time in the
+//     window, within 3 points.
+//
+// Without --realtime, on a kernel that preempts ordinary threads lazily
+// (this project's 6.x VM), the shares part: the sampler's wake-up on the
+// CPU of the thread holding the GVL does not preempt it at once, it runs
+// on to its next system-call exit and is preempted (nonblocking) or
+// stopped (blocking) there, so samples pile up on system calls:
+// Process.clock_gettime (ActiveSupport::Notifications' CPU clock, a real
+// system call) takes 5-19 % of rbscope's samples against 0.1-0.8 % of
+// stackprof's. That is rbscope's to fix, not the bound's to widen.
 //
 // Debian's Ruby only: the app's gems are Debian's, built for Debian's Ruby
-// 3.1; the 3.3.8 family cannot load their native extensions (sqlite3,
-// puma, nio4r, nokogiri are compiled against libruby 3.1), and building
-// them for 3.3.8 would need their sources from the network.
+// 3.1. The 3.3.8 family cannot use them: the native extensions (sqlite3,
+// puma, nio4r, nokogiri, websocket-driver) are linked against
+// libruby-3.1.so and installed for the 3.1.0 ABI, and Debian's binary
+// packages carry no C sources to build them again for 3.3.8 offline.
 func TestRecordRails(t *testing.T) {
 	rb := testutil.SystemRuby(t)
 	bin := recBinary(t)
@@ -234,7 +252,8 @@ func TestRecordRails(t *testing.T) {
 	}
 	srv := startRails(t, rb, app)
 
-	// Every Ruby thread is found: the 12 puma makes with 5 threads.
+	// Every Ruby thread is found (puma with 5 threads makes 12), checked
+	// against Thread.list below.
 	out, err := exec.Command(bin, "snapshot", "--pid", strconv.Itoa(srv.Pid), "--format", "json").Output()
 	if err != nil {
 		t.Fatalf("snapshot: %v", err)
@@ -264,30 +283,41 @@ func TestRecordRails(t *testing.T) {
 		truths[action] = tr
 	}
 
-	for _, blocking := range []bool{true, false} {
-		name := "nonblocking"
-		if blocking {
-			name = "blocking"
-		}
-		t.Run(name, func(t *testing.T) {
-			w, samples := railsWindowRecord(t, rb, bin, srv, blocking)
+	for _, sub := range []struct {
+		name               string
+		blocking, realtime bool
+	}{{"blocking", true, false}, {"nonblocking", false, false}, {"blocking-realtime", true, true}, {"nonblocking-realtime", false, true}} {
+		t.Run(sub.name, func(t *testing.T) {
+			blocking := sub.blocking
+			w, samples, unread := railsWindowRecord(t, rb, bin, srv, blocking, sub.realtime)
 			if len(w.Threads) != len(snap.Threads) {
 				t.Errorf("snapshot found %d threads, Thread.list has %d (%q)", len(snap.Threads), len(w.Threads), w.Threads)
 			}
+			names := map[string]bool{}
+			for _, th := range snap.Threads {
+				names[th.Name] = true
+			}
+			for _, name := range w.Threads {
+				if name != "" && !names[name] {
+					t.Errorf("Thread.list has %q, the snapshot's threads are %v", name, names)
+				}
+			}
 			railsCheckStacks(t, samples, truths, blocking)
 			railsCheckShares(t, samples, w)
-			railsCheckGC(t, samples, w)
+			railsCheckGC(t, samples, unread, w)
 		})
 	}
 }
 
 // railsWindowRecord records the app with rbscope --mode cpu under load
-// while stackprof runs inside it, and returns stackprof's window and
-// rbscope's samples within it.
-func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv *railsServer, blocking bool) (railsWindow, []stack.Sample) {
+// while stackprof runs inside it, and returns stackprof's window,
+// rbscope's samples within it and, by activity, the samples whose stack
+// rbscope could not read (torn, nonblocking) in the window, prorated.
+func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv *railsServer, blocking, realtime bool) (railsWindow, []stack.Sample, map[string]float64) {
 	t.Helper()
 	dir := t.TempDir()
 	raw := filepath.Join(dir, "rec.raw.gz")
+	var w railsWindow
 	os.Remove(filepath.Join(srv.Dir, "window.json"))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -302,6 +332,9 @@ func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv 
 		"--duration", "60s", "--format", "summary", "-o", filepath.Join(dir, "summary.txt"), "--raw", raw}
 	if !blocking {
 		args = append(args, "--nonblocking")
+	}
+	if realtime {
+		args = append(args, "--realtime")
 	}
 	rec := exec.Command(bin, args...)
 	rec.Env = rb.ProfilerEnv(t)
@@ -318,7 +351,7 @@ func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv 
 	waitFor(t, raw, 30*time.Second)
 	time.Sleep(300 * time.Millisecond)
 	cpu0 := railsCPUTicks(t, srv.Pid)
-	t0 := time.Now()
+	t0, wait0 := time.Now(), railsWaitNs(t, srv.Pid)
 	if err := syscall.Kill(srv.Pid, syscall.SIGWINCH); err != nil {
 		t.Fatal(err)
 	}
@@ -328,6 +361,7 @@ func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv 
 	if err := syscall.Kill(srv.Pid, syscall.SIGWINCH); err != nil {
 		t.Fatal(err)
 	}
+	w.WaitShare = float64(railsWaitNs(t, srv.Pid)-wait0) / float64(time.Since(t0))
 	b := waitFor(t, filepath.Join(srv.Dir, "window.json"), 30*time.Second)
 	rec.Process.Signal(os.Interrupt)
 	if err := rec.Wait(); err != nil {
@@ -338,15 +372,20 @@ func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv 
 	if loadErr != nil {
 		t.Errorf("load: %v", loadErr)
 	}
-	var w railsWindow
 	if err := json.Unmarshal(b, &w); err != nil {
 		t.Fatalf("window.json: %v", err)
 	}
-	_, all := recReadRaw(t, raw)
+	all, st := railsReadRaw(t, raw)
 	var in []stack.Sample
 	for _, s := range all {
 		if ns := s.Time.UnixNano(); ns >= w.Start.RealtimeNs && ns <= w.Stop.RealtimeNs {
 			in = append(in, s)
+		}
+	}
+	unread := map[string]float64{}
+	for _, u := range st.Unread {
+		for act, n := range u.ByActivity {
+			unread[act] += float64(n) * float64(len(in)) / float64(max(len(all), 1))
 		}
 	}
 	t.Logf("%d requests; window %.2f s: stackprof %d samples (%d GC, %d missed), rbscope %d of %d samples; process CPU %.0f ms, GC.stat(:time) %.0f ms, %d GCs\n%s",
@@ -360,12 +399,55 @@ func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv 
 	if m := regexp.MustCompile(`\(([0-9]+) ticks`).FindStringSubmatch(stderr.String()); m != nil {
 		ticks, _ = strconv.Atoi(m[1])
 	}
-	t.Logf("the process used %.0f%% of a core over the window, a thread held the GVL in %.0f%% of rbscope's ticks (load average %s)",
-		(w.Stop.CPUms-w.Start.CPUms)/secs/10, 100*float64(len(all))/float64(max(ticks, 1)), loadAverage())
+	t.Logf("the process used %.0f%% of a core over the window, its threads waited for a CPU %.0f%% of it, a thread held the GVL in %.0f%% of rbscope's ticks (load average %s)",
+		(w.Stop.CPUms-w.Start.CPUms)/secs/10, 100*w.WaitShare, 100*float64(len(all))/float64(max(ticks, 1)), loadAverage())
 	if len(in) < 300 {
 		t.Fatalf("only %d rbscope samples in the window:\n%s", len(in), stderr.String())
 	}
-	return w, in
+	return w, in, unread
+}
+
+// railsReadRaw reads a raw recording's samples and its trailer's counters.
+func railsReadRaw(t *testing.T, path string) ([]stack.Sample, recording.Stats) {
+	t.Helper()
+	rd, err := recording.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	var out []stack.Sample
+	for {
+		s, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read %s: %v", path, err)
+		}
+		out = append(out, s)
+	}
+	st, ok := rd.Stats()
+	if !ok {
+		t.Fatalf("%s has no trailer", path)
+	}
+	return out, st
+}
+
+// railsWaitNs returns the time the threads of process pid have spent
+// runnable, waiting for a CPU (their schedstat).
+func railsWaitNs(t *testing.T, pid int) uint64 {
+	t.Helper()
+	tids, err := procfs.Tasks(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum uint64
+	for _, tid := range tids {
+		if st, err := procfs.ReadTaskSchedstat(pid, tid); err == nil {
+			sum += st.WaitNs // (a thread gone meanwhile counts nothing)
+		}
+	}
+	return sum
 }
 
 // railsCPUTicks returns the CPU time the process pid has used, in clock
@@ -551,20 +633,25 @@ func topKeys(m map[string]float64, k int) []string {
 }
 
 // railsCheckGC: the share of rbscope's samples in GC against the share
-// of the process's CPU time GC.stat(:time) counts over the window.
-func railsCheckGC(t *testing.T, samples []stack.Sample, w railsWindow) {
+// of the process's CPU time GC.stat(:time) counts over the window. The
+// samples whose stack could not be read count with the activity read
+// before it: left out, they would lean the share towards GC (a running
+// thread's stack changes under the reader, one in GC not).
+func railsCheckGC(t *testing.T, samples []stack.Sample, unread map[string]float64, w railsWindow) {
 	t.Helper()
-	gc := 0
+	gc := unread[stack.ActivityGC]
 	for i := range samples {
 		if samples[i].Activity == stack.ActivityGC {
 			gc++
 		}
 	}
-	got := 100 * float64(gc) / float64(len(samples))
+	n := float64(len(samples)) + unread[stack.ActivityGC] + unread[stack.ActivityRunning]
+	got := 100 * gc / n
 	cpu := w.Stop.CPUms - w.Start.CPUms
 	want := 100 * (w.Stop.GCTimems - w.Start.GCTimems) / cpu
 	spGC := 100 * float64(w.GCSamples) / float64(w.Samples)
-	t.Logf("GC: rbscope %.1f%% of %d samples; GC.stat(:time) %.1f%% of %.0f ms CPU; stackprof %.1f%%", got, len(samples), want, cpu, spGC)
+	t.Logf("GC: rbscope %.1f%% of %.0f samples (%.0f unread); GC.stat(:time) %.1f%% of %.0f ms CPU; stackprof %.1f%%",
+		got, n, n-float64(len(samples)), want, cpu, spGC)
 	if math.Abs(got-want) > 3 {
 		t.Errorf("GC share %.1f%%, GC.stat(:time) says %.1f%% of the process's CPU time: more than 3 points apart", got, want)
 	}
