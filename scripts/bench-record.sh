@@ -24,7 +24,17 @@
 #      and with --realtime);
 #   6. the TIMER FLOOR beside the sweep: the floor read alone at each rate
 #      by the sampler's own clock and counting (readfloor -paced), whose
-#      late ticks are the machine's, not rbscope's.
+#      late ticks are the machine's, not rbscope's;
+#   7. the puma-shaped target (testdata/ruby/pumashape.rb: 12 threads, 5
+#      busy 150 frames deep sharing the GVL, 7 idle): cost per tick and
+#      share of a core at 100 Hz and 1 kHz, against its own floors;
+#   8. a real Rails app (scripts/rails-app.sh: Rails 6.1 from Debian's
+#      packages, puma in production with 5 threads, 12 Ruby threads): cost
+#      per tick and share of a core at 100 Hz idle and under `ab -c 8`
+#      load (/posts and /page, 4 connections each), and the requests per
+#      second lost while rbscope records (ab alone, then ab beside a
+#      blocking and a nonblocking recording, 3 rounds, medians), each
+#      against the app's paced floor.
 # The sweep and the timer floor are also run at real-time priority
 # (--realtime; chrt -f 1 for the floor): on a kernel that preempts ordinary
 # threads lazily that, not rbscope's cost, decides the late ticks.
@@ -32,9 +42,11 @@
 # rbscope of that revision is built too and measured in the same run: every
 # table then has a "before" and an "after" row.
 #
-# Needs root (ptrace, real-time priority), ruby, strace and chromium (for
-# the PNG). About 8 minutes (13 with BASELINE_REV). Output directory: $OUT (default
-# ./bench-record-out).
+# Needs root (ptrace, real-time priority), ruby, strace, ab (apache2-utils)
+# and chromium (for the PNG); section 8 builds the Rails app once (about a
+# minute, cached). About 14 minutes (21 with BASELINE_REV).
+# BENCH_ONLY=targets runs sections 7 and 8 alone. Output directory: $OUT
+# (default ./bench-record-out).
 source "$(dirname "$0")/lib/bench.sh"
 root=$PWD
 out=${OUT:-$root/bench-record-out}
@@ -147,6 +159,7 @@ flags_for() {
 }
 modes=(nonblocking blocking nonblocking-rt blocking-rt)
 
+if [ "${BENCH_ONLY:-}" != targets ]; then
 echo
 echo "== 1. rate sweep on 4 threads x 50 frames (3 s per point, 1500 ticks below 500 Hz)"
 printf "%-7s %-14s %6s %7s %6s %7s %8s %8s %8s %8s %9s\n" build mode rate ticks late% errors% "cpu%" "us/tick" "x paced" "x floor" "x 1 read"
@@ -337,5 +350,140 @@ for build in "${builds[@]}"; do
       printf "\n" }'
   fi
 done
+fi # BENCH_ONLY
+kill -9 "$deep" 2>/dev/null || true
+wait "$deep" 2>/dev/null || true
+
+# floors PID: sets one_ns, floor_ns and paced_ns to the baselines measured
+# on the target PID (readfloor).
+floors() {
+  local b
+  read -r b < <("$work/readfloor" "$1" 5000)
+  one_ns=$(grep -o 'one_read_ns=[0-9]*' <<<"$b" | cut -d= -f2)
+  floor_ns=$(grep -o ' floor_ns=[0-9]*' <<<"$b" | cut -d= -f2)
+  paced_ns=$(grep -o 'paced_floor_ns=[0-9]*' <<<"$b" | cut -d= -f2)
+  echo "   baselines: $b"
+}
+
+# cost_row LABEL BUILD PID RATE FLAGS...: one steady-state row, against
+# the floors of the last floors call.
+cost_row() {
+  local label=$1 build=$2 pid=$3 rate=$4
+  shift 4
+  local ticks late missed errs cpu us
+  read -r ticks late missed errs cpu us < <(steady "$build" "$pid" "$rate" "$@")
+  if [ "$ticks" = - ]; then
+    printf "   %-7s %-26s %6d Hz refused\n" "$build" "$label" "$rate"
+    return
+  fi
+  printf "   %-7s %-26s %6d Hz %8s us/tick %7s%% of a core  x%5s paced  x%5s floor  late %s%%  errors %s\n" "$build" "$label" "$rate" "$us" "$cpu" \
+    "$(awk -v u="$us" -v f="$paced_ns" 'BEGIN{printf "%.1f", u*1000/f}')" \
+    "$(awk -v u="$us" -v f="$floor_ns" 'BEGIN{printf "%.1f", u*1000/f}')" \
+    "$(late_pct "$ticks" "$late" "$missed")" "$errs"
+}
+
+echo
+echo "== 7. the puma-shaped target (testdata/ruby/pumashape.rb: 12 threads, 5 busy x 150 frames, 7 idle)"
+ruby testdata/ruby/pumashape.rb >"$work/pumashape.out" &
+puma_shaped=$!
+pids+=("$puma_shaped")
+for _ in $(seq 100); do grep -q '^ready' "$work/pumashape.out" 2>/dev/null && break; sleep 0.1; done
+floors "$puma_shaped"
+for rate in 100 1000; do
+  for mode in nonblocking blocking; do
+    for build in "${builds[@]}"; do
+      cost_row "$mode" "$build" "$puma_shaped" "$rate" $(flags_for "$mode")
+    done
+  done
+done
+kill -9 "$puma_shaped" 2>/dev/null || true
+wait "$puma_shaped" 2>/dev/null || true
+
+echo
+echo "== 8. a real Rails app (scripts/rails-app.sh: Rails 6.1, puma production, 5 threads, 12 Ruby threads)"
+if ! command -v ab >/dev/null; then
+  echo "   ab not installed (apache2-utils): skipped"
+else
+  app=$(scripts/rails-app.sh build 2>/dev/null)
+  (cd "$app" && RAILS_LOG_TO_STDOUT=1 PORT=0 exec puma -C config/puma.rb >"$work/puma.log" 2>&1) &
+  rails=$!
+  pids+=("$rails")
+  port=
+  for _ in $(seq 600); do
+    port=$(grep -o 'Listening on http://127.0.0.1:[0-9]*' "$work/puma.log" 2>/dev/null | grep -o '[0-9]*$' || true)
+    [ -n "$port" ] && break
+    sleep 0.2
+  done
+  [ -n "$port" ] || { echo "   puma did not start:"; tail -n 20 "$work/puma.log"; exit 1; }
+  url=http://127.0.0.1:$port
+  # load SECONDS: ab -c 4 on each action at once for SECONDS; prints the
+  # requests per second of both together, and the failures.
+  load() {
+    ab -q -c 4 -t "$1" -n 1000000 "$url/posts" >"$work/ab1.txt" 2>&1 &
+    local a1=$!
+    ab -q -c 4 -t "$1" -n 1000000 "$url/page" >"$work/ab2.txt" 2>&1 &
+    local a2=$!
+    wait "$a1" "$a2" || true
+    awk '/^Requests per second/ { r += $4 } /^Failed requests/ { f += $3 } /^Non-2xx/ { f += $3 }
+      END { printf "%.2f %d\n", r, f }' "$work/ab1.txt" "$work/ab2.txt"
+  }
+  read -r warm _ < <(load 5) # compiles the templates, fills the caches
+  echo "   puma pid $rails on $url; warm-up: $warm req/s"
+  floors "$rails"
+  for mode in nonblocking blocking; do
+    for build in "${builds[@]}"; do
+      cost_row "idle $mode" "$build" "$rails" 100 $(flags_for "$mode")
+    done
+  done
+  for mode in nonblocking blocking; do
+    for build in "${builds[@]}"; do
+      # ab runs through both of steady's recordings (0.5 s and 15 s).
+      load 22 >"$work/abload.txt" &
+      l=$!
+      sleep 1
+      cost_row "ab load $mode" "$build" "$rails" 100 $(flags_for "$mode")
+      wait "$l" || true
+      read -r rps fails <"$work/abload.txt"
+      echo "      (ab meanwhile: $rps req/s, $fails failed)"
+    done
+  done
+  # Requests per second lost: ab for 10 s alone, then beside a recording
+  # at 100 Hz that spans it, in turn, 3 rounds; medians.
+  declare -A rps
+  for round in 1 2 3; do
+    for kind in none nonblocking blocking; do
+      for build in "${builds[@]}"; do
+        [ "$kind" = none ] && [ "$build" != "${builds[0]}" ] && continue
+        key=$kind
+        [ "$kind" != none ] && key=$build.$kind
+        if [ "$kind" = none ]; then
+          read -r r f < <(load 10)
+        else
+          "$work/$build" record --pid "$rails" --rate 100 --duration 13s --format summary -o "$work/s.txt" \
+            --raw "$work/r.raw.gz" $(flags_for "$kind") >/dev/null 2>&1 &
+          rec=$!
+          sleep 1.5
+          read -r r f < <(load 10)
+          wait "$rec" || true
+        fi
+        rps[$key]="${rps[$key]:-} $r"
+        [ "$f" = 0 ] || echo "   ($key round $round: $f failed requests)"
+      done
+    done
+  done
+  med() { tr ' ' '\n' | grep . | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+  base=$(med <<<"${rps[none]}")
+  echo "   ab -c 8 (4 on /posts, 4 on /page) for 10 s, 3 rounds each: alone ${rps[none]# } req/s, median $base"
+  for build in "${builds[@]}"; do
+    for kind in nonblocking blocking; do
+      m=$(med <<<"${rps[$build.$kind]}")
+      printf "   %-7s %-11s recording at 100 Hz: %s req/s (median %s), %s%% lost\n" "$build" "$kind" "${rps[$build.$kind]# }" "$m" \
+        "$(awk -v b="$base" -v m="$m" 'BEGIN{printf "%.1f", (b > 0 ? 100*(b-m)/b : 0)}')"
+    done
+  done
+  kill "$rails" 2>/dev/null || true
+  wait "$rails" 2>/dev/null || true
+fi
+
 echo
 echo "load after: $(uptime)"

@@ -24,6 +24,8 @@ packages=(
   tmux                 # rbscope top is tested in a detached tmux session
   rubocop              # a real multi-file Ruby program: scripts/bench-gc-share.sh
   strace linux-perf    # system calls and scheduler events: scripts/bench-record.sh, scripts/bench-pause.sh
+  ruby-rails ruby-sqlite3 puma # the Rails fixture (scripts/rails-app.sh), built offline from these
+  apache2-utils        # ab: the load on the Rails fixture in scripts/bench-record.sh
 )
 
 missing=()

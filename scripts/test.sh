@@ -15,11 +15,16 @@ trap 'rm -rf "$logs"' EXIT
 rubies=$!
 ./scripts/pyroscope.sh build >"$logs/pyroscope.log" 2>&1 &
 pyroscope=$!
+# The Rails fixture (scripts/rails-app.sh: about 40 s cold, cached by a
+# hash of its recipe) alongside.
+./scripts/rails-app.sh build >"$logs/rails.log" 2>&1 &
+rails=$!
 failed=0
+wait "$rails" || { echo "scripts/rails-app.sh build failed:" >&2; tail -n 40 "$logs/rails.log" >&2; failed=1; }
 wait "$rubies" || { echo "scripts/rubies.sh build failed:" >&2; tail -n 40 "$logs/rubies.log" >&2; failed=1; }
 wait "$pyroscope" || { echo "scripts/pyroscope.sh build failed:" >&2; tail -n 40 "$logs/pyroscope.log" >&2; failed=1; }
 [ "$failed" = 0 ] || exit 1
-grep -h '^rubies.sh: Ruby .* installed\|^pyroscope.sh: building' "$logs"/*.log >&2 || true
+grep -h '^rubies.sh: Ruby .* installed\|^pyroscope.sh: building\|^rails-app.sh: built' "$logs"/*.log >&2 || true
 echo "test.sh: set-up took $((SECONDS - start)) s" >&2
 # The rbscope binaries the tests build are static, as the scripts ship them.
 export CGO_ENABLED=0

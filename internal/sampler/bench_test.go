@@ -28,7 +28,21 @@ deep(47) { spin }
 //	go test -run XXX -bench . ./internal/sampler/
 func BenchmarkSample(b *testing.B) {
 	cmd := startRuby(b, testutil.SystemRuby(b), deepThreads)
-	p := openRuby(b, cmd.Process.Pid)
+	benchSample(b, cmd.Process.Pid)
+}
+
+// BenchmarkSamplePumaShaped is BenchmarkSample on a target shaped like
+// puma serving Rails (testdata/ruby/pumashape.rb): 12 threads, 5 busy in
+// 150-frame stacks sharing the GVL, 7 idle in sleep, IO.select,
+// Queue#pop and Thread#join.
+func BenchmarkSamplePumaShaped(b *testing.B) {
+	proc := testutil.SystemRuby(b).Start(b, "pumashape.rb")
+	benchSample(b, proc.Pid)
+}
+
+// benchSample runs the sampling sub-benchmarks on the Ruby process pid.
+func benchSample(b *testing.B, pid int) {
+	p := openRuby(b, pid)
 	ctx := context.Background()
 
 	b.Run("ReadBaseline", func(b *testing.B) {
@@ -91,7 +105,7 @@ func BenchmarkSample(b *testing.B) {
 		pz := target.NewThreadPauser()
 		defer pz.Close()
 		for i := 0; i < b.N; i++ {
-			resume, err := pz.Pause(cmd.Process.Pid)
+			resume, err := pz.Pause(pid)
 			if err != nil {
 				b.Fatal(err)
 			}
