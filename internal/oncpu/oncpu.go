@@ -25,6 +25,7 @@ package oncpu
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -91,29 +92,41 @@ type Threads struct {
 	pid     int
 	threads map[int]*thread
 	seen    map[int]bool
-	err     error // the first failure to watch a thread
+	// failed are the threads that could not be watched, not tried again;
+	// off is set when the kernel refused outright (no thread is tried).
+	failed map[int]bool
+	off    bool
+	err    error // the first failure
 }
 
 // New watches nothing yet of process pid (see Watch).
 func New(pid int) *Threads {
-	return &Threads{pid: pid, threads: map[int]*thread{}, seen: map[int]bool{}}
+	return &Threads{pid: pid, threads: map[int]*thread{}, seen: map[int]bool{}, failed: map[int]bool{}}
 }
 
 // Watch starts watching each thread of tids not watched yet and stops
 // watching those not in tids (threads that ended). A thread is known from
 // the moment it is first watched: an instant before that is Unknown. The
-// error is the first failure to watch one of tids (each is tried again
-// on the next call).
+// error is the first failure to watch one of tids; a thread that failed
+// is not tried again, and after a refusal that would refuse every thread
+// (permissions, a kernel without perf events) none is.
 func (w *Threads) Watch(tids []int) error {
 	clear(w.seen)
 	var first error
 	for _, tid := range tids {
 		w.seen[tid] = true
-		if _, ok := w.threads[tid]; ok {
+		if _, ok := w.threads[tid]; ok || w.off || w.failed[tid] {
 			continue
 		}
 		th, err := open(w.pid, tid)
 		if err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				continue // ended
+			}
+			w.failed[tid] = true
+			if refusesAll(err) {
+				w.off = true
+			}
 			if first == nil {
 				first = err
 			}
@@ -127,10 +140,27 @@ func (w *Threads) Watch(tids []int) error {
 			delete(w.threads, tid)
 		}
 	}
+	for tid := range w.failed {
+		if !w.seen[tid] {
+			delete(w.failed, tid)
+		}
+	}
 	if first != nil && w.err == nil {
 		w.err = first
 	}
 	return first
+}
+
+// refusesAll reports whether a failure to watch one thread would be the
+// same for every other: permissions (perf_event_paranoid, a seccomp
+// filter, a missing capability) or a kernel without the feature.
+func refusesAll(err error) bool {
+	for _, e := range []error{unix.EACCES, unix.EPERM, unix.ENOSYS, unix.ENOENT, unix.EOPNOTSUPP, unix.EINVAL, unix.E2BIG} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // Err is the first failure to watch a thread, if any.
@@ -333,12 +363,26 @@ var base struct {
 // monotonic clock is CLOCK_MONOTONIC, but its readings count from the
 // program's start).
 func Mono(t time.Time) int64 {
-	base.once.Do(func() {
-		// The Go reading first: the CLOCK_MONOTONIC one taken after it is
-		// later by the time between the two calls, so converted instants
-		// err late, never early.
-		base.t = time.Now()
-		base.mono = Now()
-	})
+	base.once.Do(calibrate)
 	return base.mono + int64(t.Sub(base.t))
+}
+
+// calibrate pairs a time.Now with CLOCK_MONOTONIC: a time.Now read
+// between two clock readings, the closest of a few tries (a thread
+// switched out between the readings would put every instant asked about
+// that much off, and a sampler's ticks on a busy machine are that far
+// apart from what it asks).
+func calibrate() {
+	best := int64(-1)
+	for i := 0; i < 50; i++ {
+		a := Now()
+		t := time.Now()
+		b := Now()
+		if gap := b - a; best < 0 || gap < best {
+			best, base.t, base.mono = gap, t, a+gap/2
+		}
+		if best <= 2000 {
+			return
+		}
+	}
 }
