@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/oncpu"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -67,6 +68,13 @@ type RubySource struct {
 	// ('R' or 'S') taken from their stop, per thread of the snapshot (0:
 	// not taken; see stoppedStates).
 	stopStates []byte
+	// cpu watches the threads' context switches in Mode cpu (nil before
+	// the first tick that asks); cpuAt is the instant this tick stands
+	// for (its deadline, CLOCK_MONOTONIC), 0 when the tick does not ask;
+	// cpuStates are the threads' states then, per thread of the snapshot.
+	cpu       *oncpu.Threads
+	cpuAt     int64
+	cpuStates []oncpu.State
 }
 
 // NewRubySource samples the Ruby process p.
@@ -92,8 +100,27 @@ func (s *RubySource) Process() *ruby.Process { return s.p }
 // a stopped thread's /proc state is "traced"), of the others from /proc.
 // A thread whose state was not read is on a CPU when it runs Ruby (holds
 // the GVL).
+//
+// When the tick asks for on-CPU states (Mode cpu, see Run), they come
+// instead from the kernel's context-switch records (oncpu): a thread is
+// on a CPU when it was running at the tick's deadline, not merely
+// runnable, which the kernel's state 'R' also covers (a thread that holds
+// the GVL while the kernel has it wait for a CPU is not on one). The
+// records cost no system call per tick, and take the place of the /proc
+// reads and of the stopped thread's state; /proc and the old rule are
+// used for a thread whose records do not reach back to the deadline (its
+// first sample: threads are watched from the tick that finds them) or
+// that cannot be watched (the tick's cpuErr says why).
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	now := time.Now()
+	tk := tickOf(ctx)
+	s.cpuAt = 0
+	if tk != nil && tk.cpu {
+		if s.cpu == nil {
+			s.cpu = oncpu.New(s.pid)
+		}
+		s.cpuAt = oncpu.Mono(tk.deadline)
+	}
 	s.stopStates = s.stopStates[:0]
 	threads, err := s.snapshot()
 	if err != nil {
@@ -102,18 +129,33 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	if len(s.stopStates) != len(threads) {
 		s.stopStates = append(s.stopStates[:0], make([]byte, len(threads))...)
 	}
+	s.cpuStates = s.cpuStates[:0]
 	s.sampledTIDs, s.needState = s.sampledTIDs[:0], s.needState[:0]
 	for i := range threads {
-		if th := &threads[i]; th.TID != 0 {
+		th := &threads[i]
+		cs := s.cpuState(th.TID)
+		s.cpuStates = append(s.cpuStates, cs)
+		if th.TID != 0 {
 			s.sampledTIDs = append(s.sampledTIDs, th.TID)
-			s.needState = append(s.needState, s.stopStates[i] == 0 && needsKernelState(th))
+			s.needState = append(s.needState, s.stopStates[i] == 0 && cpuLetter(cs) == 0 && needsKernelState(th))
 		}
 	}
 	s.states.read(s.sampledTIDs, s.needState)
+	if s.cpuAt != 0 {
+		if err := s.cpu.Watch(s.sampledTIDs); err != nil && tk.cpuErr == nil {
+			tk.cpuErr = err
+		}
+	}
 	s.out = s.out[:0]
 	var failed *ThreadErrors
 	for i := range threads {
 		th := &threads[i]
+		if cs := s.cpuStates[i]; th.Error != "" && cs.Known() && cs != oncpu.Running {
+			// Off a CPU at the deadline, so dropped by Mode cpu (Run
+			// counts it filtered) whatever its stack: not an error.
+			s.out = append(s.out, stack.Sample{Time: now, Pid: s.pid, TID: th.TID, ThreadName: th.Name, Activity: th.Activity, GVL: th.GVL})
+			continue
+		}
 		if th.Error != "" {
 			// A thread that changed under the walker (created, ending,
 			// or read without pausing): its partial stack would distort
@@ -124,13 +166,20 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error, Activity: th.Activity})
 			continue
 		}
+		cs := s.cpuStates[i]
 		kstate := s.stopStates[i]
+		if kstate == 0 {
+			kstate = cpuLetter(cs)
+		}
 		if kstate == 0 {
 			kstate = s.states.state(th.TID)
 		}
 		ruby.KernelActivity(th, kstate)
 		onCPU := kstate == 'R'
-		if kstate == 0 {
+		switch {
+		case cs.Known():
+			onCPU = cs == oncpu.Running
+		case kstate == 0:
 			onCPU = th.Activity == stack.ActivityRunning || th.Activity == stack.ActivityGC
 		}
 		frames := th.Frames
@@ -152,6 +201,28 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		return s.out, failed
 	}
 	return s.out, nil
+}
+
+// cpuState is thread tid's state at this tick's deadline from its
+// context-switch records (Unknown when the tick does not ask, or they
+// cannot tell).
+func (s *RubySource) cpuState(tid int) oncpu.State {
+	if s.cpuAt == 0 || tid == 0 {
+		return oncpu.Unknown
+	}
+	return s.cpu.At(tid, s.cpuAt)
+}
+
+// cpuLetter is the kernel state letter a context-switch state gives: 'R'
+// on a CPU or runnable, 'S' asleep (or stopped), 0 when it does not say.
+func cpuLetter(cs oncpu.State) byte {
+	switch cs {
+	case oncpu.Running, oncpu.Runnable:
+		return 'R'
+	case oncpu.Asleep:
+		return 'S'
+	}
+	return 0
 }
 
 // needsKernelState says whether th's kernel state tells anything Ruby's
@@ -233,6 +304,19 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 		return s.p.Snapshot()
 	}
 	tp, onlyRuby := s.pauser.(ThreadPauser)
+	if onlyRuby && s.holderOffCPU() {
+		// Mode cpu drops the sample of a thread that was not on a CPU at
+		// the deadline: its stack need not hold still. Read without a
+		// pause (stacks checked as in nonblocking mode), unless a GVL
+		// holder turns out to have been running then.
+		s.p.SetStopped(false)
+		threads, err = s.p.Snapshot()
+		s.p.SetStopped(true)
+		if err == nil && !s.holderRan(threads) {
+			s.noteThreads(threads)
+			return threads, nil
+		}
+	}
 	if onlyRuby && s.p.HolderKnown() {
 		for holder, tries := s.holder, 0; holder != 0 && tries < 2; tries++ {
 			s.holderTID[0] = holder
@@ -266,6 +350,32 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 			return threads, nil
 		}
 	}
+}
+
+// holderOffCPU reports whether, in Mode cpu, the thread that held the GVL
+// in the last sample is known to have been off a CPU at this tick's
+// deadline: the only thread a blocking sample would stop then need not
+// be (stopping a thread that waits for a CPU also waits for it to get
+// one). Only with a ThreadPauser and a readable GVL owner.
+func (s *RubySource) holderOffCPU() bool {
+	if s.cpuAt == 0 || s.holder == 0 || !s.p.HolderKnown() {
+		return false
+	}
+	cs := s.cpuState(s.holder)
+	return cs.Known() && cs != oncpu.Running
+}
+
+// holderRan reports whether a thread that holds the GVL in threads was
+// running at this tick's deadline, or may have been (its state unknown).
+func (s *RubySource) holderRan(threads []stack.Thread) bool {
+	for i := range threads {
+		if th := &threads[i]; th.GVL {
+			if cs := s.cpuState(th.TID); !cs.Known() || cs == oncpu.Running {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // noteThreads keeps the Ruby threads of a sample and its GVL holder for
@@ -335,7 +445,8 @@ func (s *RubySource) pausedSnapshot(tp ThreadPauser, tids []int, holder int) (th
 // stopped threads (tids, or every thread when all) that need one, from
 // their stops: asleep in a system call ('S') or running ('R'). /proc
 // would say "traced" now, and after the resume the thread is back on its
-// way into the call it left.
+// way into the call it left. A thread whose context-switch records give
+// its state at the tick's deadline (Mode cpu) needs no look at its stop.
 func (s *RubySource) stoppedStates(threads []stack.Thread, tids []int, all bool) {
 	sr, ok := s.pauser.(SleepReader)
 	if !ok {
@@ -344,7 +455,8 @@ func (s *RubySource) stoppedStates(threads []stack.Thread, tids []int, all bool)
 	s.stopStates = append(s.stopStates[:0], make([]byte, len(threads))...)
 	for i := range threads {
 		th := &threads[i]
-		if th.TID == 0 || !needsKernelState(th) || (!all && !slices.Contains(tids, th.TID)) {
+		if th.TID == 0 || !needsKernelState(th) || (!all && !slices.Contains(tids, th.TID)) ||
+			cpuLetter(s.cpuState(th.TID)) != 0 {
 			continue
 		}
 		asleep, err := sr.InterruptedSleep(th.TID)
@@ -358,9 +470,13 @@ func (s *RubySource) stoppedStates(threads []stack.Thread, tids []int, all bool)
 	}
 }
 
-// Close releases the files kept open for reading thread states.
+// Close releases the files kept open for reading thread states and the
+// context-switch watches.
 func (s *RubySource) Close() error {
 	s.states.close()
+	if s.cpu != nil {
+		s.cpu.Close()
+	}
 	return nil
 }
 

@@ -148,6 +148,11 @@ type Stats struct {
 	// Exited is set when sampling stopped because the target exited (that
 	// last tick is not counted in Errors).
 	Exited bool
+	// CPUError, in Mode cpu, is why some threads could not be told on a
+	// CPU from waiting for one (see RubySource): their samples fall back
+	// to the kernel's run state, which counts a thread waiting for a CPU
+	// as on one.
+	CPUError error
 	// SampleTime is the total time spent in Source.Sample.
 	SampleTime time.Duration
 	// CPU is the CPU time (user and system, every thread of this process)
@@ -218,6 +223,39 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 	return run(ctx, src, cfg, sink, t)
 }
 
+// tick is what Run tells a source about the tick it samples, through
+// the context given to Sample (tickOf finds it). One is made per run and
+// updated at each tick: a source must not keep it.
+type tick struct {
+	context.Context
+	// deadline is the instant the sample stands for: when the tick was
+	// due, which on a busy machine is well before the sampler got a CPU.
+	deadline time.Time
+	// cpu asks for on-CPU states (Sample.OnCPU) as the kernel's scheduler
+	// accounts them (Mode cpu).
+	cpu bool
+	// cpuErr is set by a source that could not have them for some
+	// threads.
+	cpuErr error
+}
+
+type tickKey struct{}
+
+// Value returns the tick itself for tickKey, else ctx's values.
+func (t *tick) Value(key any) any {
+	if key == (tickKey{}) {
+		return t
+	}
+	return t.Context.Value(key)
+}
+
+// tickOf returns the tick a context given to Sample stands for; nil when
+// Run did not make it (a source called directly).
+func tickOf(ctx context.Context) *tick {
+	t, _ := ctx.Value(tickKey{}).(*tick)
+	return t
+}
+
 // clock is time as the sampler sees it; tests substitute a virtual one.
 type clock interface {
 	Now() time.Time
@@ -268,6 +306,7 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	}
 	nextProgress := start.Add(progressEvery)
 	var kept []stack.Sample
+	tk := &tick{Context: ctx, cpu: cfg.Mode == stack.ModeCPU || cfg.OnCPUOnly}
 
 	for n := int64(0); ; n++ {
 		deadline := start.Add(time.Duration(n) * period)
@@ -285,8 +324,12 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 			break
 		}
 		t0 := clk.Now()
-		samples, err := src.Sample(ctx)
+		tk.deadline = deadline
+		samples, err := src.Sample(tk)
 		now := clk.Now()
+		if tk.cpuErr != nil && st.CPUError == nil {
+			st.CPUError = tk.cpuErr
+		}
 		st.Ticks++
 		st.SampleTime += now.Sub(t0)
 		if t0.Sub(deadline) > period {
