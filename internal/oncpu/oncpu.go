@@ -170,13 +170,17 @@ func (w *Threads) Err() error { return w.err }
 func (w *Threads) Watched() int { return len(w.threads) }
 
 // At returns what thread tid was doing at instant at (CLOCK_MONOTONIC
-// nanoseconds, see Mono).
-func (w *Threads) At(tid int, at int64) State {
+// nanoseconds, see Mono), and whether it was switched onto a CPU after
+// that and no later than until: a thread running at instant at that was
+// not is still in the same stretch on a CPU (or off it since it left),
+// so its stack read then is where it ran at instant at; one that was may
+// have run anywhere since.
+func (w *Threads) At(tid int, at, until int64) (st State, resumed bool) {
 	th := w.threads[tid]
 	if th == nil {
-		return Unknown
+		return Unknown, false
 	}
-	return th.at(at)
+	return th.at(at, until)
 }
 
 // Close stops watching every thread.
@@ -266,15 +270,16 @@ func (th *thread) close() {
 	_ = unix.Close(th.fd)
 }
 
-// at returns the thread's state at instant at from its records: the
-// newest switch at or before at says it; when every record is newer, the
-// oldest one says what came before it, provided the buffer still holds
-// every record since the watch began; with no record at all the thread
-// has not switched since, and its task clock says whether it has been
-// running all along.
-func (th *thread) at(at int64) State {
+// at returns the thread's state at instant at from its records, and
+// whether a switch onto a CPU came after it, by until: the newest switch at or
+// before at says the state; when every record is newer, the oldest one
+// says what came before it, provided the buffer still holds every record
+// since the watch began; with no record at all the thread has not
+// switched since, and its task clock says whether it has been running
+// all along.
+func (th *thread) at(at, until int64) (State, bool) {
 	if at < th.since {
-		return Unknown
+		return Unknown, false
 	}
 	data := th.data
 	size := uint64(len(data))
@@ -283,7 +288,7 @@ func (th *thread) at(at int64) State {
 	var walked uint64
 	complete := false
 	oldest := uint16(0) // misc of the oldest switch seen after at
-	seen := false
+	seen, resumed := false, false
 	state := Unknown
 	for walked < size {
 		off := (head + walked) & mask
@@ -305,32 +310,35 @@ func (th *thread) at(at int64) State {
 				break
 			}
 			oldest, seen = misc, true
+			if misc&miscOut == 0 && t <= until {
+				resumed = true
+			}
 		}
 		walked += n
 	}
 	// The kernel writes backwards, over the oldest records: what was read
 	// stands if the bytes written meanwhile did not reach it.
 	if written := head - atomic.LoadUint64(&th.meta.Data_head); written+walked > size {
-		return Unknown
+		return Unknown, false
 	}
 	switch {
 	case state != Unknown:
-		return state
+		return state, resumed
 	case !complete:
-		return Unknown
+		return Unknown, false
 	case seen && oldest&miscOut != 0:
-		return Running // switched out after at: it was on a CPU then
+		return Running, resumed // switched out after at: it was on a CPU then
 	case seen:
-		return Off // switched in after at
+		return Off, resumed // switched in after at
 	}
 	c, err := th.clock()
 	if err != nil {
-		return Unknown
+		return Unknown, false
 	}
 	if c > th.clock0 {
-		return Running // ran without a switch since the watch began
+		return Running, false // ran without a switch since the watch began
 	}
-	return Off
+	return Off, false
 }
 
 func fromRecord(misc uint16) State {

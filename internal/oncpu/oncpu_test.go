@@ -71,7 +71,7 @@ func TestAtFollowsCPUTime(t *testing.T) {
 		// milliseconds of a thread switched every few milliseconds.
 		time.Sleep(50 * time.Millisecond)
 		for now := Now(); next < min(now, end); next += int64(step) {
-			s := w.At(pid, next)
+			s, _ := w.At(pid, next, math.MaxInt64)
 			states[s]++
 			asked++
 			if s == Running {
@@ -99,8 +99,8 @@ func TestAtFollowsCPUTime(t *testing.T) {
 }
 
 // TestAtAsleepAndStopped: a process asleep in nanosleep is never running;
-// one stopped by SIGSTOP is asleep from its stop on; an instant before the
-// watch began is unknown.
+// one stopped by SIGSTOP is asleep from its stop on, and not switched in
+// again until continued; an instant before the watch began is unknown.
 func TestAtAsleepAndStopped(t *testing.T) {
 	sl := exec.Command("sleep", "100")
 	if err := sl.Start(); err != nil {
@@ -110,12 +110,12 @@ func TestAtAsleepAndStopped(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	before := Now()
 	w := watch(t, sl.Process.Pid)
-	if s := w.At(sl.Process.Pid, before); s != Unknown {
+	if s, _ := w.At(sl.Process.Pid, before, math.MaxInt64); s != Unknown {
 		t.Errorf("state before the watch began: %v, want unknown", s)
 	}
 	for i := 0; i < 20; i++ {
 		time.Sleep(time.Millisecond)
-		if s := w.At(sl.Process.Pid, Now()); s == Running || s == Unknown {
+		if s, _ := w.At(sl.Process.Pid, Now(), math.MaxInt64); s == Running || s == Unknown {
 			t.Fatalf("sleeping process: %v", s)
 		}
 	}
@@ -145,9 +145,18 @@ func TestAtAsleepAndStopped(t *testing.T) {
 	stopped := Now()
 	time.Sleep(10 * time.Millisecond)
 	for _, at := range []int64{stopped, Now()} {
-		if s := w.At(pid, at); s != Asleep {
-			t.Errorf("stopped process at %d: %v, want asleep", at, s)
+		if s, resumed := w.At(pid, at, math.MaxInt64); s != Asleep || resumed {
+			t.Errorf("stopped process at %d: %v (switched in since: %v), want asleep", at, s, resumed)
 		}
 	}
+	// Continued, it is switched in again after the stop.
+	continued := Now()
 	sp.Process.Signal(syscall.SIGCONT)
+	time.Sleep(20 * time.Millisecond)
+	if s, resumed := w.At(pid, stopped, math.MaxInt64); s != Asleep || !resumed {
+		t.Errorf("continued process at its stop: %v (switched in since: %v), want asleep and switched in since", s, resumed)
+	}
+	if _, resumed := w.At(pid, stopped, continued); resumed {
+		t.Error("switched in after its stop and before SIGCONT")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -75,6 +76,11 @@ type RubySource struct {
 	cpu       *oncpu.Threads
 	cpuAt     int64
 	cpuStates []oncpu.State
+	// pausedAt is when this tick's pause began (CLOCK_MONOTONIC, 0: no
+	// pause), of threads pausedTIDs (nil: every thread): a thread that a
+	// pause stopped while it waited for a CPU is switched in to stop.
+	pausedAt   int64
+	pausedTIDs []int
 }
 
 // NewRubySource samples the Ruby process p.
@@ -122,6 +128,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		s.cpuAt = oncpu.Mono(tk.deadline)
 	}
 	s.stopStates = s.stopStates[:0]
+	s.pausedAt, s.pausedTIDs = 0, nil
 	threads, err := s.snapshot()
 	if err != nil {
 		return nil, err
@@ -134,6 +141,16 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	for i := range threads {
 		th := &threads[i]
 		cs := s.cpuState(th.TID)
+		if cs == oncpu.Running && th.Activity != stack.ActivityGVLWait && s.movedOn(th.TID) {
+			// Running at the deadline, but switched out and in again
+			// before its stack was read (a late tick): where it ran
+			// then is gone. (A thread waiting for the GVL is dropped by
+			// Mode cpu whatever its stack.)
+			cs = movedOn
+			if th.Error == "" {
+				th.Error = "on a CPU at the tick's deadline, but switched out and in again before its stack was read: its stack then is gone (a late tick)"
+			}
+		}
 		s.cpuStates = append(s.cpuStates, cs)
 		if th.TID != 0 {
 			s.sampledTIDs = append(s.sampledTIDs, th.TID)
@@ -150,7 +167,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	var failed *ThreadErrors
 	for i := range threads {
 		th := &threads[i]
-		if cs := s.cpuStates[i]; th.Error != "" && cs.Known() && cs != oncpu.Running {
+		if cs := s.cpuStates[i]; th.Error != "" && cs.Known() && cs != oncpu.Running && cs != movedOn {
 			// Off a CPU at the deadline, so dropped by Mode cpu (Run
 			// counts it filtered) whatever its stack: not an error.
 			s.out = append(s.out, stack.Sample{Time: now, Pid: s.pid, TID: th.TID, ThreadName: th.Name, Activity: th.Activity, GVL: th.GVL})
@@ -177,6 +194,8 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		ruby.KernelActivity(th, kstate)
 		onCPU := kstate == 'R'
 		switch {
+		case cs == movedOn:
+			onCPU = true
 		case cs.Known():
 			onCPU = cs == oncpu.Running
 		case kstate == 0:
@@ -210,14 +229,32 @@ func (s *RubySource) cpuState(tid int) oncpu.State {
 	if s.cpuAt == 0 || tid == 0 {
 		return oncpu.Unknown
 	}
-	return s.cpu.At(tid, s.cpuAt)
+	st, _ := s.cpu.At(tid, s.cpuAt, math.MaxInt64)
+	return st
+}
+
+// movedOn marks a thread running at the deadline whose stack, read later,
+// is from a later stretch on a CPU (see movedOn).
+const movedOn = oncpu.State(255)
+
+// movedOn reports whether thread tid was switched onto a CPU after this
+// tick's deadline and before its stack was read: before this tick's
+// pause for a thread it stopped (stopping a thread that waits for a CPU
+// switches it in, where it stops at once), else up to now.
+func (s *RubySource) movedOn(tid int) bool {
+	until := int64(math.MaxInt64)
+	if s.pausedAt != 0 && (s.pausedTIDs == nil || slices.Contains(s.pausedTIDs, tid)) {
+		until = s.pausedAt
+	}
+	_, resumed := s.cpu.At(tid, s.cpuAt, until)
+	return resumed
 }
 
 // cpuLetter is the kernel state letter a context-switch state gives: 'R'
 // on a CPU or runnable, 'S' asleep (or stopped), 0 when it does not say.
 func cpuLetter(cs oncpu.State) byte {
 	switch cs {
-	case oncpu.Running, oncpu.Runnable:
+	case oncpu.Running, oncpu.Runnable, movedOn:
 		return 'R'
 	case oncpu.Asleep:
 		return 'S'
@@ -354,23 +391,26 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 
 // holderOffCPU reports whether, in Mode cpu, the thread that held the GVL
 // in the last sample is known to have been off a CPU at this tick's
-// deadline: the only thread a blocking sample would stop then need not
-// be (stopping a thread that waits for a CPU also waits for it to get
-// one). Only with a ThreadPauser and a readable GVL owner.
+// deadline, or to have moved on since (see movedOn): its sample is then
+// dropped or unread whatever its stack, and the only thread a blocking
+// sample would stop need not be (stopping a thread that waits for a CPU
+// also waits for it to get one). Only with a ThreadPauser and a readable
+// GVL owner.
 func (s *RubySource) holderOffCPU() bool {
 	if s.cpuAt == 0 || s.holder == 0 || !s.p.HolderKnown() {
 		return false
 	}
 	cs := s.cpuState(s.holder)
-	return cs.Known() && cs != oncpu.Running
+	return cs.Known() && (cs != oncpu.Running || s.movedOn(s.holder))
 }
 
 // holderRan reports whether a thread that holds the GVL in threads was
-// running at this tick's deadline, or may have been (its state unknown).
+// running at this tick's deadline and has not moved on, or may have been
+// (its state unknown).
 func (s *RubySource) holderRan(threads []stack.Thread) bool {
 	for i := range threads {
 		if th := &threads[i]; th.GVL {
-			if cs := s.cpuState(th.TID); !cs.Known() || cs == oncpu.Running {
+			if cs := s.cpuState(th.TID); !cs.Known() || (cs == oncpu.Running && !s.movedOn(th.TID)) {
 				return true
 			}
 		}
@@ -417,6 +457,12 @@ func (s *RubySource) noteThreads(threads []stack.Thread) (missed bool) {
 // included).
 func (s *RubySource) pausedSnapshot(tp ThreadPauser, tids []int, holder int) (threads []stack.Thread, err error) {
 	var resume func() error
+	if s.cpuAt != 0 {
+		s.pausedAt, s.pausedTIDs = oncpu.Now(), tids
+		if tp == nil {
+			s.pausedTIDs = nil
+		}
+	}
 	if tp != nil {
 		resume, err = tp.PauseThreads(s.pid, tids)
 	} else {
