@@ -123,10 +123,11 @@ func sampleCPU(t *testing.T, pid int, blocking bool, rate float64, d time.Durati
 //
 //   - the share of ticks at which rbscope kept the thread (on a CPU) is
 //     the share of its wall time it had a CPU, within 2 points + 3 sigma,
-//     plus the share of ticks whose stack could not be read (torn: such
-//     a tick could have gone either way) and, in blocking mode, the share
-//     of the time rbscope held it stopped or was stopping it (its wall
-//     time runs on while it is neither on a CPU nor waiting for one);
+//     plus the share of ticks whose stack could not be read (torn, or
+//     gone since a late tick's deadline: such a tick could have gone
+//     either way) and, in blocking mode, the share of the time rbscope
+//     held it stopped or was stopping it (its wall time runs on while it
+//     is neither on a CPU nor waiting for one);
 //   - each method's share of the kept samples is its share of the
 //     thread's CPU time, within 2 points + 3 sigma. The script's own
 //     wall-time shares, which a sampler counting GVL time would follow,
