@@ -131,7 +131,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	s.pausedAt, s.pausedTIDs = 0, nil
 	threads, err := s.snapshot()
 	if err != nil {
-		return nil, err
+		return s.offCPUError(now, err)
 	}
 	if len(s.stopStates) != len(threads) {
 		s.stopStates = append(s.stopStates[:0], make([]byte, len(threads))...)
@@ -219,6 +219,22 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	if failed != nil {
 		return s.out, failed
 	}
+	return s.out, nil
+}
+
+// offCPUError returns a failed snapshot's error, unless (Mode cpu) it is
+// a process's only thread, whose stack could not be read, that was off a
+// CPU at the deadline: Mode cpu drops its sample whatever its stack, so
+// the tick is that dropped sample (Run counts it filtered), not an error.
+func (s *RubySource) offCPUError(now time.Time, err error) ([]stack.Sample, error) {
+	var se *ruby.StackError
+	if s.cpuAt == 0 || !errors.As(err, &se) || se.TID == 0 {
+		return nil, err
+	}
+	if cs := s.cpuState(se.TID); !cs.Known() || cs == oncpu.Running {
+		return nil, err
+	}
+	s.out = append(s.out[:0], stack.Sample{Time: now, Pid: s.pid, TID: se.TID, ThreadName: se.Name, Activity: se.Activity})
 	return s.out, nil
 }
 

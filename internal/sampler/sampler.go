@@ -60,7 +60,7 @@ type Config struct {
 	// Jitter, between 0 and 1, moves each deadline by a random amount of
 	// up to Jitter*period/2 either way (to avoid lock-step with periodic
 	// work in the target). Deadlines stay anchored to the start: jitter
-	// never accumulates.
+	// never accumulates. Mode cpu jitters by at least cpuJitter.
 	Jitter float64
 	// OnCPUOnly drops samples of threads that were not running on a CPU.
 	OnCPUOnly bool
@@ -223,6 +223,15 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 	return run(ctx, src, cfg, sink, t)
 }
 
+// cpuJitter is the least jitter of Mode cpu. A sample in blocking mode
+// stops a thread that was on a CPU at its deadline, which hands that CPU
+// to another task for a while: at evenly spaced deadlines the thread's
+// state then falls in step with the sampler's own stops (in
+// TestModeCPU, a thread sharing a CPU with a hog was on it at 6 % of
+// the deadlines for 17 % of its time). Deadlines spread over a whole
+// period are not.
+const cpuJitter = 1.0
+
 // tick is what Run tells a source about the tick it samples, through
 // the context given to Sample (tickOf finds it). One is made per run and
 // updated at each tick: a source must not keep it.
@@ -307,14 +316,18 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	nextProgress := start.Add(progressEvery)
 	var kept []stack.Sample
 	tk := &tick{Context: ctx, cpu: cfg.Mode == stack.ModeCPU || cfg.OnCPUOnly}
+	jitter := cfg.Jitter
+	if tk.cpu {
+		jitter = max(jitter, cpuJitter)
+	}
 
 	for n := int64(0); ; n++ {
 		deadline := start.Add(time.Duration(n) * period)
 		if !end.IsZero() && !deadline.Before(end) {
 			break
 		}
-		if cfg.Jitter > 0 && n > 0 {
-			j := (rand.Float64() - 0.5) * cfg.Jitter * float64(period)
+		if jitter > 0 && n > 0 {
+			j := (rand.Float64() - 0.5) * jitter * float64(period)
 			deadline = deadline.Add(time.Duration(j))
 		}
 		if err := clk.SleepUntil(ctx, deadline); err != nil {
