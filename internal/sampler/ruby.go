@@ -148,7 +148,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			// Mode cpu whatever its stack.)
 			cs = movedOn
 			if th.Error == "" {
-				th.Error = "on a CPU at the tick's deadline, but switched out and in again before its stack was read: its stack then is gone (a late tick)"
+				th.Error = errMovedOn
 			}
 		}
 		s.cpuStates = append(s.cpuStates, cs)
@@ -293,6 +293,25 @@ func needsKernelState(th *stack.Thread) bool {
 		return false
 	case th.Activity == stack.ActivityRunning && len(th.Frames) > 0 && th.Frames[0].Kind == stack.KindRuby:
 		return false
+	}
+	return true
+}
+
+// errMovedOn is the error of a thread that was on a CPU at a late tick's
+// deadline but switched out and in again before its stack was read.
+const errMovedOn = "on a CPU at the tick's deadline, but switched out and in again before its stack was read: its stack then is gone (a late tick)"
+
+// movedOnly reports whether err is a ThreadErrors whose every thread
+// moved on since a late tick's deadline (see errMovedOn).
+func movedOnly(err error) bool {
+	var te *ThreadErrors
+	if !errors.As(err, &te) || len(te.Threads) == 0 {
+		return false
+	}
+	for _, th := range te.Threads {
+		if th.Err != errMovedOn {
+			return false
+		}
 	}
 	return true
 }

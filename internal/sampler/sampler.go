@@ -85,10 +85,13 @@ const (
 	ErrUnmapped                    // an unmapped or inconsistent read (the stack changed under us)
 	ErrPermission                  // the kernel refused access
 	ErrOther                       // anything else
+	// ErrMovedOn: Mode cpu, a late tick: a thread on a CPU at the
+	// deadline was switched out and in again before its stack was read.
+	ErrMovedOn
 	numErrorKinds
 )
 
-var kindNames = [...]string{"exited", "unmapped/inconsistent", "permission", "other"}
+var kindNames = [...]string{"exited", "unmapped/inconsistent", "permission", "other", "moved on since a late deadline"}
 
 func (k ErrorKind) String() string {
 	if k < 0 || k >= numErrorKinds {
@@ -109,6 +112,8 @@ func Classify(err error) ErrorKind {
 		return ErrPermission
 	case errors.As(err, &unmapped):
 		return ErrUnmapped
+	case movedOnly(err):
+		return ErrMovedOn
 	case errors.As(err, &inc) && inc.Inconsistent():
 		return ErrUnmapped
 	case errors.Is(err, ruby.ErrInvalid):
