@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/recording"
@@ -751,6 +753,48 @@ sleep`, mark)
 			if byThread["spinner"] < 20 || byThread["waiter"] != byThread["ruby"] || byThread["spinner"] > byThread["waiter"] || byThread["spinner"] < byThread["waiter"]*95/100 {
 				t.Errorf("without --on-cpu every thread is sampled: %v", byThread)
 			}
+		}
+	})
+}
+
+// TestRecordModeCPUWithoutPerf: when the kernel refuses perf_event_open
+// (here a seccomp filter, as in a container), record --mode cpu still
+// records, warns naming what refused, and falls back to the kernel's run
+// state: the spinner, holding the GVL in Ruby code, is kept, the thread
+// asleep in a queue pop is not.
+func TestRecordModeCPUWithoutPerf(t *testing.T) {
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		bin := recBinary(t)
+		p := recStartRuby(t, rb, `
+def oncpu_spin; x = 0; loop { x += 1 }; end
+def offcpu_wait; Queue.new.pop; end
+Thread.new { offcpu_wait }.name = "waiter"
+Thread.new { oncpu_spin }.name = "spinner"
+sleep 0.2
+puts "ready"; $stdout.flush
+sleep`)
+		dir := t.TempDir()
+		raw := filepath.Join(dir, "r.raw.gz")
+		cmd := testutil.UnderSeccomp([]uintptr{unix.SYS_PERF_EVENT_OPEN}, bin, "record", "--pid", strconv.Itoa(p.Pid), "--duration", "1s",
+			"--nonblocking", "--mode", "cpu", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw)
+		cmd.Env = append(cmd.Env, "RBSCOPE_DEBUG_ROOT="+rb.DebugRoot, "RBSCOPE_CACHE_DIR="+t.TempDir())
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("record: %v\n%s", err, stderr.String())
+		}
+		for _, want := range []string{"warning: --mode cpu:", "perf_event_open", "operation not permitted", "state R"} {
+			if !strings.Contains(stderr.String(), want) {
+				t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+			}
+		}
+		_, samples := recReadRaw(t, raw)
+		byThread := map[string]int{}
+		for _, s := range samples {
+			byThread[s.ThreadName]++
+		}
+		if byThread["spinner"] < 20 || byThread["waiter"] != 0 {
+			t.Errorf("samples by thread %v: want the spinner's (20 or more), none of the waiter's", byThread)
 		}
 	})
 }
