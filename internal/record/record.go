@@ -255,7 +255,7 @@ func (r *rec) warnCPU(st sampler.Stats) {
 		return
 	}
 	r.cpuWarned = true
-	r.con.say("warning: --mode cpu: %v; such threads count as on a CPU whenever the kernel says they can run (state R), waiting for a CPU included", st.CPUError)
+	r.con.say("warning: --mode cpu: %v; a thread not watched counts as on a CPU whenever the kernel says it can run (state R), waiting for a CPU included (watching needs root, CAP_PERFMON or kernel.perf_event_paranoid <= 2, and a seccomp profile that allows perf_event_open)", st.CPUError)
 }
 
 // newTree is the one source for both modes: it follows the target across
