@@ -78,7 +78,7 @@ func init() {
 	f.StringVarP(&o.cfg.Format, "format", "f", "flamegraph", "output format: "+strings.Join(output.Formats(), ", "))
 	f.StringVarP(&o.cfg.Output, "output", "o", "", "output file ('-' for standard output; default rbscope-<time>-<pid>.<ext>)")
 	f.StringVar(&o.cfg.Raw, "raw", "", "raw recording file (default in the user cache directory)")
-	f.Var(modeFlag{&o.cfg.Mode}, "mode", "which samples to keep: wall (every thread, always), cpu (threads running\nRuby or C code or GC, holding the GVL), gvl (the GVL's owner only)")
+	f.Var(modeFlag{&o.cfg.Mode}, "mode", "which samples to keep: wall (every thread, always), cpu (threads on a CPU by\nthe kernel's context switches, running Ruby or C code or GC; not waiting for\na CPU or the GVL), gvl (the GVL's owner only, on a CPU or not)")
 	f.BoolVar(&o.cfg.OnCPU, "on-cpu", false, "the same as --mode cpu")
 	f.BoolVar(&o.cfg.NoGC, "no-gc", false, "leave out the (garbage collection) / (marking) / (sweeping) frames\n(GC time is then charged to the Ruby frame that triggered it)")
 	f.BoolVar(&o.cfg.Threads, "threads", false, "collapsed format: root each stack at \"thread NAME (TID)\"")

@@ -19,7 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -90,6 +93,26 @@ func recRun(t testing.TB, rb testutil.RubyUnderTest, args ...string) recResult {
 	t0 := time.Now()
 	err := cmd.Run()
 	return recResult{so.String(), se.String(), err, time.Since(t0)}
+}
+
+// recRawStats is a raw recording's trailer.
+func recRawStats(t testing.TB, path string) recording.Stats {
+	t.Helper()
+	rd, err := recording.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	for {
+		if _, err := rd.Next(); err != nil {
+			break
+		}
+	}
+	st, ok := rd.Stats()
+	if !ok {
+		t.Fatalf("%s has no trailer", path)
+	}
+	return st
 }
 
 // recReadRaw reads every sample of a raw recording.
@@ -630,10 +653,123 @@ Process.wait(pid)`)
 }
 
 // TestRecordOnCPU: --on-cpu keeps the spinning thread and drops the one
-// sleeping in a queue pop.
+// sleeping in a queue pop. The spinner is kept at as many ticks as it had
+// a CPU (on a loaded machine, not all of them): its share of the
+// recording's 100 ticks (kept, or unread: a thread off a CPU is dropped
+// whatever its stack) is the share of wall time it measures itself
+// (CLOCK_THREAD_CPUTIME_ID against CLOCK_MONOTONIC, written when sent
+// SIGUSR1 before and after the recording), within 2 + 3 sigma (sigma =
+// sqrt(p(1-p)/n)) plus the ticks that were late, which may have been
+// skipped.
 func TestRecordOnCPU(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		recBinary(t)
+		dir := t.TempDir()
+		mark := filepath.Join(dir, "mark")
+		p := recStartRuby(t, rb, `
+$spin = []
+def oncpu_spin
+  x = 0
+  loop do
+    x += 1
+    next if x % 10_000 != 0
+    $spin = [Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond),
+             Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond)]
+  end
+end
+def offcpu_wait; Queue.new.pop; end
+trap("USR1") { File.write(ARGV[0] + ".tmp", $spin.join(" ")); File.rename(ARGV[0] + ".tmp", ARGV[0]) }
+Thread.new { offcpu_wait }.name = "waiter"
+Thread.new { oncpu_spin }.name = "spinner"
+sleep 0.2
+puts "ready"; $stdout.flush
+sleep`, mark)
+		// spinMark asks the spinner for its latest wall and CPU clocks.
+		spinMark := func() (wall, cpu int64) {
+			t.Helper()
+			os.Remove(mark)
+			if err := p.Cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 500; i++ {
+				if b, err := os.ReadFile(mark); err == nil {
+					if _, err := fmt.Sscanf(string(b), "%d %d", &wall, &cpu); err != nil {
+						t.Fatalf("mark %q: %v", b, err)
+					}
+					return wall, cpu
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Fatal("the script wrote no mark")
+			return 0, 0
+		}
+		for _, onCPU := range []bool{false, true} {
+			raw := filepath.Join(dir, fmt.Sprintf("r-%v.gz", onCPU))
+			args := []string{"record", "--pid", strconv.Itoa(p.Pid), "--duration", "1s", "--nonblocking",
+				"--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw}
+			if onCPU {
+				args = append(args, "--on-cpu")
+			}
+			w0, c0 := spinMark()
+			res := recRun(t, rb, args...)
+			w1, c1 := spinMark()
+			if res.err != nil {
+				t.Fatalf("record: %v\n%s", res.err, res.stderr)
+			}
+			h, samples := recReadRaw(t, raw)
+			byThread := map[string]int{}
+			for _, s := range samples {
+				byThread[s.ThreadName]++
+				if onCPU && !s.OnCPU {
+					t.Errorf("off-CPU sample kept: %+v", s)
+				}
+			}
+			if onCPU {
+				if h.Options[record.OnCPUOption] != record.OnCPUSwitches {
+					t.Errorf("raw recording options %v: want %s %q", h.Options, record.OnCPUOption, record.OnCPUSwitches)
+				}
+				// A sample --on-cpu could not read is one of a thread on
+				// a CPU (an off-CPU thread's is dropped whatever its
+				// stack): it counts.
+				share := float64(c1-c0) / float64(w1-w0)
+				st := recRawStats(t, raw)
+				unread := 0
+				for _, u := range st.Unread {
+					if u.Name == "spinner" {
+						for _, n := range u.ByActivity {
+							unread += n
+						}
+					}
+				}
+				want := 100 * share
+				sigma := 100 * math.Sqrt(share*(1-share)/100)
+				t.Logf("spinner kept at %d ticks, unread at %d; it had a CPU %.1f%% of the time; %d ticks late", byThread["spinner"], unread, 100*share, st.Late)
+				if got := float64(byThread["spinner"] + unread); !(math.Abs(got-want) <= 2+3*sigma+float64(st.Late)) || byThread["spinner"] == 0 {
+					t.Errorf("--on-cpu kept the spinner at %d ticks (%d unread), want %.0f: samples by thread %v", byThread["spinner"], unread, want, byThread)
+				}
+				if byThread["waiter"] != 0 || byThread["ruby"] != 0 {
+					t.Errorf("--on-cpu kept sleeping threads: %v", byThread)
+				}
+				continue
+			}
+			// Without --on-cpu every thread is in every tick; the running
+			// spinner alone may lose a tick to a torn read (detected and
+			// counted, never emitted).
+			if byThread["spinner"] < 20 || byThread["waiter"] != byThread["ruby"] || byThread["spinner"] > byThread["waiter"] || byThread["spinner"] < byThread["waiter"]*95/100 {
+				t.Errorf("without --on-cpu every thread is sampled: %v", byThread)
+			}
+		}
+	})
+}
+
+// TestRecordModeCPUWithoutPerf: when the kernel refuses perf_event_open
+// (here a seccomp filter, as in a container), record --mode cpu still
+// records, warns naming what refused, and falls back to the kernel's run
+// state: the spinner, holding the GVL in Ruby code, is kept, the thread
+// asleep in a queue pop is not.
+func TestRecordModeCPUWithoutPerf(t *testing.T) {
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		bin := recBinary(t)
 		p := recStartRuby(t, rb, `
 def oncpu_spin; x = 0; loop { x += 1 }; end
 def offcpu_wait; Queue.new.pop; end
@@ -643,37 +779,27 @@ sleep 0.2
 puts "ready"; $stdout.flush
 sleep`)
 		dir := t.TempDir()
-		for _, onCPU := range []bool{false, true} {
-			raw := filepath.Join(dir, fmt.Sprintf("r-%v.gz", onCPU))
-			args := []string{"record", "--pid", strconv.Itoa(p.Pid), "--duration", "1s", "--nonblocking",
-				"--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw}
-			if onCPU {
-				args = append(args, "--on-cpu")
+		raw := filepath.Join(dir, "r.raw.gz")
+		cmd := testutil.UnderSeccomp([]uintptr{unix.SYS_PERF_EVENT_OPEN}, bin, "record", "--pid", strconv.Itoa(p.Pid), "--duration", "1s",
+			"--nonblocking", "--mode", "cpu", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw)
+		cmd.Env = append(cmd.Env, "RBSCOPE_DEBUG_ROOT="+rb.DebugRoot, "RBSCOPE_CACHE_DIR="+t.TempDir())
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("record: %v\n%s", err, stderr.String())
+		}
+		for _, want := range []string{"warning: --mode cpu:", "perf_event_open", "operation not permitted", "state R"} {
+			if !strings.Contains(stderr.String(), want) {
+				t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
 			}
-			res := recRun(t, rb, args...)
-			if res.err != nil {
-				t.Fatalf("record: %v\n%s", res.err, res.stderr)
-			}
-			_, samples := recReadRaw(t, raw)
-			byThread := map[string]int{}
-			for _, s := range samples {
-				byThread[s.ThreadName]++
-				if onCPU && !s.OnCPU {
-					t.Errorf("off-CPU sample kept: %+v", s)
-				}
-			}
-			if byThread["spinner"] < 20 {
-				t.Errorf("on-cpu=%v: samples by thread %v", onCPU, byThread)
-			}
-			if onCPU && (byThread["waiter"] != 0 || byThread["ruby"] != 0) {
-				t.Errorf("--on-cpu kept sleeping threads: %v", byThread)
-			}
-			// Without --on-cpu every thread is in every tick; the running
-			// spinner alone may lose a tick to a torn read (detected and
-			// counted, never emitted).
-			if !onCPU && (byThread["waiter"] != byThread["ruby"] || byThread["spinner"] > byThread["waiter"] || byThread["spinner"] < byThread["waiter"]*95/100) {
-				t.Errorf("without --on-cpu every thread is sampled: %v", byThread)
-			}
+		}
+		_, samples := recReadRaw(t, raw)
+		byThread := map[string]int{}
+		for _, s := range samples {
+			byThread[s.ThreadName]++
+		}
+		if byThread["spinner"] < 20 || byThread["waiter"] != 0 {
+			t.Errorf("samples by thread %v: want the spinner's (20 or more), none of the waiter's", byThread)
 		}
 	})
 }

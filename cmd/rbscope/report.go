@@ -76,7 +76,7 @@ Formats:
 	f.BoolVar(&o.lines, "lines", false, "collapsed: name frames \"name (path:line)\"")
 	f.IntVar(&o.top, "top", 0, "summaries: show only the first N rows (0: all)")
 	f.BoolVar(&o.threads, "threads", false, "collapsed: root each stack at \"thread NAME (TID)\"")
-	f.StringVar(&o.mode, "mode", "wall", "keep only the samples of this mode: wall (all), cpu (running or in GC), gvl (the GVL's owner)")
+	f.StringVar(&o.mode, "mode", "wall", "keep only the samples of this mode: wall (all), cpu (on a CPU, not waiting for the GVL), gvl (the GVL's owner)")
 	f.BoolVar(&o.noGC, "no-gc", false, "leave out the GC pseudo-frames")
 	o.up.register(f)
 	rootCmd.AddCommand(cmd)
@@ -138,6 +138,9 @@ func runReport(stderr io.Writer, o reportOpts) error {
 	}
 	defer rd.Close()
 	h := rd.Header()
+	if mode == stack.ModeCPU && h.Options[record.OnCPUOption] != record.OnCPUSwitches {
+		fmt.Fprintf(stderr, "rbscope: warning: %s was not recorded with --mode cpu: its on-CPU flags are the kernel's run state, which counts a thread waiting for a CPU as on one (record with --mode cpu for CPU time)\n", o.input)
+	}
 	opts := renderOptions(h)
 	if o.title != "" {
 		opts.Title = o.title

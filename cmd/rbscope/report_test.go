@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/pprof/profile"
 
+	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/testutil"
@@ -249,4 +251,57 @@ spin_alpha while Time.now - t < 1.5
 			t.Fatalf("pprof lacks the block or Integer#times:\n%s", out)
 		}
 	})
+}
+
+// TestReportModeCPU: report --mode cpu keeps the samples of threads on a
+// CPU that are not waiting for the GVL (running, in GC, or blocked in a C
+// function that runs on a CPU), and warns when the recording's on-CPU
+// flags are the kernel's run state (made without --mode cpu), not when
+// they come from its context switches.
+func TestReportModeCPU(t *testing.T) {
+	dir := t.TempDir()
+	frames := func(name string) []stack.Frame {
+		return []stack.Frame{{Name: name, Path: "/app/foo.rb", Line: 4, Kind: stack.KindRuby}}
+	}
+	// 10 ticks of three threads: main runs Ruby, on a CPU at 6 of them
+	// (waiting for a CPU at 4, holding the GVL); zlib is blocked in a C
+	// function releasing the GVL, on a CPU at 3; waiter waits for the
+	// GVL, the kernel running it at 5.
+	write := func(path string, opts map[string]string) {
+		w, err := recording.Create(path, recording.Header{RateHz: 100, Start: repT0, Pids: []int{777}, Command: []string{"ruby", "foo.rb"}, Options: opts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 10; i++ {
+			at := repT0.Add(time.Duration(i) * 10 * time.Millisecond)
+			for _, s := range []stack.Sample{
+				{TID: 777, ThreadName: "main", Activity: stack.ActivityRunning, GVL: true, OnCPU: i < 6, Frames: frames("Foo#main")},
+				{TID: 778, ThreadName: "zlib", Activity: stack.ActivityBlocked, OnCPU: i < 3, Frames: frames("Foo#deflate")},
+				{TID: 779, ThreadName: "waiter", Activity: stack.ActivityGVLWait, OnCPU: i < 5, Frames: frames("Foo#wait")},
+			} {
+				s.Time, s.Pid = at, 777
+				if err := w.Add(s); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := w.Close(recording.Stats{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, cpuRecorded := range []bool{true, false} {
+		raw := filepath.Join(dir, fmt.Sprintf("cpu-%v.raw.gz", cpuRecorded))
+		opts := map[string]string{"mode": "wall"}
+		if cpuRecorded {
+			opts = map[string]string{"mode": "cpu", record.OnCPUOption: record.OnCPUSwitches}
+		}
+		write(raw, opts)
+		out, errOut, code := repRun(t, dir, "report", "--input", raw, "--mode", "cpu", "--format", "collapsed", "--output", "-")
+		if code != 0 || out != "Foo#main 6\nFoo#deflate 3\n" && out != "Foo#deflate 3\nFoo#main 6\n" {
+			t.Errorf("recorded in cpu mode %v: code %d stdout %q stderr %q", cpuRecorded, code, out, errOut)
+		}
+		if warned := strings.Contains(errOut, "was not recorded with --mode cpu"); warned == cpuRecorded {
+			t.Errorf("recorded in cpu mode %v: stderr %q", cpuRecorded, errOut)
+		}
+	}
 }

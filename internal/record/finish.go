@@ -41,6 +41,7 @@ func (r *rec) finish(st sampler.Stats) error {
 		r.rawErr = err
 	}
 	r.con.clear()
+	r.warnCPU(st)
 	r.summarize(st)
 	if r.rawErr != nil {
 		return fmt.Errorf("write raw recording %s: %w", r.cfg.Raw, r.rawErr)
@@ -147,11 +148,13 @@ func UnreadOptions(rd *recording.Reader, mode stack.Mode) func() []output.Unread
 
 // unreadKept returns the activities of by that mode keeps (Mode.Keeps of
 // a sample in that activity: the GVL holder is running or in GC; an
-// unread sample's CPU state was not read).
+// unread sample's CPU state was not read, and a holder counts as on a
+// CPU).
 func unreadKept(by map[string]int, mode stack.Mode) map[string]int {
 	out := map[string]int{}
 	for act, n := range by {
-		s := stack.Sample{Activity: act, GVL: act == stack.ActivityRunning || act == stack.ActivityGC}
+		holder := act == stack.ActivityRunning || act == stack.ActivityGC
+		s := stack.Sample{Activity: act, GVL: holder, OnCPU: holder}
 		if n > 0 && mode.Keeps(&s) {
 			out[act] = n
 		}

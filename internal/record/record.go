@@ -41,6 +41,9 @@ type rec struct {
 	raw    *recording.Writer
 	rawErr error
 	sinks  []Sink
+	// cpuWarned: the warning that --mode cpu could not watch some
+	// threads was given.
+	cpuWarned bool
 }
 
 // Run records cfg's target until --duration ends, the process exits or a
@@ -257,7 +260,18 @@ func (r *rec) progress(st sampler.Stats) {
 	if st.Samples+st.Filtered == 0 && perm >= refusedTicks && perm == st.ErrorCount() {
 		r.cancel(fmt.Errorf("stopped: the kernel refused all %d samples so far (the last error says why)", perm))
 	}
+	r.warnCPU(st)
 	r.con.show(st)
+}
+
+// warnCPU says, once, that --mode cpu could not tell some threads on a
+// CPU from waiting for one.
+func (r *rec) warnCPU(st sampler.Stats) {
+	if st.CPUError == nil || r.cpuWarned {
+		return
+	}
+	r.cpuWarned = true
+	r.con.say("warning: --mode cpu: %v; a thread not watched counts as on a CPU whenever the kernel says it can run (state R), waiting for a CPU included (watching needs root, CAP_PERFMON or kernel.perf_event_paranoid <= 2, and a seccomp profile that allows perf_event_open)", st.CPUError)
 }
 
 // newTree is the one source for both modes: it follows the target across
@@ -298,11 +312,27 @@ func (r *rec) add(b []stack.Sample) {
 	}
 }
 
+// OnCPUOption is the raw recording's option saying what its samples'
+// on-CPU flags mean: OnCPUSwitches (recorded with --mode cpu) or
+// OnCPURunState (absent in recordings that predate it).
+const (
+	OnCPUOption   = "on_cpu_from"
+	OnCPUSwitches = "switches"
+	OnCPURunState = "run_state"
+)
+
 // createRaw starts the raw recording.
 func (r *rec) createRaw() error {
 	r.start = time.Now()
 	if r.cfg.Raw == "" {
 		r.cfg.Raw = recording.DefaultPath(r.pid, r.start)
+	}
+	// What a sample's on-CPU flag means: in Mode cpu, on a CPU at the
+	// tick's deadline by the kernel's context-switch records; otherwise
+	// the kernel's run state (R: runnable or running).
+	onCPU := OnCPURunState
+	if mode, _ := r.cfg.SampleMode(); mode == stack.ModeCPU {
+		onCPU = OnCPUSwitches
 	}
 	hdr := recording.Header{
 		RateHz: r.cfg.Rate, Start: r.start, RbscopeVersion: r.cfg.Version, Pids: []int{r.pid}, Command: r.command(),
@@ -311,6 +341,7 @@ func (r *rec) createRaw() error {
 			"on_cpu":       strconv.FormatBool(r.cfg.OnCPU || r.cfg.Mode == stack.ModeCPU),
 			"mode":         string(r.cfg.Mode),
 			"no_gc":        strconv.FormatBool(r.cfg.NoGC),
+			OnCPUOption:    onCPU,
 			"subprocesses": strconv.FormatBool(r.cfg.Subprocesses),
 		},
 	}

@@ -2,6 +2,7 @@ package sampler
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,8 +23,10 @@ deep(47) { spin }
 `
 
 // BenchmarkSample measures one sample of every thread of a 4-thread,
-// 50-frame Ruby process with the real walker. Compare the sub-benchmarks
-// with ReadBaseline (one 8-byte process_vm_readv) in the same run:
+// 50-frame Ruby process with the real walker; the CPU variants take
+// on-CPU states as Mode cpu does (context-switch records at the tick's
+// deadline). Compare the sub-benchmarks with ReadBaseline (one 8-byte
+// process_vm_readv) in the same run:
 //
 //	go test -run XXX -bench . ./internal/sampler/
 func BenchmarkSample(b *testing.B) {
@@ -58,11 +61,12 @@ func benchSample(b *testing.B, pid int) {
 			}
 		}
 	})
-	for _, mode := range []string{"Nonblocking", "Blocking", "BlockingHandoff"} {
+	for _, mode := range []string{"Nonblocking", "Blocking", "BlockingHandoff", "NonblockingCPU", "BlockingCPU"} {
 		b.Run(mode, func(b *testing.B) {
 			var opts RubyOptions
+			tk := &tick{Context: ctx, cpu: strings.HasSuffix(mode, "CPU")}
 			switch mode {
-			case "Blocking":
+			case "Blocking", "BlockingCPU":
 				pz := target.NewThreadPauser() // this goroutine's thread
 				defer pz.Close()
 				opts.Pauser = pz
@@ -82,7 +86,8 @@ func benchSample(b *testing.B, pid int) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				s, err := src.Sample(ctx)
+				tk.deadline = time.Now()
+				s, err := src.Sample(tk)
 				if err != nil {
 					fails++
 					continue
@@ -98,6 +103,10 @@ func benchSample(b *testing.B, pid int) {
 			b.ReportMetric(float64(fails)/float64(b.N), "errors/sample")
 			if rc != nil {
 				b.ReportMetric(float64(rc.ReadCalls()-reads0)/float64(b.N), "readv/sample")
+			}
+			b.ReportMetric(float64(src.states.reads)/float64(b.N), "procreads/sample")
+			if tk.cpuErr != nil {
+				b.Fatalf("on-CPU states: %v", tk.cpuErr)
 			}
 		})
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/oncpu"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -67,6 +69,18 @@ type RubySource struct {
 	// ('R' or 'S') taken from their stop, per thread of the snapshot (0:
 	// not taken; see stoppedStates).
 	stopStates []byte
+	// cpu watches the threads' context switches in Mode cpu (nil before
+	// the first tick that asks); cpuAt is the instant this tick stands
+	// for (its deadline, CLOCK_MONOTONIC), 0 when the tick does not ask;
+	// cpuStates are the threads' states then, per thread of the snapshot.
+	cpu       *oncpu.Threads
+	cpuAt     int64
+	cpuStates []oncpu.State
+	// pausedAt is when this tick's pause began (CLOCK_MONOTONIC, 0: no
+	// pause), of threads pausedTIDs (nil: every thread): a thread that a
+	// pause stopped while it waited for a CPU is switched in to stop.
+	pausedAt   int64
+	pausedTIDs []int
 }
 
 // NewRubySource samples the Ruby process p.
@@ -92,28 +106,73 @@ func (s *RubySource) Process() *ruby.Process { return s.p }
 // a stopped thread's /proc state is "traced"), of the others from /proc.
 // A thread whose state was not read is on a CPU when it runs Ruby (holds
 // the GVL).
+//
+// When the tick asks for on-CPU states (Mode cpu, see Run), they come
+// instead from the kernel's context-switch records (oncpu): a thread is
+// on a CPU when it was running at the tick's deadline, not merely
+// runnable, which the kernel's state 'R' also covers (a thread that holds
+// the GVL while the kernel has it wait for a CPU is not on one). The
+// records cost no system call per tick, and take the place of the /proc
+// reads and of the stopped thread's state; /proc and the old rule are
+// used for a thread whose records do not reach back to the deadline (its
+// first sample: threads are watched from the tick that finds them) or
+// that cannot be watched (the tick's cpuErr says why).
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	now := time.Now()
+	tk := tickOf(ctx)
+	s.cpuAt = 0
+	if tk != nil && tk.cpu {
+		if s.cpu == nil {
+			s.cpu = oncpu.New(s.pid)
+		}
+		s.cpuAt = oncpu.Mono(tk.deadline)
+	}
 	s.stopStates = s.stopStates[:0]
+	s.pausedAt, s.pausedTIDs = 0, nil
 	threads, err := s.snapshot()
 	if err != nil {
-		return nil, err
+		return s.offCPUError(now, err)
 	}
 	if len(s.stopStates) != len(threads) {
 		s.stopStates = append(s.stopStates[:0], make([]byte, len(threads))...)
 	}
+	s.cpuStates = s.cpuStates[:0]
 	s.sampledTIDs, s.needState = s.sampledTIDs[:0], s.needState[:0]
 	for i := range threads {
-		if th := &threads[i]; th.TID != 0 {
+		th := &threads[i]
+		cs := s.cpuState(th.TID)
+		if cs == oncpu.Running && th.Activity != stack.ActivityGVLWait && s.movedOn(th.TID) {
+			// Running at the deadline, but switched out and in again
+			// before its stack was read (a late tick): where it ran
+			// then is gone. (A thread waiting for the GVL is dropped by
+			// Mode cpu whatever its stack.)
+			cs = movedOn
+			if th.Error == "" {
+				th.Error = errMovedOn
+			}
+		}
+		s.cpuStates = append(s.cpuStates, cs)
+		if th.TID != 0 {
 			s.sampledTIDs = append(s.sampledTIDs, th.TID)
-			s.needState = append(s.needState, s.stopStates[i] == 0 && needsKernelState(th))
+			s.needState = append(s.needState, s.stopStates[i] == 0 && cpuLetter(cs) == 0 && needsKernelState(th))
 		}
 	}
 	s.states.read(s.sampledTIDs, s.needState)
+	if s.cpuAt != 0 {
+		if err := s.cpu.Watch(s.sampledTIDs); err != nil && tk.cpuErr == nil {
+			tk.cpuErr = err
+		}
+	}
 	s.out = s.out[:0]
 	var failed *ThreadErrors
 	for i := range threads {
 		th := &threads[i]
+		if cs := s.cpuStates[i]; th.Error != "" && cs.Known() && cs != oncpu.Running && cs != movedOn {
+			// Off a CPU at the deadline, so dropped by Mode cpu (Run
+			// counts it filtered) whatever its stack: not an error.
+			s.out = append(s.out, stack.Sample{Time: now, Pid: s.pid, TID: th.TID, ThreadName: th.Name, Activity: th.Activity, GVL: th.GVL})
+			continue
+		}
 		if th.Error != "" {
 			// A thread that changed under the walker (created, ending,
 			// or read without pausing): its partial stack would distort
@@ -124,13 +183,22 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error, Activity: th.Activity})
 			continue
 		}
+		cs := s.cpuStates[i]
 		kstate := s.stopStates[i]
+		if kstate == 0 {
+			kstate = cpuLetter(cs)
+		}
 		if kstate == 0 {
 			kstate = s.states.state(th.TID)
 		}
 		ruby.KernelActivity(th, kstate)
 		onCPU := kstate == 'R'
-		if kstate == 0 {
+		switch {
+		case cs == movedOn:
+			onCPU = true
+		case cs.Known():
+			onCPU = cs == oncpu.Running
+		case kstate == 0:
 			onCPU = th.Activity == stack.ActivityRunning || th.Activity == stack.ActivityGC
 		}
 		frames := th.Frames
@@ -154,6 +222,62 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	return s.out, nil
 }
 
+// offCPUError returns a failed snapshot's error, unless (Mode cpu) it is
+// a process's only thread, whose stack could not be read, that was off a
+// CPU at the deadline: Mode cpu drops its sample whatever its stack, so
+// the tick is that dropped sample (Run counts it filtered), not an error.
+func (s *RubySource) offCPUError(now time.Time, err error) ([]stack.Sample, error) {
+	var se *ruby.StackError
+	if s.cpuAt == 0 || !errors.As(err, &se) || se.TID == 0 {
+		return nil, err
+	}
+	if cs := s.cpuState(se.TID); !cs.Known() || cs == oncpu.Running {
+		return nil, err
+	}
+	s.out = append(s.out[:0], stack.Sample{Time: now, Pid: s.pid, TID: se.TID, ThreadName: se.Name, Activity: se.Activity})
+	return s.out, nil
+}
+
+// cpuState is thread tid's state at this tick's deadline from its
+// context-switch records (Unknown when the tick does not ask, or they
+// cannot tell).
+func (s *RubySource) cpuState(tid int) oncpu.State {
+	if s.cpuAt == 0 || tid == 0 {
+		return oncpu.Unknown
+	}
+	st, _ := s.cpu.At(tid, s.cpuAt, math.MaxInt64)
+	return st
+}
+
+// movedOn marks a thread running at the deadline whose stack, read later,
+// is from a later stretch on a CPU (see movedOn).
+const movedOn = oncpu.State(255)
+
+// movedOn reports whether thread tid was switched onto a CPU after this
+// tick's deadline and before its stack was read: before this tick's
+// pause for a thread it stopped (stopping a thread that waits for a CPU
+// switches it in, where it stops at once), else up to now.
+func (s *RubySource) movedOn(tid int) bool {
+	until := int64(math.MaxInt64)
+	if s.pausedAt != 0 && (s.pausedTIDs == nil || slices.Contains(s.pausedTIDs, tid)) {
+		until = s.pausedAt
+	}
+	_, resumed := s.cpu.At(tid, s.cpuAt, until)
+	return resumed
+}
+
+// cpuLetter is the kernel state letter a context-switch state gives: 'R'
+// on a CPU or runnable, 'S' asleep (or stopped), 0 when it does not say.
+func cpuLetter(cs oncpu.State) byte {
+	switch cs {
+	case oncpu.Running, oncpu.Runnable, movedOn:
+		return 'R'
+	case oncpu.Asleep:
+		return 'S'
+	}
+	return 0
+}
+
 // needsKernelState says whether th's kernel state tells anything Ruby's
 // own state does not. Not for a thread waiting for the GVL (it sleeps on
 // the lock's condition variable), nor for one running Ruby code: holding
@@ -169,6 +293,25 @@ func needsKernelState(th *stack.Thread) bool {
 		return false
 	case th.Activity == stack.ActivityRunning && len(th.Frames) > 0 && th.Frames[0].Kind == stack.KindRuby:
 		return false
+	}
+	return true
+}
+
+// errMovedOn is the error of a thread that was on a CPU at a late tick's
+// deadline but switched out and in again before its stack was read.
+const errMovedOn = "on a CPU at the tick's deadline, but switched out and in again before its stack was read: its stack then is gone (a late tick)"
+
+// movedOnly reports whether err is a ThreadErrors whose every thread
+// moved on since a late tick's deadline (see errMovedOn).
+func movedOnly(err error) bool {
+	var te *ThreadErrors
+	if !errors.As(err, &te) || len(te.Threads) == 0 {
+		return false
+	}
+	for _, th := range te.Threads {
+		if th.Err != errMovedOn {
+			return false
+		}
 	}
 	return true
 }
@@ -233,6 +376,19 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 		return s.p.Snapshot()
 	}
 	tp, onlyRuby := s.pauser.(ThreadPauser)
+	if onlyRuby && s.holderOffCPU() {
+		// Mode cpu drops the sample of a thread that was not on a CPU at
+		// the deadline: its stack need not hold still. Read without a
+		// pause (stacks checked as in nonblocking mode), unless a GVL
+		// holder turns out to have been running then.
+		s.p.SetStopped(false)
+		threads, err = s.p.Snapshot()
+		s.p.SetStopped(true)
+		if err == nil && !s.holderRan(threads) {
+			s.noteThreads(threads)
+			return threads, nil
+		}
+	}
 	if onlyRuby && s.p.HolderKnown() {
 		for holder, tries := s.holder, 0; holder != 0 && tries < 2; tries++ {
 			s.holderTID[0] = holder
@@ -266,6 +422,35 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 			return threads, nil
 		}
 	}
+}
+
+// holderOffCPU reports whether, in Mode cpu, the thread that held the GVL
+// in the last sample is known to have been off a CPU at this tick's
+// deadline, or to have moved on since (see movedOn): its sample is then
+// dropped or unread whatever its stack, and the only thread a blocking
+// sample would stop need not be (stopping a thread that waits for a CPU
+// also waits for it to get one). Only with a ThreadPauser and a readable
+// GVL owner.
+func (s *RubySource) holderOffCPU() bool {
+	if s.cpuAt == 0 || s.holder == 0 || !s.p.HolderKnown() {
+		return false
+	}
+	cs := s.cpuState(s.holder)
+	return cs.Known() && (cs != oncpu.Running || s.movedOn(s.holder))
+}
+
+// holderRan reports whether a thread that holds the GVL in threads was
+// running at this tick's deadline and has not moved on, or may have been
+// (its state unknown).
+func (s *RubySource) holderRan(threads []stack.Thread) bool {
+	for i := range threads {
+		if th := &threads[i]; th.GVL {
+			if cs := s.cpuState(th.TID); !cs.Known() || (cs == oncpu.Running && !s.movedOn(th.TID)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // noteThreads keeps the Ruby threads of a sample and its GVL holder for
@@ -307,6 +492,12 @@ func (s *RubySource) noteThreads(threads []stack.Thread) (missed bool) {
 // included).
 func (s *RubySource) pausedSnapshot(tp ThreadPauser, tids []int, holder int) (threads []stack.Thread, err error) {
 	var resume func() error
+	if s.cpuAt != 0 {
+		s.pausedAt, s.pausedTIDs = oncpu.Now(), tids
+		if tp == nil {
+			s.pausedTIDs = nil
+		}
+	}
 	if tp != nil {
 		resume, err = tp.PauseThreads(s.pid, tids)
 	} else {
@@ -335,7 +526,8 @@ func (s *RubySource) pausedSnapshot(tp ThreadPauser, tids []int, holder int) (th
 // stopped threads (tids, or every thread when all) that need one, from
 // their stops: asleep in a system call ('S') or running ('R'). /proc
 // would say "traced" now, and after the resume the thread is back on its
-// way into the call it left.
+// way into the call it left. A thread whose context-switch records give
+// its state at the tick's deadline (Mode cpu) needs no look at its stop.
 func (s *RubySource) stoppedStates(threads []stack.Thread, tids []int, all bool) {
 	sr, ok := s.pauser.(SleepReader)
 	if !ok {
@@ -344,7 +536,8 @@ func (s *RubySource) stoppedStates(threads []stack.Thread, tids []int, all bool)
 	s.stopStates = append(s.stopStates[:0], make([]byte, len(threads))...)
 	for i := range threads {
 		th := &threads[i]
-		if th.TID == 0 || !needsKernelState(th) || (!all && !slices.Contains(tids, th.TID)) {
+		if th.TID == 0 || !needsKernelState(th) || (!all && !slices.Contains(tids, th.TID)) ||
+			cpuLetter(s.cpuState(th.TID)) != 0 {
 			continue
 		}
 		asleep, err := sr.InterruptedSleep(th.TID)
@@ -358,9 +551,13 @@ func (s *RubySource) stoppedStates(threads []stack.Thread, tids []int, all bool)
 	}
 }
 
-// Close releases the files kept open for reading thread states.
+// Close releases the files kept open for reading thread states and the
+// context-switch watches.
 func (s *RubySource) Close() error {
 	s.states.close()
+	if s.cpu != nil {
+		s.cpu.Close()
+	}
 	return nil
 }
 

@@ -60,7 +60,7 @@ type Config struct {
 	// Jitter, between 0 and 1, moves each deadline by a random amount of
 	// up to Jitter*period/2 either way (to avoid lock-step with periodic
 	// work in the target). Deadlines stay anchored to the start: jitter
-	// never accumulates.
+	// never accumulates. Mode cpu jitters by at least cpuJitter.
 	Jitter float64
 	// OnCPUOnly drops samples of threads that were not running on a CPU.
 	OnCPUOnly bool
@@ -85,10 +85,13 @@ const (
 	ErrUnmapped                    // an unmapped or inconsistent read (the stack changed under us)
 	ErrPermission                  // the kernel refused access
 	ErrOther                       // anything else
+	// ErrMovedOn: Mode cpu, a late tick: a thread on a CPU at the
+	// deadline was switched out and in again before its stack was read.
+	ErrMovedOn
 	numErrorKinds
 )
 
-var kindNames = [...]string{"exited", "unmapped/inconsistent", "permission", "other"}
+var kindNames = [...]string{"exited", "unmapped/inconsistent", "permission", "other", "moved on since a late deadline"}
 
 func (k ErrorKind) String() string {
 	if k < 0 || k >= numErrorKinds {
@@ -109,6 +112,8 @@ func Classify(err error) ErrorKind {
 		return ErrPermission
 	case errors.As(err, &unmapped):
 		return ErrUnmapped
+	case movedOnly(err):
+		return ErrMovedOn
 	case errors.As(err, &inc) && inc.Inconsistent():
 		return ErrUnmapped
 	case errors.Is(err, ruby.ErrInvalid):
@@ -148,6 +153,11 @@ type Stats struct {
 	// Exited is set when sampling stopped because the target exited (that
 	// last tick is not counted in Errors).
 	Exited bool
+	// CPUError, in Mode cpu, is why some threads could not be told on a
+	// CPU from waiting for one (see RubySource): their samples fall back
+	// to the kernel's run state, which counts a thread waiting for a CPU
+	// as on one.
+	CPUError error
 	// SampleTime is the total time spent in Source.Sample.
 	SampleTime time.Duration
 	// CPU is the CPU time (user and system, every thread of this process)
@@ -218,6 +228,48 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 	return run(ctx, src, cfg, sink, t)
 }
 
+// cpuJitter is the least jitter of Mode cpu. A sample in blocking mode
+// stops a thread that was on a CPU at its deadline, which hands that CPU
+// to another task for a while: at evenly spaced deadlines the thread's
+// state then falls in step with the sampler's own stops (in
+// TestModeCPU, a thread sharing a CPU with a hog was on it at 6 % of
+// the deadlines for 17 % of its time). Deadlines spread over a whole
+// period are not.
+const cpuJitter = 1.0
+
+// tick is what Run tells a source about the tick it samples, through
+// the context given to Sample (tickOf finds it). One is made per run and
+// updated at each tick: a source must not keep it.
+type tick struct {
+	context.Context
+	// deadline is the instant the sample stands for: when the tick was
+	// due, which on a busy machine is well before the sampler got a CPU.
+	deadline time.Time
+	// cpu asks for on-CPU states (Sample.OnCPU) as the kernel's scheduler
+	// accounts them (Mode cpu).
+	cpu bool
+	// cpuErr is set by a source that could not have them for some
+	// threads.
+	cpuErr error
+}
+
+type tickKey struct{}
+
+// Value returns the tick itself for tickKey, else ctx's values.
+func (t *tick) Value(key any) any {
+	if key == (tickKey{}) {
+		return t
+	}
+	return t.Context.Value(key)
+}
+
+// tickOf returns the tick a context given to Sample stands for; nil when
+// Run did not make it (a source called directly).
+func tickOf(ctx context.Context) *tick {
+	t, _ := ctx.Value(tickKey{}).(*tick)
+	return t
+}
+
 // clock is time as the sampler sees it; tests substitute a virtual one.
 type clock interface {
 	Now() time.Time
@@ -268,14 +320,19 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	}
 	nextProgress := start.Add(progressEvery)
 	var kept []stack.Sample
+	tk := &tick{Context: ctx, cpu: cfg.Mode == stack.ModeCPU || cfg.OnCPUOnly}
+	jitter := cfg.Jitter
+	if tk.cpu {
+		jitter = max(jitter, cpuJitter)
+	}
 
 	for n := int64(0); ; n++ {
 		deadline := start.Add(time.Duration(n) * period)
 		if !end.IsZero() && !deadline.Before(end) {
 			break
 		}
-		if cfg.Jitter > 0 && n > 0 {
-			j := (rand.Float64() - 0.5) * cfg.Jitter * float64(period)
+		if jitter > 0 && n > 0 {
+			j := (rand.Float64() - 0.5) * jitter * float64(period)
 			deadline = deadline.Add(time.Duration(j))
 		}
 		if err := clk.SleepUntil(ctx, deadline); err != nil {
@@ -285,8 +342,12 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 			break
 		}
 		t0 := clk.Now()
-		samples, err := src.Sample(ctx)
+		tk.deadline = deadline
+		samples, err := src.Sample(tk)
 		now := clk.Now()
+		if tk.cpuErr != nil && st.CPUError == nil {
+			st.CPUError = tk.cpuErr
+		}
 		st.Ticks++
 		st.SampleTime += now.Sub(t0)
 		if t0.Sub(deadline) > period {

@@ -202,6 +202,8 @@ func TestErrorKinds(t *testing.T) {
 		errors.New("bad iseq"),
 		inconsistent{},
 		fmt.Errorf("process 7: %w", &ThreadErrors{Pid: 7, Threads: []ThreadError{{TID: 9, Err: "frame moved"}}}),
+		&ThreadErrors{Pid: 7, Threads: []ThreadError{{TID: 9, Err: errMovedOn}}},
+		&ThreadErrors{Pid: 7, Threads: []ThreadError{{TID: 9, Err: errMovedOn}, {TID: 10, Err: "frame moved"}}},
 		nil,
 		fmt.Errorf("walk: %w", target.ErrProcessExited{Pid: 7}),
 		nil, // never reached: sampling stops on exit
@@ -218,14 +220,14 @@ func TestErrorKinds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [numErrorKinds]int{ErrUnmapped: 4, ErrPermission: 1, ErrOther: 1}
+	want := [numErrorKinds]int{ErrUnmapped: 5, ErrPermission: 1, ErrOther: 1, ErrMovedOn: 1}
 	if st.Errors != want {
 		t.Errorf("errors %v, want %v", st.Errors, want)
 	}
-	if !st.Exited || st.Ticks != 8 || st.Samples != 1 {
-		t.Errorf("exited %v ticks %d samples %d, want true 8 1", st.Exited, st.Ticks, st.Samples)
+	if !st.Exited || st.Ticks != 10 || st.Samples != 1 {
+		t.Errorf("exited %v ticks %d samples %d, want true 10 1", st.Exited, st.Ticks, st.Samples)
 	}
-	if got := st.ErrorSummary(); got != "4 unmapped/inconsistent, 1 permission, 1 other" {
+	if got := st.ErrorSummary(); got != "5 unmapped/inconsistent, 1 permission, 1 other, 1 moved on since a late deadline" {
 		t.Errorf("summary %q", got)
 	}
 }

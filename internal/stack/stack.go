@@ -64,7 +64,8 @@ type Mode string
 const (
 	// ModeWall keeps every sample (wall-clock time).
 	ModeWall Mode = "wall"
-	// ModeCPU keeps the samples of threads running Ruby or C code or GC.
+	// ModeCPU keeps the samples of threads on a CPU running Ruby or C
+	// code or GC (see Keeps).
 	ModeCPU Mode = "cpu"
 	// ModeGVL keeps the samples of the thread that holds the GVL.
 	ModeGVL Mode = "gvl"
@@ -81,19 +82,15 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("unknown mode %q: want wall, cpu or gvl", s)
 }
 
-// Keeps reports whether a recording in mode m keeps sample s. A sample
-// whose activity is unknown falls back to the kernel's view (OnCPU) in
-// cpu mode.
+// Keeps reports whether a recording in mode m keeps sample s. Mode cpu
+// keeps a thread on a CPU (OnCPU) that holds the GVL (running), is in GC,
+// or released the GVL (blocked: a C function's blocking region that runs
+// on a CPU, or a thread whose activity is unknown); a thread waiting for
+// the GVL is not doing its work, whatever the kernel says.
 func (m Mode) Keeps(s *Sample) bool {
 	switch m {
 	case ModeCPU:
-		switch s.Activity {
-		case ActivityRunning, ActivityGC:
-			return true
-		case "", ActivityUnknown:
-			return s.OnCPU
-		}
-		return false
+		return s.OnCPU && s.Activity != ActivityGVLWait
 	case ModeGVL:
 		return s.GVL
 	}
@@ -145,8 +142,11 @@ type Sample struct {
 	Pid        int
 	TID        int
 	ThreadName string
-	OnCPU      bool    // the thread was running on a CPU (kernel state R)
-	Activity   string  // ActivityRunning, ...; "" in recordings that predate it
-	GVL        bool    // the thread owned the GVL
-	Frames     []Frame // innermost first
+	// OnCPU: the thread was on a CPU. In Mode cpu, at the tick's deadline
+	// by the kernel's context-switch records; otherwise its kernel state
+	// was R, which includes runnable threads waiting for a CPU.
+	OnCPU    bool
+	Activity string  // ActivityRunning, ...; "" in recordings that predate it
+	GVL      bool    // the thread owned the GVL
+	Frames   []Frame // innermost first
 }
