@@ -1308,18 +1308,35 @@ func (p *Process) setQualification(info *iseqInfo) {
 		info.qualifiable = true
 		info.method = info.label
 	case iseqBlock, iseqRescue, iseqEnsure:
-		i := strings.Index(info.label, " in ")
-		if i < 0 {
-			return
+		// "block in foo", "block (2 levels) in foo", and a clause of
+		// one: "ensure in block in foo", "rescue in block (2 levels) in
+		// <main>".
+		rest := info.label
+		for {
+			i := strings.Index(rest, " in ")
+			if i < 0 || !innerLabel(rest[:i]) {
+				break
+			}
+			rest = rest[i+4:]
 		}
-		rest := info.label[i+4:]
-		if strings.HasPrefix(rest, "<") || strings.ContainsAny(rest, "#.") {
+		if rest == info.label || strings.HasPrefix(rest, "<") || strings.ContainsAny(rest, "#.") {
 			return // "block in <main>", "block in <class:Foo>", already qualified
 		}
 		info.qualifiable = true
-		info.prefix = info.label[:i+4]
+		info.prefix = info.label[:len(info.label)-len(rest)]
 		info.method = rest
 	}
+}
+
+// innerLabel reports whether s, before " in " in an iseq's label, names
+// a block or clause inside what follows: "block", "block (2 levels)",
+// "rescue", "ensure".
+func innerLabel(s string) bool {
+	switch s {
+	case "block", "rescue", "ensure":
+		return true
+	}
+	return strings.HasPrefix(s, "block (") && strings.HasSuffix(s, " levels)")
 }
 
 // pathobj returns the path of an iseq: its realpath (absolute) when Ruby
