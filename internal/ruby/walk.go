@@ -34,8 +34,39 @@ const (
 	envFlagLocal = 0x0002
 )
 
-// Ruby thread status values (enum rb_thread_status).
+// Ruby's internal thread statuses (enum rb_thread_status, 2.3+; before
+// 2.3 THREAD_TO_KILL came first), by value. activity reads these.
 var statusNames = []string{"running", "stopped", "stopped_forever", "killed"}
+
+// Thread statuses in Thread#status's words, what stack.Thread.State holds.
+const (
+	StatusRun      = "run"      // runnable (whether or not it holds the GVL)
+	StatusSleep    = "sleep"    // sleeping, waiting on IO, a lock, a join, a queue
+	StatusAborting = "aborting" // being killed, still running (ensure clauses)
+	StatusDead     = "dead"     // finished (Thread#status gives false or nil)
+	StatusUnknown  = "unknown"  // the status could not be decoded
+)
+
+// rubyStatus returns Thread#status's word for the internal status name
+// (statusNames, or "to_kill" before 2.3), and whether the thread is being
+// killed (the to_kill flag: a runnable thread then says aborting, as
+// thread.c's thread_status_name does).
+func rubyStatus(internal string, toKill bool) string {
+	switch internal {
+	case "running":
+		if toKill {
+			return StatusAborting
+		}
+		return StatusRun
+	case "stopped", "stopped_forever":
+		return StatusSleep
+	case "killed":
+		return StatusDead
+	case "to_kill":
+		return StatusAborting
+	}
+	return StatusUnknown
+}
 
 // Snapshot returns every Ruby thread's stack, innermost frame first.
 func (p *Process) Snapshot() ([]stack.Thread, error) { return p.snapshot(0) }
@@ -165,21 +196,23 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 		}
 	}
 	th := stack.Thread{Main: ref.main, GVL: ref.gvl}
+	internal := "unknown"
 	if st := o.thStatus.u64(tb); p.ver < v(2, 3, 0) {
 		// Older Rubies have THREAD_TO_KILL first.
 		if st == 0 {
-			th.State = "to_kill"
+			internal = "to_kill"
 		} else if int(st-1) < len(statusNames) {
-			th.State = statusNames[st-1]
+			internal = statusNames[st-1]
 		}
 	} else if int(st) < len(statusNames) {
-		th.State = statusNames[st]
+		internal = statusNames[st]
 	}
-	if th.State == "" {
-		th.State = "unknown"
-	}
+	// activity reads Ruby's internal status; the thread reports
+	// Thread#status's.
+	th.State = internal
 	var prefix []stack.Frame
 	th.Activity, prefix = activity(&th, ownerKnown, ref.waiting, gc)
+	th.State = rubyStatus(internal, o.thToKill.u64(tb) != 0)
 	th.TID = p.refTID(&ref, tb)
 	if o.thName.ok {
 		if nv := o.thName.u64(tb); isHeapPtr(nv) {
@@ -204,7 +237,7 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	} else {
 		stackStart, stackSize, cfp = o.thStack.u64(tb), o.thStackSize.u64(tb), o.thCFP.u64(tb)
 	}
-	if cfp == 0 && (stackStart == 0 || th.State == "killed") {
+	if cfp == 0 && (stackStart == 0 || internal == "killed") {
 		// A thread being created (no VM stack yet) or already dead.
 		return th, nil
 	}

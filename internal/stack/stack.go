@@ -125,11 +125,16 @@ func (f *Frame) Func() Func {
 
 // Thread is one Ruby thread's stack at one moment.
 type Thread struct {
-	TID   int    `json:"tid"`   // Linux thread id, 0 when unknown
-	Name  string `json:"name"`  // Ruby thread name, else the native name
-	Main  bool   `json:"main"`  // the process's main thread
-	GVL   bool   `json:"gvl"`   // it owns the GVL (read from the lock itself)
-	State string `json:"state"` // Ruby status: running, stopped, killed, ...
+	TID  int    `json:"tid"`  // Linux thread id, 0 when unknown
+	Name string `json:"name"` // Ruby thread name, else the native name
+	Main bool   `json:"main"` // the process's main thread
+	GVL  bool   `json:"gvl"`  // it owns the GVL (read from the lock itself)
+	// State is the thread's status in Thread#status's words: run,
+	// sleep, aborting or dead (unknown when it cannot be read).
+	State string `json:"state"`
+	// KernelState is the kernel's state of the native thread ("R", "S",
+	// "D", ... as in /proc/PID/task/TID/stat), where it was read.
+	KernelState string `json:"kernel_state,omitempty"`
 	// Activity is why the thread is where it is: ActivityRunning,
 	// ActivityGVLWait, ActivityBlocked, ActivityGC or ActivityUnknown.
 	Activity string  `json:"activity"`
