@@ -141,14 +141,16 @@ func (p *Process) snapshot(holder int) ([]stack.Thread, error) {
 			th.Error = fmt.Sprintf("read thread 0x%x: %v", ref.addr, err)
 			th.Frames = nil
 		}
-		if th.Name == "" && th.TID != 0 {
+		if th.Name != "" {
+			th.NameSource = stack.NameRuby
+		} else if th.TID != 0 {
 			// A thread without a Ruby name takes its native name; the
 			// /proc listing is read only when a new thread needs it.
 			if _, ok := p.osNames[th.TID]; !ok && !refreshed {
 				refreshed = true
 				p.refreshOSNames()
 			}
-			th.Name = p.osNames[th.TID]
+			p.nameThread(&th, ref.addr, p.osNames[th.TID])
 		}
 		out = append(out, th)
 	}

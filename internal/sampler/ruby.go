@@ -121,7 +121,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			if failed == nil {
 				failed = &ThreadErrors{Pid: s.pid}
 			}
-			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error, Activity: th.Activity})
+			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.DisplayName(), Err: th.Error, Activity: th.Activity})
 			continue
 		}
 		kstate := s.stopStates[i]
@@ -141,7 +141,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			Time:       now,
 			Pid:        s.pid,
 			TID:        th.TID,
-			ThreadName: th.Name,
+			ThreadName: th.DisplayName(),
 			OnCPU:      onCPU,
 			Activity:   th.Activity,
 			GVL:        th.GVL,
