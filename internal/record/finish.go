@@ -101,6 +101,7 @@ func (r *rec) render(st sampler.Stats) error {
 	mode, _ := r.cfg.SampleMode() // checked when the recording began
 	o.Unread = UnreadOptions(rd, mode)
 	n, f, err := output.RenderFile(r.cfg.Format, o, rd.Samples(), r.cfg.Output)
+	r.rendered = err == nil
 	if derr := rd.Damage(); derr != nil {
 		r.con.say("warning: raw recording is damaged after %d samples: %v", n, derr)
 	}
