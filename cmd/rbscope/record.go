@@ -8,7 +8,6 @@ import (
 
 	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/record"
-	"github.com/rbscope/rbscope/internal/stack"
 )
 
 const recordLong = `Sample every Ruby thread's stack at --rate per second until --duration has
@@ -81,7 +80,7 @@ func init() {
 	f.StringVarP(&o.cfg.Format, "format", "f", "flamegraph", "output format: "+strings.Join(output.Formats(), ", "))
 	f.StringVarP(&o.cfg.Output, "output", "o", "", "output file ('-' for standard output; default rbscope-<time>-<pid>.<ext>)")
 	f.StringVar(&o.cfg.Raw, "raw", "", "raw recording file (default a new file in the user cache directory;\nrefused while another recording writes it)")
-	f.Var(modeFlag{&o.cfg.Mode}, "mode", "which samples to keep: wall (every thread, always), cpu (threads running\nRuby or C code or GC, holding the GVL), gvl (the GVL's owner only)")
+	registerMode(f, &o.cfg.Mode)
 	f.BoolVar(&o.cfg.OnCPU, "on-cpu", false, "the same as --mode cpu")
 	f.BoolVar(&o.cfg.NoGC, "no-gc", false, "leave out the (garbage collection) / (marking) / (sweeping) frames\n(GC time is then charged to the Ruby frame that triggered it)")
 	f.BoolVar(&o.cfg.Threads, "threads", false, "collapsed format: root each stack at \"thread NAME (TID)\"")
@@ -107,24 +106,3 @@ func (o *recordFlags) run(cmd *cobra.Command, argv []string) error {
 	}
 	return record.Run(context.Background(), cfg)
 }
-
-// modeFlag is --mode: wall, cpu or gvl.
-type modeFlag struct{ m *stack.Mode }
-
-func (f modeFlag) String() string {
-	if f.m == nil || *f.m == "" {
-		return string(stack.ModeWall)
-	}
-	return string(*f.m)
-}
-
-func (f modeFlag) Set(s string) error {
-	m, err := stack.ParseMode(s)
-	if err != nil {
-		return err
-	}
-	*f.m = m
-	return nil
-}
-
-func (f modeFlag) Type() string { return "mode" }
