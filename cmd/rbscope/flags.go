@@ -14,6 +14,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/sampler"
+	"github.com/rbscope/rbscope/internal/stack"
 )
 
 // Which of the shared target flags a command takes, beyond --pid and
@@ -61,6 +62,35 @@ func checkDuration(cmd *cobra.Command, d time.Duration) error {
 	}
 	return nil
 }
+
+// registerMode adds --mode (wall, cpu or gvl: which samples to keep),
+// the same for record and top, to f.
+func registerMode(f *pflag.FlagSet, m *stack.Mode) {
+	f.Var(modeFlag{m}, "mode", "which samples to keep: wall (every thread, always), cpu (threads on a CPU by\n"+
+		"the kernel's context switches, running Ruby or C code or GC; not waiting for\n"+
+		"a CPU or the GVL), gvl (the GVL's owner only, on a CPU or not)")
+}
+
+// modeFlag is --mode: wall, cpu or gvl.
+type modeFlag struct{ m *stack.Mode }
+
+func (f modeFlag) String() string {
+	if f.m == nil || *f.m == "" {
+		return string(stack.ModeWall)
+	}
+	return string(*f.m)
+}
+
+func (f modeFlag) Set(s string) error {
+	m, err := stack.ParseMode(s)
+	if err != nil {
+		return err
+	}
+	*f.m = m
+	return nil
+}
+
+func (f modeFlag) Type() string { return "mode" }
 
 // usage is a usage error (exit status 2).
 func usage(format string, args ...any) error { return record.Usagef(format, args...) }

@@ -5,8 +5,8 @@
 // Each subcommand lives in its own file and registers itself on rootCmd in
 // an init function. The commands are thin: they map flags to the library
 // packages' configurations (internal/record for record and top). Exit
-// status: 2 for a usage error (a bad flag or argument), 1 for any other
-// error.
+// status: 2 for a usage error (a bad flag or argument), 3 for a snapshot
+// printed with a stack missing, 1 for any other error.
 package main
 
 import (
@@ -31,7 +31,8 @@ var rootCmd = &cobra.Command{
 where it spends its time and what it allocates, without changing or
 restarting it.
 
-Exit status: 0 on success, 1 on errors, 2 on usage errors (bad flags).
+Exit status: 0 on success, 1 on errors, 2 on usage errors (bad flags),
+3 when snapshot printed the stacks but could not read one whole.
 
 Examples:
   rbscope snapshot --pid 1234            every Ruby thread's stack, now

@@ -8,16 +8,18 @@ import (
 
 	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/record"
-	"github.com/rbscope/rbscope/internal/stack"
 )
 
 const recordLong = `Sample every Ruby thread's stack at --rate per second until --duration has
 passed, the process exits or you press Ctrl-C, then write a profile.
 
 Samples are streamed to a raw recording as they are taken (its path is
-printed; re-render it with 'rbscope report'); at the end the --format
-output is written to --output (default rbscope-<time>-<pid>.<ext> in the
-current directory). A device, FIFO or '-' is written in place; a symbolic
+printed; re-render it with 'rbscope report'): by default a new file in
+the user cache directory (rbscope-<time>-<pid>-<random>.raw.gz), or
+--raw FILE, which is replaced unless another recording is writing it
+(refused). At the end the --format output is written to --output
+(default rbscope-<time>-<pid>.<ext> in the current directory, or -2, -3,
+... when taken). A device, FIFO or '-' is written in place; a symbolic
 link's target is written, never the link replaced.
 
 By default each sample pauses the process (ptrace) for as long as it
@@ -77,8 +79,8 @@ func init() {
 	f.DurationVarP(&o.cfg.Duration, "duration", "d", 0, "stop after this long, more than 0 (default: until Ctrl-C or the process exits)")
 	f.StringVarP(&o.cfg.Format, "format", "f", "flamegraph", "output format: "+strings.Join(output.Formats(), ", "))
 	f.StringVarP(&o.cfg.Output, "output", "o", "", "output file ('-' for standard output; default rbscope-<time>-<pid>.<ext>)")
-	f.StringVar(&o.cfg.Raw, "raw", "", "raw recording file (default in the user cache directory)")
-	f.Var(modeFlag{&o.cfg.Mode}, "mode", "which samples to keep: wall (every thread, always), cpu (threads on a CPU by\nthe kernel's context switches, running Ruby or C code or GC; not waiting for\na CPU or the GVL), gvl (the GVL's owner only, on a CPU or not)")
+	f.StringVar(&o.cfg.Raw, "raw", "", "raw recording file (default a new file in the user cache directory;\nrefused while another recording writes it)")
+	registerMode(f, &o.cfg.Mode)
 	f.BoolVar(&o.cfg.OnCPU, "on-cpu", false, "the same as --mode cpu")
 	f.BoolVar(&o.cfg.NoGC, "no-gc", false, "leave out the (garbage collection) / (marking) / (sweeping) frames\n(GC time is then charged to the Ruby frame that triggered it)")
 	f.BoolVar(&o.cfg.Threads, "threads", false, "collapsed format: root each stack at \"thread NAME (TID)\"")
@@ -107,24 +109,3 @@ func (o *recordFlags) run(cmd *cobra.Command, argv []string) error {
 	}
 	return record.Run(context.Background(), cfg)
 }
-
-// modeFlag is --mode: wall, cpu or gvl.
-type modeFlag struct{ m *stack.Mode }
-
-func (f modeFlag) String() string {
-	if f.m == nil || *f.m == "" {
-		return string(stack.ModeWall)
-	}
-	return string(*f.m)
-}
-
-func (f modeFlag) Set(s string) error {
-	m, err := stack.ParseMode(s)
-	if err != nil {
-		return err
-	}
-	*f.m = m
-	return nil
-}
-
-func (f modeFlag) Type() string { return "mode" }

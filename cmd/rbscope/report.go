@@ -35,15 +35,16 @@ profile, a callgrind file, collapsed stacks or a text summary.
 
 The output goes to --output; "-" is standard output. By default it is
 named after the input, in the current directory, with the format's
-extension (rbscope-20261121-083000-4242.raw.gz -> rbscope-20261121-083000-4242.html),
-and its path is printed on standard error.
+extension (rbscope-20261121-083000-4242-1665343645.raw.gz ->
+rbscope-20261121-083000-4242-1665343645.html), and its path is printed
+on standard error.
 
 A recording cut short (the recorder was killed, the disk filled up) is
 rendered up to its last complete block, with a warning.
 
 Formats:
 ` + formatHelp(),
-		Example: `  rbscope report ~/.cache/rbscope/recordings/rbscope-20261121-083000-4242.raw.gz
+		Example: `  rbscope report ~/.cache/rbscope/recordings/rbscope-20261121-083000-4242-1665343645.raw.gz
   rbscope report -i rec.raw.gz --format pprof -o cpu.pb.gz && go tool pprof -top cpu.pb.gz
   rbscope report -i rec.raw.gz --format summary --top 20 -o -
   rbscope report -i rec.raw.gz --format collapsed --lines -o - | flamegraph.pl > fg.svg

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/tui"
@@ -36,7 +38,20 @@ file), innermost frame first, like py-spy dump.
 
 The process is not paused or changed: rbscope reads its memory
 (process_vm_readv), which needs CAP_SYS_PTRACE (root, or
---cap-add=SYS_PTRACE in a container).`,
+--cap-add=SYS_PTRACE in a container). A busy thread's stack may change
+while it is read: such a read is retried (for up to about a second), as
+record retries it. A stack still unread is never hidden: the thread shows
+why ("error" in JSON), and the exit status says so.
+
+Thread names: Thread#name; for a thread without one, the file:line of
+the block it started with (the name Ruby gives its native thread, in
+full); else the kernel's name of the native thread, marked as such (the
+kernel keeps 15 bytes of a name). "status" is Thread#status's word (run,
+sleep, aborting, dead); "kernel" the kernel's state of the native thread.
+
+Exit status: 0 when every stack was read; 3 when the stacks were printed
+but at least one thread's could not be read whole; 1 on other errors
+(nothing printed); 2 for usage errors.`,
 		Example: `  rbscope snapshot --pid 1234
   rbscope snapshot --pid 1234 --format json
   rbscope snapshot --core core.1234 --exe /usr/bin/ruby`,
@@ -76,20 +91,25 @@ func (o *snapshotOpts) check() error {
 }
 
 // open opens the live process or core file the flags name, and Ruby in it.
+// A live process is opened as record opens it (sampler.OpenRuby: a read
+// that races with the running process is tried again).
 func (o *snapshotOpts) open() (target.Target, *ruby.Process, error) {
 	if err := o.check(); err != nil {
 		return nil, nil, err
 	}
-	var t target.Target
-	var err error
+	opts := ruby.Options{Version: o.RubyVersion, NoSymbols: o.noSymbols}
 	if o.Pid != 0 {
-		if t, err = target.OpenLive(o.Pid); err != nil {
-			return nil, nil, fmt.Errorf("open process %d: %w", o.Pid, err)
+		p, err := sampler.OpenRuby(context.Background(), o.Pid, opts, 0)
+		if err != nil {
+			return nil, nil, record.OpenError(o.Pid, err)
 		}
-	} else if t, err = target.OpenCore(o.core, coreOptions(o.exe, o.stderr)); err != nil {
+		return p.Target(), p, nil
+	}
+	t, err := target.OpenCore(o.core, coreOptions(o.exe, o.stderr))
+	if err != nil {
 		return nil, nil, fmt.Errorf("open core file %s: %w", o.core, err)
 	}
-	p, err := ruby.Open(t, ruby.Options{Version: o.RubyVersion, NoSymbols: o.noSymbols})
+	p, err := ruby.Open(t, opts)
 	if err != nil {
 		t.Close()
 		if errors.Is(err, ruby.ErrNotRuby) {
@@ -108,30 +128,69 @@ type snapshotJSON struct {
 	Threads      []stack.Thread `json:"threads"`
 }
 
+// exitUnread is snapshot's exit status when it printed the stacks but
+// could not read some thread's stack (whole).
+const exitUnread = 3
+
 func runSnapshot(w io.Writer, o snapshotOpts) error {
 	t, p, err := o.open()
 	if err != nil {
 		return err
 	}
 	defer t.Close()
-	threads, err := p.Snapshot()
+	var threads []stack.Thread
+	if o.Pid != 0 {
+		// A busy thread's stack may change while it is read: the
+		// snapshot is taken again, as record retries such reads.
+		threads, err = sampler.Snapshot(context.Background(), p)
+	} else {
+		threads, err = p.Snapshot()
+	}
+	var unread *sampler.ThreadErrors
+	if errors.As(err, &unread) {
+		err = nil // the threads say which, and why
+	}
 	if err != nil {
 		return fmt.Errorf("read stacks of process %d: %w", t.Pid(), err)
 	}
-	completeActivities(t, threads)
+	kernelStates(t, threads)
 	for i := range threads {
 		if threads[i].Frames == nil {
 			threads[i].Frames = []stack.Frame{}
 		}
 	}
 	if o.format == "json" {
-		return writeJSON(w, snapshotJSON{Pid: t.Pid(), RubyVersion: p.Version(), LayoutSource: p.LayoutSource(), Threads: threads})
+		err = writeJSON(w, snapshotJSON{Pid: t.Pid(), RubyVersion: p.Version(), LayoutSource: p.LayoutSource(), Threads: threads})
+	} else {
+		fmt.Fprintf(w, "Process %d: %s\nRuby %s (layout %s)\n", t.Pid(), t.Executable(), p.Version(), p.LayoutSource())
+		for _, th := range threads {
+			writeThread(w, th)
+		}
 	}
-	fmt.Fprintf(w, "Process %d: %s\nRuby %s (layout %s)\n", t.Pid(), t.Executable(), p.Version(), p.LayoutSource())
+	if err != nil {
+		return err
+	}
+	return unreadError(threads)
+}
+
+// unreadError is the error (exit status exitUnread) of a snapshot that
+// could not read every thread's stack whole, nil when it read them all.
+func unreadError(threads []stack.Thread) error {
+	var bad []stack.Thread
 	for _, th := range threads {
-		writeThread(w, th)
+		if th.Error != "" {
+			bad = append(bad, th)
+		}
 	}
-	return nil
+	if len(bad) == 0 {
+		return nil
+	}
+	th := bad[0]
+	what := fmt.Sprintf("thread %d %q", th.TID, th.DisplayName())
+	if len(bad) > 1 {
+		what = fmt.Sprintf("%d of %d threads, first %s", len(bad), len(threads), what)
+	}
+	return exitError{code: exitUnread, err: fmt.Errorf("stacks printed, but not whole: %s: %s", what, th.Error)}
 }
 
 // writeThread prints one thread's stack as text.
@@ -143,12 +202,15 @@ func writeThread(w io.Writer, th stack.Thread) {
 	if th.GVL {
 		tags = append(tags, "has GVL")
 	}
-	tags = append(tags, th.State)
+	tags = append(tags, "status "+th.State)
 	if th.Activity != "" {
 		tags = append(tags, "activity "+th.Activity)
 	}
-	fmt.Fprintf(w, "\nThread %d %q (%s)\n", th.TID, th.Name, strings.Join(tags, ", "))
-	if len(th.Frames) == 0 {
+	if th.KernelState != "" {
+		tags = append(tags, "kernel "+th.KernelState)
+	}
+	fmt.Fprintf(w, "\nThread %d %q%s (%s)\n", th.TID, th.Name, nameNote(th), strings.Join(tags, ", "))
+	if len(th.Frames) == 0 && th.Error == "" {
 		fmt.Fprintln(w, "    (no Ruby frames)")
 	}
 	for _, f := range th.Frames {
@@ -165,20 +227,32 @@ func writeThread(w io.Writer, th stack.Thread) {
 		}
 		fmt.Fprintf(w, "    %s (%s)\n", f.Name, loc)
 	}
+	switch {
+	case th.Error != "" && len(th.Frames) == 0:
+		fmt.Fprintf(w, "    (stack not read: %s)\n", th.Error)
+	case th.Error != "":
+		fmt.Fprintf(w, "    (stack cut short: %s)\n", th.Error)
+	}
 }
 
-// completeActivities asks the kernel about the threads whose activity
-// Ruby's state could not tell (see ruby.KernelActivity).
-func completeActivities(t target.Target, threads []stack.Thread) {
-	need := false
-	for i := range threads {
-		if threads[i].Activity == stack.ActivityUnknown {
-			need = true
-		}
+// nameNote says where a thread's name comes from when it is not
+// Thread#name.
+func nameNote(th stack.Thread) string {
+	switch {
+	case th.NameSource == stack.NameStart:
+		return " [no Thread#name: the file:line it started at]"
+	case th.NameMayBeCut():
+		return fmt.Sprintf(" [kernel's name, cut to %d bytes if longer]", stack.KernelNameMax)
+	case th.NameSource == stack.NameKernel:
+		return " [kernel's name]"
 	}
-	if !need {
-		return
-	}
+	return ""
+}
+
+// kernelStates sets each thread's kernel state, and completes the
+// activities Ruby's state could not tell from it (see
+// ruby.KernelActivity).
+func kernelStates(t target.Target, threads []stack.Thread) {
 	osThreads, err := t.Threads()
 	if err != nil {
 		return
@@ -188,7 +262,11 @@ func completeActivities(t target.Target, threads []stack.Thread) {
 		states[ot.TID] = ot.State
 	}
 	for i := range threads {
-		ruby.KernelActivity(&threads[i], states[threads[i].TID])
+		st := states[threads[i].TID]
+		if st != 0 {
+			threads[i].KernelState = string(st)
+		}
+		ruby.KernelActivity(&threads[i], st)
 	}
 }
 

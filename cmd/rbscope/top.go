@@ -13,12 +13,14 @@ import (
 
 	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/sampler"
+	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/tui"
 )
 
 type topFlags struct {
 	targetFlags
 	interval time.Duration
+	mode     stack.Mode
 }
 
 func init() {
@@ -30,7 +32,13 @@ func init() {
 in, refreshed every --interval. %Own is the share of the last interval's
 samples in which a function was running itself, %Total the share in which
 it was anywhere on the stack; OwnTime and TotalTime add up since the
-start.
+start. --mode cpu counts only the threads running Ruby or C code or GC
+(as record's), --mode gvl only the GVL's owner; wall (the default) every
+thread, sleeping or not.
+
+The per-thread view names each thread with its tid: threads of one name
+(a pool's) are told apart, and a name too long for the column is cut in
+the middle, marked with "…".
 
 Keys: q or Ctrl-C quits (the terminal is restored and the process
 resumed), t toggles the per-thread view, 1-4 sort by %Own, %Total,
@@ -39,6 +47,7 @@ SIGTERM and SIGHUP quit the same way.
 
 Needs a terminal (it works over ssh and in tmux).`,
 		Example: `  rbscope top --pid 1234
+  rbscope top --pid 1234 --mode cpu
   rbscope top --pid 1234 --interval 2s --nonblocking`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -48,6 +57,7 @@ Needs a terminal (it works over ssh and in tmux).`,
 	f := cmd.Flags()
 	o.register(f, withSampling)
 	f.DurationVar(&o.interval, "interval", time.Second, "refresh interval")
+	registerMode(f, &o.mode)
 	rootCmd.AddCommand(cmd)
 }
 
@@ -85,6 +95,7 @@ func (o *topFlags) run() error {
 	var sampleErr error // set before the stats are sent
 	go func() {
 		st, err := record.SampleLive(ctx, proc, o.Target, sampler.Config{
+			Mode:          o.mode,
 			ProgressEvery: 250 * time.Millisecond,
 			Progress: func(st sampler.Stats) {
 				msg := ""
@@ -105,7 +116,7 @@ func (o *topFlags) run() error {
 		sampled <- st
 	}()
 	v := topView{agg: agg, screen: screen, sortBy: tui.SortOwnPct,
-		h: tui.Header{Pid: o.Pid, RubyVersion: proc.Version(), Mode: mode(o.Nonblocking), Rate: o.Rate, Interval: o.interval}}
+		h: tui.Header{Pid: o.Pid, RubyVersion: proc.Version(), Mode: mode(o.Nonblocking), Keep: o.mode, Rate: o.Rate, Interval: o.interval}}
 	st, stopped := v.loop(o.interval, sampled)
 	if stopped {
 		cancel()

@@ -139,3 +139,100 @@ func TestRecordProgressOnTerminal(t *testing.T) {
 		}
 	})
 }
+
+// tmuxPane runs command in a detached 120x30 tmux session of its own
+// (killed on cleanup) and returns a function that waits, up to 15 s, for
+// the screen to satisfy ok and returns it, and one that sends keys.
+func tmuxPane(t *testing.T, name, command string) (waitScreen func(what string, ok func(string) bool) string, send func(keys ...string)) {
+	sock := "rbscope-test-" + name
+	tmux := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("tmux", append([]string{"-L", sock}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	t.Cleanup(func() { _ = exec.Command("tmux", "-L", sock, "kill-server").Run() })
+	tmux("-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", "120", "-y", "30", command)
+	waitScreen = func(what string, ok func(string) bool) string {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			screen := tmux("capture-pane", "-t", "top", "-p")
+			if ok(screen) {
+				return screen
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s; screen:\n%s", what, screen)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	send = func(keys ...string) { tmux(append([]string{"send-keys", "-t", "top"}, keys...)...) }
+	return waitScreen, send
+}
+
+// TestTopModeAndThreads runs top on names.rb, whose threads mostly sleep
+// (Queue#pop, Kernel#sleep, Thread#join) while two run Object#spin:
+// --mode cpu shows what the running threads run and none of the sleeping
+// threads' functions, which wall mode shows; the first row is on the
+// screen's fourth line; the per-thread view names every thread whole
+// with its tid, the two threads named "worker" apart.
+func TestTopModeAndThreads(t *testing.T) {
+	bin := recBinary(t)
+	if _, err := exec.LookPath("tmux"); err != nil {
+		testutil.Missing(t, "tmux (scripts/install-deps.sh installs it)")
+	}
+	sleeping := []string{"Thread::Queue#pop", "Kernel#sleep", "Thread#join"}
+	rowRe := regexp.MustCompile(`^\s*\d+\.\d\d% `)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := rb.Start(t, "names.rb")
+		reports := namesReports(t, p)
+		run := func(mode string) string {
+			return fmt.Sprintf("%s%s top --pid %d --interval 500ms --mode %s; echo rbscope-exit=$?; sleep 30", paneEnv(t, rb), bin, p.Pid, mode)
+		}
+
+		wait, send := tmuxPane(t, fmt.Sprintf("%d-cpu", p.Pid), run("cpu"))
+		wait("Object#spin never appeared", func(s string) bool {
+			return strings.Contains(s, "Object#spin") && strings.Contains(s, "mode cpu")
+		})
+		// A few refreshes: what cpu mode drops would be there by now.
+		time.Sleep(1500 * time.Millisecond)
+		screen := wait("", func(string) bool { return true })
+		for _, f := range sleeping {
+			if strings.Contains(screen, f) {
+				t.Errorf("--mode cpu shows %s, which only sleeping threads run:\n%s", f, screen)
+			}
+		}
+		if lines := strings.Split(screen, "\n"); len(lines) < 4 || !rowRe.MatchString(lines[3]) {
+			t.Errorf("the first row is not on the fourth line:\n%s", screen)
+		}
+		send("q")
+		wait("rbscope did not exit on q", func(s string) bool { return strings.Contains(s, "rbscope-exit=0") })
+
+		wait, send = tmuxPane(t, fmt.Sprintf("%d-wall", p.Pid), run("wall"))
+		wait("the sleeping threads' functions never appeared in wall mode", func(s string) bool {
+			for _, f := range sleeping {
+				if !strings.Contains(s, f) {
+					return false
+				}
+			}
+			return strings.Contains(s, "mode wall")
+		})
+		send("t")
+		screen = wait("per-thread view never showed every thread", func(s string) bool {
+			for _, r := range reports {
+				if r.Name != nil && !strings.Contains(s, fmt.Sprintf("%s (%d)", *r.Name, r.TID)) {
+					return false
+				}
+			}
+			return true
+		})
+		if strings.Contains(screen, "…") {
+			t.Errorf("a name was cut on a 120-column terminal:\n%s", screen)
+		}
+		send("q")
+		wait("rbscope did not exit on q", func(s string) bool { return strings.Contains(s, "rbscope-exit=0") })
+	})
+}

@@ -82,7 +82,7 @@ type Config struct {
 	Threads  bool          // collapsed: root each stack at its thread
 	Format   string        // output format (output.Formats)
 	Output   string        // output path; "": rbscope-<time>-<pid>.<ext>
-	Raw      string        // raw recording path; "": the cache directory
+	Raw      string        // raw recording path; "": a new file in the cache directory
 	Silent   bool          // no progress or summary on Stderr
 	Stderr   io.Writer     // progress and messages
 	Version  string        // rbscope's version, for the raw header

@@ -108,6 +108,7 @@ func (r *rec) render(st sampler.Stats) error {
 	defer r.sig.duringOutput(ocancel)()
 	wo := output.WriteOptions{Context: octx, Say: func(msg string) { r.con.say("%s", msg) }}
 	n, f, err := output.RenderFile(r.cfg.Format, o, rd.Samples(), r.cfg.Output, wo)
+	r.rendered = err == nil
 	if derr := rd.Damage(); derr != nil {
 		r.con.say("warning: raw recording is damaged after %d samples: %v", n, derr)
 	}

@@ -44,6 +44,13 @@ type rec struct {
 	// cpuWarned: the warning that --mode cpu could not watch some
 	// threads was given.
 	cpuWarned bool
+	// releaseRaw gives up the raw recording's file (see recording.Claim)
+	// once the profile is rendered.
+	releaseRaw func()
+	// placeholder is the default output file reserved when the recording
+	// began, removed unless the profile was written to it.
+	placeholder string
+	rendered    bool
 }
 
 // Run records cfg's target until --duration ends, the process exits or a
@@ -55,7 +62,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	r := &rec{cfg: cfg, con: newConsole(cfg.Stderr, cfg.Silent), pid: cfg.Pid}
+	r := &rec{cfg: cfg, con: newConsole(cfg.Stderr, cfg.Silent), pid: cfg.Pid, releaseRaw: func() {}}
+	defer r.releaseFiles()
 	if err := r.checkOutputs(); err != nil {
 		return err
 	}
@@ -127,8 +135,48 @@ func (r *rec) checkOutputs() error {
 		if err := output.CheckWritable(raw); err != nil {
 			return fmt.Errorf("raw recording %s is not writable: %w", raw, err)
 		}
+		// Another recording writing the same file would mix its
+		// samples with these (an older recording is replaced): refused
+		// now, and claimed when the recording begins (createRaw).
+		if err := recording.CheckFree(raw); err != nil {
+			return rawInUse(raw)
+		}
 	}
 	return nil
+}
+
+// rawInUse is the error of a recording to a raw file another one writes.
+func rawInUse(raw string) error {
+	return fmt.Errorf("raw recording %s: %w: give another --raw, or none", raw, recording.ErrInUse)
+}
+
+// releaseFiles gives up the raw recording's file, and removes the default
+// output's placeholder when no profile was written to it.
+func (r *rec) releaseFiles() {
+	r.releaseRaw()
+	if r.placeholder != "" && !r.rendered {
+		if st, err := os.Stat(r.placeholder); err == nil && st.Mode().IsRegular() && st.Size() == 0 {
+			os.Remove(r.placeholder)
+		}
+	}
+}
+
+// reserveOutput creates the first of base+ext, base-2+ext, base-3+ext, ...
+// that does not exist (O_EXCL), empty, for the profile to replace: two
+// recordings of one process started in the same second in one directory
+// write two profiles.
+func reserveOutput(base, ext string) (string, error) {
+	name := base + ext
+	for i := 2; ; i++ {
+		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			return name, f.Close()
+		}
+		if !errors.Is(err, os.ErrExist) || i > 1000 {
+			return "", fmt.Errorf("create output %s: %w", name, err)
+		}
+		name = base + "-" + strconv.Itoa(i) + ext
+	}
 }
 
 // open finds Ruby in the target. In launch mode it waits up to
@@ -325,7 +373,20 @@ const (
 func (r *rec) createRaw() error {
 	r.start = time.Now()
 	if r.cfg.Raw == "" {
-		r.cfg.Raw = recording.DefaultPath(r.pid, r.start)
+		path, release, err := recording.ClaimDefault(r.pid, r.start)
+		if err != nil {
+			return err
+		}
+		r.cfg.Raw, r.releaseRaw = path, release
+	} else {
+		release, err := recording.Claim(r.cfg.Raw)
+		if errors.Is(err, recording.ErrInUse) {
+			return rawInUse(r.cfg.Raw)
+		}
+		if err != nil {
+			return fmt.Errorf("create raw recording: %w", err)
+		}
+		r.releaseRaw = release
 	}
 	// What a sample's on-CPU flag means: in Mode cpu, on a CPU at the
 	// tick's deadline by the kernel's context-switch records; otherwise
@@ -354,7 +415,12 @@ func (r *rec) createRaw() error {
 	}
 	r.raw = raw
 	if r.cfg.Output == "" {
-		r.cfg.Output = "rbscope-" + r.start.Format("20060102-150405") + "-" + strconv.Itoa(r.pid) + output.DefaultExtension(r.cfg.Format)
+		out, err := reserveOutput("rbscope-"+r.start.Format("20060102-150405")+"-"+strconv.Itoa(r.pid), output.DefaultExtension(r.cfg.Format))
+		if err != nil {
+			_ = r.raw.Close(recording.Stats{End: time.Now()})
+			return err
+		}
+		r.cfg.Output, r.placeholder = out, out
 	}
 	return nil
 }

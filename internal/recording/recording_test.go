@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"unsafe"
 
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 var t0 = time.Date(2026, 11, 21, 8, 30, 0, 123456789, time.UTC)
@@ -294,13 +296,99 @@ func TestNotARecording(t *testing.T) {
 	}
 }
 
-func TestDefaultPath(t *testing.T) {
-	t.Setenv("XDG_CACHE_HOME", "/var/cache/test-user")
-	got := DefaultPath(4242, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	want := "/var/cache/test-user/rbscope/recordings/rbscope-20260102-030405-4242.raw.gz"
-	if got != want {
-		t.Fatalf("DefaultPath = %q, want %q", got, want)
+// TestClaimDefault: two recordings of one process started in the same
+// second get two files, each named for the time and pid, readable by
+// others as Create makes them; a claimed file cannot be claimed again
+// until it is released, and released empty it is gone.
+func TestClaimDefault(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	start := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	a, releaseA, err := ClaimDefault(4242, start)
+	if err != nil {
+		t.Fatal(err)
 	}
+	b, releaseB, err := ClaimDefault(4242, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`^rbscope-20260102-030405-4242-[0-9]+\.raw\.gz$`)
+	for _, p := range []string{a, b} {
+		if filepath.Dir(p) != DefaultDir() || !name.MatchString(filepath.Base(p)) {
+			t.Errorf("path %s, want %s/rbscope-20260102-030405-4242-*.raw.gz", p, DefaultDir())
+		}
+		if st, err := os.Stat(p); err != nil || st.Mode().Perm() != 0o644 {
+			t.Errorf("%s: %v %v, want mode 0644", p, st, err)
+		}
+	}
+	if a == b {
+		t.Fatalf("both recordings got %s", a)
+	}
+	if _, err := Claim(a); !errors.Is(err, ErrInUse) {
+		t.Errorf("claim of a claimed file: %v, want ErrInUse", err)
+	}
+	w, err := Create(a, Header{RateHz: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	releaseA()
+	releaseB()
+	if _, err := os.Stat(b); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("released empty, %s is still there: %v", b, err)
+	}
+	release, err := Claim(a)
+	if err != nil {
+		t.Fatalf("claim after release: %v", err)
+	}
+	release()
+	if _, err := Open(a); err != nil {
+		t.Errorf("a released recording that was written is gone or broken: %v", err)
+	}
+}
+
+// TestClaimProcesses: a file claimed by another process (an rbscope
+// record writing it) cannot be claimed, and can once that process is gone;
+// CheckFree says as much without claiming it.
+func TestClaimProcesses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.raw.gz")
+	if err := os.WriteFile(path, []byte("an older recording"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	holder := exec.Command("flock", "--no-fork", "--exclusive", path, "sleep", "60")
+	if err := holder.Start(); err != nil {
+		testutil.Missing(t, "flock(1) (util-linux): %v", err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		release, err := Claim(path)
+		if errors.Is(err, ErrInUse) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if time.Now().After(deadline) {
+			t.Fatal("flock(1) never took the file")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := CheckFree(path); !errors.Is(err, ErrInUse) {
+		t.Errorf("CheckFree of a held file: %v, want ErrInUse", err)
+	}
+	holder.Process.Kill()
+	holder.Wait()
+	if err := CheckFree(path); err != nil {
+		t.Errorf("CheckFree once the other process is gone: %v", err)
+	}
+	release, err := Claim(path)
+	if err != nil {
+		t.Fatalf("claim once the other process is gone: %v", err)
+	}
+	release()
 }
 
 // TestKilledWriter re-executes the test binary as a writer that records

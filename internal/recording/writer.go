@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -130,7 +129,8 @@ type Writer struct {
 
 // Create creates (truncating) the file at path, creating its directory if
 // needed, and writes the magic, version and header h, flushed to disk at
-// once. A zero h.Start is set to now and an empty h.Hostname to this host's.
+// once. Claim the file first (Claim, ClaimDefault) when another recording
+// may be given the same path. A zero h.Start is set to now and an empty h.Hostname to this host's.
 func Create(path string, h Header) (*Writer, error) {
 	if h.Start.IsZero() {
 		h.Start = time.Now()
@@ -375,20 +375,6 @@ func (w *Writer) Close(st Stats) error {
 		return fmt.Errorf("close recording: %w", err)
 	}
 	return nil
-}
-
-// DefaultPath is where a recording of pid started at t goes by default:
-// <user cache dir>/rbscope/recordings/rbscope-<time>-<pid>.raw.gz. When the
-// cache directory is unknown, the current directory is used.
-func DefaultPath(pid int, t time.Time) string {
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		dir = "."
-	} else {
-		dir = filepath.Join(dir, "rbscope", "recordings")
-	}
-	name := "rbscope-" + t.Format("20060102-150405") + "-" + strconv.Itoa(pid) + ".raw.gz"
-	return filepath.Join(dir, name)
 }
 
 // A sample's flags byte: bit 0 on a CPU, bits 1-3 the activity (0 when

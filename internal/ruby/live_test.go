@@ -236,8 +236,8 @@ func testLiveThreadsNamesAndStates(t *testing.T, rb testutil.RubyUnderTest) {
 		if !ok {
 			t.Fatalf("no thread named %q", name)
 		}
-		if th.State != "stopped" && th.State != "stopped_forever" {
-			t.Errorf("%s state %q, want stopped", name, th.State)
+		if th.State != StatusSleep {
+			t.Errorf("%s state %q, want sleep (Thread#status of a sleeping thread)", name, th.State)
 		}
 		checkAgainstRuby(t, th, want[name])
 	}
@@ -245,7 +245,7 @@ func testLiveThreadsNamesAndStates(t *testing.T, rb testutil.RubyUnderTest) {
 	if !ok {
 		t.Fatal("no gamma-spinner thread")
 	}
-	if sp.State != "running" {
+	if sp.State != StatusRun {
 		t.Errorf("spinner state %q", sp.State)
 	}
 	names := []string{}

@@ -34,6 +34,7 @@ type caches struct {
 	idCache     map[uint64]string
 	reqBuf      []target.Read
 	osNames     map[int]string
+	startNames  map[uint64]startName   // unnamed threads' names, by thread address (see nameThread)
 	slotCache   map[uint64][]slotEntry // by VM stack end, see stackSlots
 	slotTotal   int
 	fdsBuf      []frameData

@@ -42,7 +42,7 @@ type offsets struct {
 	ractorSize                                                           uint64
 
 	thLTNode, thVMLTNode, thSelf, thVM, thEC, thStack, thStackSize, thCFP fieldOff
-	thThreadID, thTID, thNT, thStatus, thName                             fieldOff
+	thThreadID, thTID, thNT, thStatus, thToKill, thName                   fieldOff
 	thSize                                                                uint64
 
 	ntTID fieldOff
@@ -76,6 +76,30 @@ type offsets struct {
 	defType, defOriginalID              fieldOff
 
 	classextOff, classpathOff, attachedOff fieldOff
+}
+
+// toKillBeside locates rb_thread_t's to_kill flag, which the built-in
+// tables lack (bindgen leaves bitfields it does not need out), from the
+// status bitfield it follows, in the series where that order is known:
+// 3.1 (status:2, to_kill:1, checked against Thread#status on Debian's
+// 3.1.2) and 3.3 (status:2, has_dedicated_nt:1, to_kill:1, in 3.3.8's
+// vm_core.h, checked against its DWARF). Elsewhere without DWARF a thread
+// being killed reads as running (run, not aborting).
+func toKillBeside(status fieldOff, version string) fieldOff {
+	if !status.ok || status.bf == nil || status.bf.BitWidth != 2 {
+		return fieldOff{}
+	}
+	skip := 0
+	switch ver := parseVer(version); {
+	case ver >= v(3, 1, 0) && ver < v(3, 2, 0):
+		skip = 2
+	case ver >= v(3, 3, 0) && ver < v(3, 4, 0):
+		skip = 3
+	default:
+		return fieldOff{}
+	}
+	bit := status.bf.BitOffset + skip
+	return fieldOff{off: status.off + uint64(bit/8), size: 1, ok: true, bf: &layout.Bitfield{BitOffset: bit % 8, BitWidth: 1}}
 }
 
 func resolveOffsets(l *layout.Layout) (offsets, error) {
@@ -118,6 +142,10 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 	o.thTID = f(th, "tid")
 	o.thNT = f(th, "nt")
 	o.thStatus = f(th, "status")
+	o.thToKill = f(th, "to_kill")
+	if !o.thToKill.ok {
+		o.thToKill = toKillBeside(o.thStatus, l.RubyVersion)
+	}
 	o.thName = f(th, "name")
 	o.thSize = size(th)
 	o.ntTID = f("rb_native_thread", "tid")

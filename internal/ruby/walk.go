@@ -34,8 +34,39 @@ const (
 	envFlagLocal = 0x0002
 )
 
-// Ruby thread status values (enum rb_thread_status).
+// Ruby's internal thread statuses (enum rb_thread_status, 2.3+; before
+// 2.3 THREAD_TO_KILL came first), by value. activity reads these.
 var statusNames = []string{"running", "stopped", "stopped_forever", "killed"}
+
+// Thread statuses in Thread#status's words, what stack.Thread.State holds.
+const (
+	StatusRun      = "run"      // runnable (whether or not it holds the GVL)
+	StatusSleep    = "sleep"    // sleeping, waiting on IO, a lock, a join, a queue
+	StatusAborting = "aborting" // being killed, still running (ensure clauses)
+	StatusDead     = "dead"     // finished (Thread#status gives false or nil)
+	StatusUnknown  = "unknown"  // the status could not be decoded
+)
+
+// rubyStatus returns Thread#status's word for the internal status name
+// (statusNames, or "to_kill" before 2.3), and whether the thread is being
+// killed (the to_kill flag: a runnable thread then says aborting, as
+// thread.c's thread_status_name does).
+func rubyStatus(internal string, toKill bool) string {
+	switch internal {
+	case "running":
+		if toKill {
+			return StatusAborting
+		}
+		return StatusRun
+	case "stopped", "stopped_forever":
+		return StatusSleep
+	case "killed":
+		return StatusDead
+	case "to_kill":
+		return StatusAborting
+	}
+	return StatusUnknown
+}
 
 // Snapshot returns every Ruby thread's stack, innermost frame first.
 func (p *Process) Snapshot() ([]stack.Thread, error) { return p.snapshot(0) }
@@ -110,14 +141,16 @@ func (p *Process) snapshot(holder int) ([]stack.Thread, error) {
 			th.Error = fmt.Sprintf("read thread 0x%x: %v", ref.addr, err)
 			th.Frames = nil
 		}
-		if th.Name == "" && th.TID != 0 {
+		if th.Name != "" {
+			th.NameSource = stack.NameRuby
+		} else if th.TID != 0 {
 			// A thread without a Ruby name takes its native name; the
 			// /proc listing is read only when a new thread needs it.
 			if _, ok := p.osNames[th.TID]; !ok && !refreshed {
 				refreshed = true
 				p.refreshOSNames()
 			}
-			th.Name = p.osNames[th.TID]
+			p.nameThread(&th, ref.addr, p.osNames[th.TID])
 		}
 		out = append(out, th)
 	}
@@ -165,21 +198,23 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 		}
 	}
 	th := stack.Thread{Main: ref.main, GVL: ref.gvl}
+	internal := "unknown"
 	if st := o.thStatus.u64(tb); p.ver < v(2, 3, 0) {
 		// Older Rubies have THREAD_TO_KILL first.
 		if st == 0 {
-			th.State = "to_kill"
+			internal = "to_kill"
 		} else if int(st-1) < len(statusNames) {
-			th.State = statusNames[st-1]
+			internal = statusNames[st-1]
 		}
 	} else if int(st) < len(statusNames) {
-		th.State = statusNames[st]
+		internal = statusNames[st]
 	}
-	if th.State == "" {
-		th.State = "unknown"
-	}
+	// activity reads Ruby's internal status; the thread reports
+	// Thread#status's.
+	th.State = internal
 	var prefix []stack.Frame
 	th.Activity, prefix = activity(&th, ownerKnown, ref.waiting, gc)
+	th.State = rubyStatus(internal, o.thToKill.u64(tb) != 0)
 	th.TID = p.refTID(&ref, tb)
 	if o.thName.ok {
 		if nv := o.thName.u64(tb); isHeapPtr(nv) {
@@ -204,7 +239,7 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	} else {
 		stackStart, stackSize, cfp = o.thStack.u64(tb), o.thStackSize.u64(tb), o.thCFP.u64(tb)
 	}
-	if cfp == 0 && (stackStart == 0 || th.State == "killed") {
+	if cfp == 0 && (stackStart == 0 || internal == "killed") {
 		// A thread being created (no VM stack yet) or already dead.
 		return th, nil
 	}
@@ -1308,18 +1343,35 @@ func (p *Process) setQualification(info *iseqInfo) {
 		info.qualifiable = true
 		info.method = info.label
 	case iseqBlock, iseqRescue, iseqEnsure:
-		i := strings.Index(info.label, " in ")
-		if i < 0 {
-			return
+		// "block in foo", "block (2 levels) in foo", and a clause of
+		// one: "ensure in block in foo", "rescue in block (2 levels) in
+		// <main>".
+		rest := info.label
+		for {
+			i := strings.Index(rest, " in ")
+			if i < 0 || !innerLabel(rest[:i]) {
+				break
+			}
+			rest = rest[i+4:]
 		}
-		rest := info.label[i+4:]
-		if strings.HasPrefix(rest, "<") || strings.ContainsAny(rest, "#.") {
+		if rest == info.label || strings.HasPrefix(rest, "<") || strings.ContainsAny(rest, "#.") {
 			return // "block in <main>", "block in <class:Foo>", already qualified
 		}
 		info.qualifiable = true
-		info.prefix = info.label[:i+4]
+		info.prefix = info.label[:len(info.label)-len(rest)]
 		info.method = rest
 	}
+}
+
+// innerLabel reports whether s, before " in " in an iseq's label, names
+// a block or clause inside what follows: "block", "block (2 levels)",
+// "rescue", "ensure".
+func innerLabel(s string) bool {
+	switch s {
+	case "block", "rescue", "ensure":
+		return true
+	}
+	return strings.HasPrefix(s, "block (") && strings.HasSuffix(s, " levels)")
 }
 
 // pathobj returns the path of an iseq: its realpath (absolute) when Ruby

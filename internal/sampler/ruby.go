@@ -164,7 +164,10 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		}
 	}
 	s.out = s.out[:0]
-	var failed *ThreadErrors
+	// A thread that changed under the walker (created, ending, or read
+	// without pausing): its partial stack would distort the profile, so
+	// it is counted as an error instead.
+	failed := threadErrors(s.pid, threads)
 	for i := range threads {
 		th := &threads[i]
 		if cs := s.cpuStates[i]; th.Error != "" && cs.Known() && cs != oncpu.Running && cs != movedOn {
@@ -174,13 +177,6 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			continue
 		}
 		if th.Error != "" {
-			// A thread that changed under the walker (created, ending,
-			// or read without pausing): its partial stack would distort
-			// the profile, so it is counted as an error instead.
-			if failed == nil {
-				failed = &ThreadErrors{Pid: s.pid}
-			}
-			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.Name, Err: th.Error, Activity: th.Activity})
 			continue
 		}
 		cs := s.cpuStates[i]
@@ -209,7 +205,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			Time:       now,
 			Pid:        s.pid,
 			TID:        th.TID,
-			ThreadName: th.Name,
+			ThreadName: th.DisplayName(),
 			OnCPU:      onCPU,
 			Activity:   th.Activity,
 			GVL:        th.GVL,
@@ -565,32 +561,103 @@ func (s *RubySource) Close() error {
 // has initialized (a freshly started or exec'd process is not ready at
 // once), the process exits, ctx is done or timeout passes. Inconsistent
 // reads (a race with the running process) are retried a few times even
-// with a zero timeout. It returns the last error on failure.
+// with a zero timeout (see retryInconsistent). It returns the last error
+// on failure.
 func OpenRuby(ctx context.Context, pid int, opts ruby.Options, timeout time.Duration) (*ruby.Process, error) {
+	var p *ruby.Process
+	err := retryInconsistent(ctx, timeout, func() (err error) {
+		p, err = openRubyOnce(pid, opts)
+		return err
+	})
+	return p, err
+}
+
+// inconsistentTries is how many times retryInconsistent tries a read that
+// raced with the running process.
+const inconsistentTries = 12
+
+// retryInconsistent calls try until it succeeds, and returns its last
+// error when it fails for good: any failure once timeout has passed (a
+// process still starting fails in many ways until it is ready), except a
+// read that raced with the running process (Classify says ErrUnmapped: a
+// thread being created, a stack that changed while it was read), which is
+// tried up to inconsistentTries times whatever the timeout; never again
+// once the process is gone or the kernel refused. Tries are 5 ms apart at
+// first, doubling up to 100 ms (at most about 0.75 s in all for
+// inconsistent reads), and stop when ctx is done.
+func retryInconsistent(ctx context.Context, timeout time.Duration, try func() error) error {
 	deadline := time.Now().Add(timeout)
 	delay := 5 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		p, err := openRubyOnce(pid, opts)
+		err := try()
 		if err == nil {
-			return p, nil
+			return nil
 		}
-		// Even without a timeout, a read that raced with the running
-		// process (a thread being created, say) is retried a few times.
-		transient := Classify(err) == ErrUnmapped && attempt < 12
+		transient := Classify(err) == ErrUnmapped && attempt < inconsistentTries
 		if target.IsExited(err) || (time.Now().After(deadline) && !transient) {
-			return nil, err
+			return err
 		}
 		var perm target.ErrPermission
 		if errors.As(err, &perm) {
-			return nil, err
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
+			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 100*time.Millisecond)
 	}
+}
+
+// Snapshot reads every Ruby thread's stack of the running process p,
+// without pausing it. A thread whose stack changed while it was read (a
+// busy thread: the walker reads such a stack a few times before it gives
+// up, see ruby.ErrTorn) fails the snapshot as a sample fails, and the
+// snapshot is taken again as retryInconsistent retries, until every
+// thread is read. It returns the snapshot that read every thread, else
+// the one that read the most, with a *ThreadErrors naming the threads
+// still unread (their Error says why); an error without threads when no
+// snapshot could be taken.
+func Snapshot(ctx context.Context, p *ruby.Process) ([]stack.Thread, error) {
+	var best []stack.Thread
+	var bestErr *ThreadErrors
+	err := retryInconsistent(ctx, 0, func() error {
+		threads, err := p.Snapshot()
+		if err != nil {
+			return err
+		}
+		failed := threadErrors(p.Target().Pid(), threads)
+		if best == nil || (bestErr != nil && (failed == nil || len(failed.Threads) < len(bestErr.Threads))) {
+			best, bestErr = threads, failed
+		}
+		if failed != nil {
+			return failed
+		}
+		return nil
+	})
+	switch {
+	case best == nil:
+		return nil, err
+	case bestErr != nil:
+		return best, bestErr
+	}
+	return best, nil
+}
+
+// threadErrors returns the threads of a snapshot of process pid that
+// could not be read, nil when every one was.
+func threadErrors(pid int, threads []stack.Thread) *ThreadErrors {
+	var failed *ThreadErrors
+	for i := range threads {
+		if th := &threads[i]; th.Error != "" {
+			if failed == nil {
+				failed = &ThreadErrors{Pid: pid}
+			}
+			failed.Threads = append(failed.Threads, ThreadError{TID: th.TID, Name: th.DisplayName(), Err: th.Error, Activity: th.Activity})
+		}
+	}
+	return failed
 }
 
 func openRubyOnce(pid int, opts ruby.Options) (*ruby.Process, error) {

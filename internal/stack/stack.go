@@ -120,13 +120,37 @@ func (f *Frame) Func() Func {
 	return Func{Name: f.Name}
 }
 
+// Where a thread's name comes from (Thread.NameSource).
+const (
+	// NameRuby: Thread#name, whole.
+	NameRuby = "ruby"
+	// NameStart: a thread without a Ruby name is named as Ruby names its
+	// native thread, "FILE:LINE" of the block it started with (FILE the
+	// base name), whole (the kernel keeps 15 bytes of it).
+	NameStart = "start"
+	// NameKernel: the kernel's name of the native thread (/proc comm),
+	// which keeps 15 bytes of a longer name.
+	NameKernel = "kernel"
+)
+
+// KernelNameMax is how many bytes of a thread's name the kernel keeps.
+const KernelNameMax = 15
+
 // Thread is one Ruby thread's stack at one moment.
 type Thread struct {
-	TID   int    `json:"tid"`   // Linux thread id, 0 when unknown
-	Name  string `json:"name"`  // Ruby thread name, else the native name
-	Main  bool   `json:"main"`  // the process's main thread
-	GVL   bool   `json:"gvl"`   // it owns the GVL (read from the lock itself)
-	State string `json:"state"` // Ruby status: running, stopped, killed, ...
+	TID  int    `json:"tid"`  // Linux thread id, 0 when unknown
+	Name string `json:"name"` // see NameSource
+	// NameSource says where Name comes from: NameRuby, NameStart or
+	// NameKernel ("" when the thread has no name).
+	NameSource string `json:"name_source,omitempty"`
+	Main       bool   `json:"main"` // the process's main thread
+	GVL        bool   `json:"gvl"`  // it owns the GVL (read from the lock itself)
+	// State is the thread's status in Thread#status's words: run,
+	// sleep, aborting or dead (unknown when it cannot be read).
+	State string `json:"state"`
+	// KernelState is the kernel's state of the native thread ("R", "S",
+	// "D", ... as in /proc/PID/task/TID/stat), where it was read.
+	KernelState string `json:"kernel_state,omitempty"`
 	// Activity is why the thread is where it is: ActivityRunning,
 	// ActivityGVLWait, ActivityBlocked, ActivityGC or ActivityUnknown.
 	Activity string  `json:"activity"`
@@ -134,6 +158,21 @@ type Thread struct {
 	// Error, when set, says why the stack stops early (frames past it could
 	// not be read, as in a core file that lacks part of the memory).
 	Error string `json:"error,omitempty"`
+}
+
+// NameMayBeCut reports whether the thread's name is the kernel's and as
+// long as the kernel keeps: a longer name was cut to it.
+func (t *Thread) NameMayBeCut() bool {
+	return t.NameSource == NameKernel && len(t.Name) == KernelNameMax
+}
+
+// DisplayName is the thread's name for people: a kernel name that may
+// have been cut ends with "…", never passing for the whole name.
+func (t *Thread) DisplayName() string {
+	if t.NameMayBeCut() {
+		return t.Name + "…"
+	}
+	return t.Name
 }
 
 // Sample is one thread's stack taken by the sampler.

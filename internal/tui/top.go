@@ -9,6 +9,7 @@ import (
 	"maps"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -279,8 +280,10 @@ type Header struct {
 	Pid         int
 	RubyVersion string
 	Mode        string // "blocking", "nonblocking"
-	Rate        float64
-	Interval    time.Duration
+	// Keep is which samples are kept (--mode): wall ("" too), cpu, gvl.
+	Keep     stack.Mode
+	Rate     float64
+	Interval time.Duration
 }
 
 // ANSI escape sequences.
@@ -297,10 +300,13 @@ const (
 	reset          = "\033[0m"
 )
 
-// Render draws v (per thread or not) for a width x height terminal: the cursor goes home,
-// every line is overwritten and cleared to its end (no flicker), and the
-// rest of the screen is cleared. Lines use \r\n (the terminal is in raw
-// mode).
+// Render draws v (per thread or not) for a width x height terminal: the
+// cursor goes home, every line is overwritten and cleared to its end (no
+// flicker), and the rest of the screen is cleared. Lines use \r\n (the
+// terminal is in raw mode). Two lines of status and the column headings
+// come before the rows, so that the first rows (what the process spends
+// its time in) are on the screen's fourth line; the keys (or the last
+// error) are on its last.
 func Render(h Header, v View, perThread bool, width, height int, paused bool) string {
 	if width < 40 {
 		width = 40
@@ -323,25 +329,24 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 		b.WriteString("\r\n")
 	}
 	b.WriteString(home)
-	status := fmt.Sprintf("rbscope top  pid %d  Ruby %s  %g Hz %s  %s elapsed", h.Pid, h.RubyVersion, h.Rate, h.Mode, v.Elapsed.Truncate(time.Second))
+	keep := h.Keep
+	if keep == "" {
+		keep = stack.ModeWall
+	}
+	status := fmt.Sprintf("rbscope top  pid %d  Ruby %s  %g Hz %s  mode %s  %s elapsed", h.Pid, h.RubyVersion, h.Rate, h.Mode, keep, v.Elapsed.Truncate(time.Second))
 	if paused {
 		status += "  [display paused]"
 	}
 	line(status, bold)
-	line(fmt.Sprintf("Samples: %d (%d this interval)  Threads: %d  Errors: %d  Late: %d", v.Samples, v.Interval, v.Threads, v.Errors, v.Late), "")
+	counts := fmt.Sprintf("Samples: %d (%d new)  Threads: %d  Errors: %d  Late: %d", v.Samples, v.Interval, v.Threads, v.Errors, v.Late)
 	if v.Activities != nil {
-		acts := fmt.Sprintf("Threads: running %.1f%%  GVL wait %.1f%%  blocked %.1f%%  GC %.1f%%",
+		counts += fmt.Sprintf("  |  running %.1f%%  GVL wait %.1f%%  blocked %.1f%%  GC %.1f%%",
 			v.Activities[stack.ActivityRunning], v.Activities[stack.ActivityGVLWait], v.Activities[stack.ActivityBlocked], v.Activities[stack.ActivityGC])
 		if v.Unread > 0 {
-			acts += fmt.Sprintf("  (%d unread stacks included)", v.Unread)
+			counts += fmt.Sprintf("  (%d unread stacks included)", v.Unread)
 		}
-		line(acts, "")
 	}
-	help := "q quit  t threads  1-4 sort  space pause"
-	if v.LastError != "" && v.Errors > 0 {
-		help = "last error: " + v.LastError
-	}
-	line(help, "")
+	line(counts, "")
 	cols := []string{"%Own", "%Total", "OwnTime", "TotalTime"}
 	for i := range cols {
 		if SortKey(i) == v.Sort {
@@ -354,19 +359,16 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 	if acts {
 		head = fmt.Sprintf("%7s %7s %10s %10s %7s %7s  ", cols[0], cols[1], cols[2], cols[3], "%GVLw", "%GC")
 	}
+	list := v.Rows
+	threadWidth := 0
 	if perThread {
-		head += fmt.Sprintf("%-16s ", "Thread")
+		list = v.ThreadRows
+		threadWidth = threadColumn(list, width)
+		head += fmt.Sprintf("%-*s ", threadWidth, "Thread (tid)")
 	}
 	head += "Function (file)"
 	line(head, reverse)
-	list := v.Rows
-	if perThread {
-		list = v.ThreadRows
-	}
-	rows := height - 5
-	if v.Activities != nil {
-		rows--
-	}
+	rows := height - 4
 	for i := 0; i < len(list) && i < rows; i++ {
 		r := list[i]
 		s := fmt.Sprintf("%6.2f%% %6.2f%% %9.2fs %9.2fs  ", r.OwnPct, r.TotalPct, r.OwnTime.Seconds(), r.TotalTime.Seconds())
@@ -374,11 +376,7 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 			s = fmt.Sprintf("%6.2f%% %6.2f%% %9.2fs %9.2fs %6.2f%% %6.2f%%  ", r.OwnPct, r.TotalPct, r.OwnTime.Seconds(), r.TotalTime.Seconds(), r.GVLWaitPct, r.GCPct)
 		}
 		if perThread {
-			name := r.Thread
-			if name == "" {
-				name = fmt.Sprint(r.TID)
-			}
-			s += fmt.Sprintf("%-16s ", truncate(name, 16))
+			s += threadLabel(r.Thread, r.TID, threadWidth) + " "
 		}
 		s += r.Function
 		if r.Path != "" {
@@ -386,8 +384,49 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 		}
 		line(s, "")
 	}
+	for i := len(list); i < rows; i++ {
+		line("", "")
+	}
+	help := "q quit  t threads  1-4 sort  space pause"
+	if v.LastError != "" && v.Errors > 0 {
+		help = "last error: " + v.LastError
+	}
+	b.WriteString(truncate(help, width))
 	b.WriteString(clearBelow)
 	return b.String()
+}
+
+// threadColumn is the width of the per-thread view's thread column: the
+// longest "name (tid)" of the rows, at least its heading's, at most a
+// third of the terminal.
+func threadColumn(rows []Row, width int) int {
+	w := utf8.RuneCountInString("Thread (tid)")
+	for _, r := range rows {
+		w = max(w, utf8.RuneCountInString(r.Thread)+len(strconv.Itoa(r.TID))+3)
+	}
+	return min(w, max(16, width/3))
+}
+
+// threadLabel is a thread as the per-thread view shows it, "name (tid)"
+// padded to width: threads of one name (a pool's) are told apart by tid,
+// and a name too long for the column keeps its start and its end (where
+// a pool numbers its threads) around "…", never cut as if it were whole.
+func threadLabel(name string, tid, width int) string {
+	id := " (" + strconv.Itoa(tid) + ")"
+	if name == "" {
+		name = "?"
+	}
+	room := width - len(id)
+	if r := []rune(name); len(r) > room {
+		if room < 3 {
+			name = ""
+			id = strings.TrimPrefix(id, " ")
+		} else {
+			tail := (room - 1) / 2
+			name = string(r[:room-1-tail]) + "…" + string(r[len(r)-tail:])
+		}
+	}
+	return fmt.Sprintf("%-*s", width, name+id)
 }
 
 func truncate(s string, n int) string {

@@ -178,3 +178,55 @@ func TestUnreadInActivities(t *testing.T) {
 		t.Errorf("second interval: unread %d, activities %v", v.Unread, v.Activities)
 	}
 }
+
+// TestRenderLayout: the first row is on the screen's fourth line, under
+// two lines of status (the mode among them) and the headings; the keys
+// are on the last line, whatever the number of rows.
+func TestRenderLayout(t *testing.T) {
+	top := NewTop(100)
+	top.Add([]stack.Sample{{TID: 7, ThreadName: "w", Frames: []stack.Frame{fr("A#work", "/x/a.rb")}}})
+	v := top.Snapshot(SortOwnPct)
+	out := Render(Header{Pid: 42, RubyVersion: "3.1.2", Mode: "blocking", Keep: stack.ModeCPU, Rate: 100}, v, false, 80, 12, false)
+	lines := strings.Split(out, "\r\n")
+	if len(lines) != 12 {
+		t.Fatalf("%d lines for a 12-line terminal:\n%s", len(lines), out)
+	}
+	if !strings.Contains(lines[0], "mode cpu") {
+		t.Errorf("status %q lacks the mode", lines[0])
+	}
+	if !strings.Contains(lines[3], "A#work (a.rb)") {
+		t.Errorf("first row on line 4 is %q", lines[3])
+	}
+	if !strings.Contains(lines[11], "q quit") {
+		t.Errorf("last line %q, want the keys", lines[11])
+	}
+}
+
+// TestRenderThreadNames: the per-thread view tells threads of one name
+// apart by tid, and cuts a name too long for its column in the middle,
+// marked, keeping the end where a pool numbers its threads.
+func TestRenderThreadNames(t *testing.T) {
+	top := NewTop(100)
+	f := []stack.Frame{fr("Thread::Queue#pop", ""), fr("block in <main>", "/x/pool.rb")}
+	long := "puma srv threadpool reactor worker 001"
+	top.Add([]stack.Sample{
+		{TID: 101, ThreadName: "worker", Frames: f},
+		{TID: 102, ThreadName: "worker", Frames: f},
+		{TID: 103, ThreadName: long, Frames: f},
+		{TID: 104, ThreadName: "puma srv threadpool reactor worker 002", Frames: f},
+	})
+	v := top.Snapshot(SortOwnPct)
+	out := Render(Header{Pid: 1, Rate: 100}, v, true, 90, 20, false)
+	for _, want := range []string{"worker (101)", "worker (102)", "(103)", "001 (103)", "002 (104)", "puma srv"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	if !strings.Contains(out, "…") || strings.Contains(out, long) {
+		t.Errorf("a long name is not marked as cut:\n%s", out)
+	}
+	out = Render(Header{Pid: 1, Rate: 100}, v, true, 200, 20, false)
+	if !strings.Contains(out, long+" (103)") {
+		t.Errorf("a long name is cut on a wide terminal:\n%s", out)
+	}
+}
