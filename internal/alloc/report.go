@@ -165,8 +165,17 @@ func (r *Report) Profile() (*profile.Profile, error) {
 	if len(r.Stacks) > 0 {
 		return r.stackProfile(p)
 	}
+	sites := r.BySite
+	if len(sites) == 0 {
+		// Counted by class only (--no-sites) and no stacks: one
+		// location per class, so that the profile's total is the
+		// report's.
+		for _, c := range r.ByClass {
+			sites = append(sites, SiteCount{Class: c.Class, Count: c.Count, Bytes: c.Bytes})
+		}
+	}
 	funcs := map[[2]string]*profile.Function{}
-	for _, s := range r.BySite {
+	for _, s := range sites {
 		path := sitePath(s.Path)
 		fk := [2]string{s.Class, path}
 		fn := funcs[fk]
