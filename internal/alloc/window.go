@@ -1,12 +1,14 @@
 package alloc
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/target"
 )
 
 // findCounter opens the Ruby VM and locates its allocation counter: from
@@ -82,7 +84,7 @@ func (tr *Tracker) setGate(open bool) error {
 func (tr *Tracker) openWindow() {
 	tr.winEvents, _ = tr.statSum(statObjects)
 	tr.winOpenEvents = tr.winEvents
-	if tr.cal != nil && tr.counter == nil {
+	if tr.cal != nil && tr.counter == nil && !tr.exitFired() {
 		tr.cal.open()
 	}
 	if err := tr.setGate(true); err != nil && tr.dutyErr == nil {
@@ -94,6 +96,12 @@ func (tr *Tracker) openWindow() {
 	}
 	v, ev, err := tr.readPair()
 	if err != nil {
+		if tr.goneError(err) {
+			// The process is exiting: the window's growth will be
+			// extrapolated from the counter's last value.
+			tr.winCounter = tr.counterEnd
+			return
+		}
 		tr.dropCounter(err.Error())
 		return
 	}
@@ -137,6 +145,10 @@ func (tr *Tracker) closeWindow() {
 	switch {
 	case tr.counter != nil:
 		if readErr != nil {
+			if tr.goneError(readErr) {
+				tr.extrapolateWindow(events)
+				break
+			}
 			tr.dropCounter(readErr.Error())
 			break
 		}
@@ -159,8 +171,34 @@ func (tr *Tracker) closeWindow() {
 		tr.counterOn += v - tr.winCounter
 		tr.counterEvents += events
 	case tr.cal != nil:
-		tr.calPoints = append(tr.calPoints, calPoint{now: tr.cal.read(), sure: events, events: events})
+		if now, ok := tr.calRead(); ok {
+			tr.calPoints = append(tr.calPoints, calPoint{now: now, sure: events, events: events})
+		}
 	}
+}
+
+// goneError reports whether a read of Ruby's counter failed because the
+// process is exiting or gone (rather than a wrong address): the counter
+// is kept, and its growth since the last read is unknown. Called with mu
+// held.
+func (tr *Tracker) goneError(err error) bool {
+	return errors.Is(err, errExitUncopied) || target.IsExited(err) || !tr.Alive()
+}
+
+// extrapolateWindow closes a window whose end the counter could not be
+// read at (the process exited without Ruby's teardown: exit!, a signal):
+// its growth is taken as the window's events at the growth per event of
+// the windows before, which the totals are scaled by anyway. Called with
+// mu held.
+func (tr *Tracker) extrapolateWindow(events uint64) {
+	grown := events
+	if tr.counterEvents > 0 {
+		grown = uint64(float64(events) * float64(tr.counterOn) / float64(tr.counterEvents))
+	}
+	tr.counterOn += grown
+	tr.counterEvents += events
+	tr.counterEnd = tr.winCounter + grown
+	tr.counterEndHow = counterEndLost
 }
 
 // windowEvents is how many events a counting window aims at, and
@@ -238,7 +276,7 @@ const (
 func (tr *Tracker) readPair() (counter, events uint64, err error) {
 	for i := 0; ; i++ {
 		t0 := time.Now()
-		if counter, err = tr.counter.read(); err != nil {
+		if counter, err = tr.readCounter(); err != nil {
 			return 0, 0, err
 		}
 		if events, err = tr.statSum(statObjects); err != nil {
@@ -278,7 +316,10 @@ func (tr *Tracker) checkpoint() {
 	if err != nil {
 		return
 	}
-	now := tr.cal.read()
+	now, ok := tr.calRead()
+	if !ok {
+		return
+	}
 	ev, err := tr.statSum(statObjects)
 	if err != nil {
 		return
@@ -362,7 +403,8 @@ func (tr *Tracker) dropCounter(why string) {
 	tr.counter = nil
 	tr.counterStart, tr.counterEnd, tr.counterOn, tr.winCounter = 0, 0, 0, 0
 	tr.counterEvents, tr.calEvents, tr.calGrowth = 0, 0, 0
-	if tr.calVM == 0 || tr.opts.Exact || tr.recalibrations >= maxRecalibrations {
+	tr.counterEndHow = ""
+	if tr.calVM == 0 || tr.opts.Exact || tr.recalibrations >= maxRecalibrations || tr.exitFired() {
 		return
 	}
 	cal, err := newCalibration(tr.t, tr.calVM, tr.calSize)
@@ -385,7 +427,7 @@ func (tr *Tracker) scaling(now time.Time, dur time.Duration) (scale float64, how
 	if tr.counter != nil {
 		cur = tr.counterEnd
 		if !tr.stopped {
-			if v, err := tr.counter.read(); err == nil {
+			if v, err := tr.readCounter(); err == nil {
 				cur = v
 			}
 		}
