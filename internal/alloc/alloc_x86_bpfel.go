@@ -109,6 +109,7 @@ type allocStackEvent struct {
 const (
 	allocMapClasses          = "classes"
 	allocMapExitCopy         = "exit_copy"
+	allocMapExitEvents       = "exit_events"
 	allocMapExitGen          = "exit_gen"
 	allocMapExitInfo         = "exit_info"
 	allocMapExitRanges       = "exit_ranges"
@@ -191,6 +192,7 @@ type allocProgramSpecs struct {
 type allocMapSpecs struct {
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
 	ExitCopy       *ebpf.MapSpec `ebpf:"exit_copy"`
+	ExitEvents     *ebpf.MapSpec `ebpf:"exit_events"`
 	ExitGen        *ebpf.MapSpec `ebpf:"exit_gen"`
 	ExitInfo       *ebpf.MapSpec `ebpf:"exit_info"`
 	ExitRanges     *ebpf.MapSpec `ebpf:"exit_ranges"`
@@ -247,6 +249,7 @@ func (o *allocObjects) Close() error {
 type allocMaps struct {
 	Classes        *ebpf.Map `ebpf:"classes"`
 	ExitCopy       *ebpf.Map `ebpf:"exit_copy"`
+	ExitEvents     *ebpf.Map `ebpf:"exit_events"`
 	ExitGen        *ebpf.Map `ebpf:"exit_gen"`
 	ExitInfo       *ebpf.Map `ebpf:"exit_info"`
 	ExitRanges     *ebpf.Map `ebpf:"exit_ranges"`
@@ -265,6 +268,7 @@ func (m *allocMaps) Close() error {
 	return _AllocClose(
 		m.Classes,
 		m.ExitCopy,
+		m.ExitEvents,
 		m.ExitGen,
 		m.ExitInfo,
 		m.ExitRanges,

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/cilium/ebpf/ringbuf"
 )
 
 // The exit probe (exitFunc's entry, see bpf/alloc.bpf.c) copies Ruby's
@@ -48,7 +50,27 @@ type exitCapture struct {
 	fired bool
 	copy  *exitCopy
 	err   error // why fired without a copy
+	// rd reads the program's wake-up at exit; woke is closed once it
+	// came and the names were read, done when watchExit returns.
+	rd         *ringbuf.Reader
+	woke, done chan struct{}
 }
+
+// watchExit waits for the exit probe's wake-up, then reads the names the
+// tracker still lacks (the class and file names of sites first counted
+// since the last read) while Ruby tears down: they go with the process.
+func (tr *Tracker) watchExit() {
+	defer close(tr.exit.done)
+	if _, err := tr.exit.rd.Read(); err != nil {
+		return // closed
+	}
+	tr.resolveNames()
+	close(tr.exit.woke)
+}
+
+// exitWoke is closed once the exit probe fired and the names were read;
+// nil (never ready) without an exit probe.
+func (tr *Tracker) exitWoke() <-chan struct{} { return tr.exit.woke }
 
 // exitCopy is the target's memory at exit: the ranges named and their
 // bytes.

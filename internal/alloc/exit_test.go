@@ -172,6 +172,33 @@ func TestExitWithoutTeardown(t *testing.T) {
 	})
 }
 
+// TestExitLastSite: with --exact, the 1000 Leavers a job makes as it
+// exits (a site first counted in its last milliseconds, after rbscope's
+// last reading of names) are all in the report, at exiting.rb:34. Their
+// class name is read when the exit probe wakes rbscope, racing Ruby's
+// teardown, which frees it on 3.1 (the heap pages go): named "Leaver" or,
+// when the race was lost, "(unreadable 0x...)", never dropped.
+func TestExitLastSite(t *testing.T) {
+	needBPF(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		r, log, _ := runExiting(t, rb, Options{Exact: true}, "0.3", "leave")
+		path := script(t, "exiting.rb")
+		var n uint64
+		var classes []string
+		for _, s := range r.BySite {
+			if s.Path == path && s.Line == 34 {
+				n += s.Count
+				classes = append(classes, s.Class)
+			}
+		}
+		t.Logf("%s: classes at exiting.rb:34: %q", rb.Name, classes)
+		if n != 1000 || len(classes) != 1 || classes[0] != "Leaver" && !strings.HasPrefix(classes[0], "(unreadable 0x") {
+			logReport(t, r)
+			t.Errorf("%d allocations at exiting.rb:34 as %q, want 1000 Leavers\n%s", n, classes, log)
+		}
+	})
+}
+
 // checkGCCount: r counted a mark phase for every GC the script counted
 // in its loop (GC.count's growth), and at most gcSlack more (a GC
 // outside the loop, before it or at its end).

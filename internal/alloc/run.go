@@ -77,24 +77,30 @@ func Run(ctx context.Context, cfg RunConfig) (*Report, error) {
 	return r, nil
 }
 
-// follow reads the counts until ctx ends or the process exits. Names are
-// read from the target while it lives, every followTick: a process that
-// exits loses at most the names first counted in its last tick.
+// follow reads the counts until ctx ends or the process exits, which it
+// looks for every followTick. Names are read from the target while it
+// lives, every nameTick and after every counting window: a process that
+// exits loses at most the names first counted since.
 func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err error) {
 	tick := time.NewTicker(followTick)
 	defer tick.Stop()
 	var last *Report
-	lastDraw, lastPush := time.Now(), time.Now()
+	lastDraw, lastPush, lastNames := time.Now(), time.Now(), time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
 			return false, nil
+		case <-tr.exitWoke():
+			return true, nil
 		case <-tick.C:
 		}
 		if tr.Exited() || !tr.Alive() {
 			return true, nil
 		}
-		tr.resolveNames()
+		if time.Since(lastNames) >= nameTick {
+			tr.resolveNames()
+			lastNames = time.Now()
+		}
 		draw := cfg.OnReport != nil && time.Since(lastDraw) >= cfg.Interval
 		push := cfg.OnPush != nil && time.Since(lastPush) >= cfg.PushInterval
 		if !draw && !push {
@@ -121,9 +127,12 @@ func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err 
 	}
 }
 
-// followTick is how often follow looks for the process's exit and reads
-// new names.
-const followTick = 50 * time.Millisecond
+// followTick is how often follow looks for the process's exit, nameTick
+// how often it reads new names.
+const (
+	followTick = 50 * time.Millisecond
+	nameTick   = 250 * time.Millisecond
+)
 
 // exitNote says how the totals of a process that exited were completed.
 func exitNote(r *Report) string {

@@ -24,6 +24,7 @@ const (
 	statObjects
 	statStacks     // stacks copied to the ring buffer
 	statStacksLost // stacks the ring buffer had no room for
+	statKeys       // keys added to the site and class maps
 )
 
 // AnonymousClass names the objects of anonymous classes (Class.new),
@@ -233,23 +234,56 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 // far that has none yet, while the process lives: a process that exits
 // takes its memory, and the names, with it. Failed reads are retried at
 // the next call (and at Snapshot).
+//
+// The site map is read only when the program added keys since the last
+// read (statKeys): on a large application it holds thousands of sites
+// per CPU, and this runs after every counting window. The CPUs' last
+// sites, which reach the map only when another site comes, are read
+// every time.
 func (tr *Tracker) resolveNames() {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if tr.closed {
 		return
 	}
-	sites, err := readSites(tr.maps.Sites, tr.maps.LastSite)
-	if err != nil {
-		return
-	}
 	var scratch Report // unreadable names are counted by Snapshot
-	for k := range sites {
+	name := func(k allocSiteKey) {
 		tr.className(Kind(k.Kind), k.Cls, &scratch)
 		if k.File != 0 {
 			tr.names.cString(k.File)
 		}
 	}
+	keys, err := tr.statSum(statKeys)
+	if err != nil {
+		return
+	}
+	if keys == tr.namedKeys {
+		var last []allocLastSite
+		if err := tr.maps.LastSite.Lookup(uint32(0), &last); err != nil {
+			return
+		}
+		for _, l := range last {
+			if l.C.Count > 0 {
+				name(l.Key)
+			}
+		}
+		return
+	}
+	sites, err := readSites(tr.maps.Sites, tr.maps.LastSite)
+	if err != nil {
+		return
+	}
+	for k := range sites {
+		name(k)
+	}
+	classes, err := readPerCPU[allocClassKey](tr.maps.Classes)
+	if err != nil {
+		return
+	}
+	for k := range classes {
+		tr.className(Kind(k.Kind), k.Cls, &scratch)
+	}
+	tr.namedKeys = keys
 }
 
 func sortReport(r *Report) {

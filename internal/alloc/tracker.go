@@ -155,6 +155,8 @@ type Tracker struct {
 	exit exitCapture
 	// counterEndHow says how counterEnd was last read (Report.CounterEnd).
 	counterEndHow string
+	// namedKeys is statKeys when resolveNames last read the maps.
+	namedKeys uint64
 	// targetExited: the duty cycle found the process gone (or in Ruby's
 	// teardown) and stopped.
 	targetExited bool
@@ -280,6 +282,12 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 			go tr.readStacks(rd, tr.stackDone)
 		}
 	}
+	if plan.HasExitProbe() {
+		if rd, err := ringbuf.NewReader(tr.maps.ExitEvents); err == nil {
+			tr.exit.rd, tr.exit.woke, tr.exit.done = rd, make(chan struct{}), make(chan struct{})
+			go tr.watchExit()
+		}
+	}
 	if !opts.Exact {
 		tr.stop = make(chan struct{})
 		tr.done = make(chan struct{})
@@ -346,6 +354,7 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapExitGen:        tr.maps.ExitGen,
 		allocMapExitCopy:       tr.maps.ExitCopy,
 		allocMapExitInfo:       tr.maps.ExitInfo,
+		allocMapExitEvents:     tr.maps.ExitEvents,
 	}
 }
 
@@ -685,6 +694,12 @@ func (tr *Tracker) Close() error {
 		tr.mu.Unlock()
 		tr.stackRd.Close()
 		<-tr.stackDone
+		tr.mu.Lock()
+	}
+	if tr.exit.rd != nil {
+		tr.mu.Unlock()
+		tr.exit.rd.Close()
+		<-tr.exit.done
 		tr.mu.Lock()
 	}
 	if tr.prog != nil {

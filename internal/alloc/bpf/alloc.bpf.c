@@ -53,6 +53,9 @@ enum stat {
 	STAT_STACKS_LOST = 11, /* stacks the ring buffer had no room for */
 	STAT_OBJECTS = 9,      /* events that are heap objects: not symbol__create,
 				  which also fires for static symbols (IDs) */
+	STAT_KEYS = 12,        /* keys added to the site and class maps: user
+				  space reads the maps for new names only when
+				  this grew */
 	STAT_MAX = 16,
 };
 
@@ -267,6 +270,14 @@ struct {
 	__type(value, struct exit_state);
 } exit_info SEC(".maps");
 
+/* One record (exit_info's ns) when the copy is taken: it wakes user space
+ * at once, to read what names it still lacks while the process tears
+ * down. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} exit_events SEC(".maps");
+
 /* Start times of the GC phase in progress: [0] mark, [1] sweep. Ruby's
  * GC runs one phase at a time per process, but may migrate CPUs. */
 struct {
@@ -407,8 +418,10 @@ static __always_inline int bump(void *map, const void *key, __u64 n, __u64 bytes
 		return 0;
 	}
 	struct counter init = {.count = n, .bytes = bytes};
-	if (!bpf_map_update_elem(map, key, &init, BPF_NOEXIST))
+	if (!bpf_map_update_elem(map, key, &init, BPF_NOEXIST)) {
+		stat_add(STAT_KEYS, 1);
 		return 0;
+	}
 	/* Another CPU may have inserted the same key first (EEXIST); the
 	 * values are per CPU, so this CPU's slot is still to be counted. */
 	c = bpf_map_lookup_elem(map, key);
@@ -587,6 +600,11 @@ static __attribute__((noinline)) void copy_at_exit(void)
 	st->failed = failed;
 	st->tid = (__u32)bpf_get_current_pid_tgid();
 	__sync_fetch_and_add(&st->done, 1);
+	__u64 *ev = bpf_ringbuf_reserve(&exit_events, sizeof(*ev), 0);
+	if (ev) {
+		*ev = st->ns;
+		bpf_ringbuf_submit(ev, 0);
+	}
 }
 
 /* check_pid: the link does not filter by process itself (a perf-event

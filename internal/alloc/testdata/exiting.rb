@@ -2,9 +2,12 @@
 # allocates a steady mix (Widget objects, two-element arrays, strings) for
 # SECS seconds (wall) and prints "stat BEFORE AFTER GC_BEFORE GC_AFTER N"
 # (GC.stat(:total_allocated_objects) and GC.count around the loop: Ruby's
-# own counts; N Widgets made) as its last words, then exits (with exit!,
-# skipping Ruby's teardown, when the second argument is "exit!").
+# own counts; N Widgets made) as its last words, then exits: with exit!,
+# skipping Ruby's teardown, when the second argument is "exit!"; after
+# making 1000 Leavers at line 34 (a site first seen as it exits) when it
+# is "leave".
 class Widget; end
+class Leaver; end
 $stdout.sync = true
 secs = Float(ARGV[0] || 0.3)
 puts "ready"
@@ -27,3 +30,5 @@ after = GC.stat(:total_allocated_objects)
 gc_after = GC.count
 puts "stat #{before} #{after} #{gc_before} #{gc_after} #{n}"
 exit! if ARGV[1] == "exit!"
+exit unless ARGV[1] == "leave"
+1000.times { Leaver.new }
