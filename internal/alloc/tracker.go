@@ -144,9 +144,10 @@ type Tracker struct {
 	// winRate is the events per second counted in recent windows (a
 	// moving average), for windowLength.
 	winRate float64
-	// lastWinEvents are the events the last window counted, for
-	// offLength.
+	// lastWinEvents are the events the last window counted, and lastWin
+	// how long its gate was open, for offLength.
 	lastWinEvents uint64
+	lastWin       time.Duration
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader
