@@ -55,6 +55,10 @@ type allocExitState struct {
 	Failed    uint32
 	Tid       uint32
 	Done      uint32
+	LastCls   uint64
+	LastFile  uint64
+	ClsName   [256]int8
+	FileName  [256]int8
 }
 
 type allocExitWords struct {

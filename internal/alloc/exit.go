@@ -179,6 +179,7 @@ func (tr *Tracker) exitFired() bool {
 		return false
 	}
 	tr.exit.fired = true
+	tr.names.fromExit(st)
 	// The ranges the program copied: those written under the generation
 	// it saw, unchanged while it copied.
 	var ranges []allocExitRange
@@ -213,6 +214,29 @@ func (tr *Tracker) exitFired() bool {
 	}
 	tr.exit.copy = c
 	return true
+}
+
+// fromExit adds to the names the ones the exit probe copied: those of the
+// exiting CPU's last site, unless already read.
+func (n *names) fromExit(st allocExitState) {
+	add := func(addr uint64, b []int8) {
+		if addr == 0 {
+			return
+		}
+		if _, ok := n.strs[addr]; ok {
+			return
+		}
+		s := make([]byte, 0, len(b))
+		for _, c := range b {
+			if c == 0 {
+				break
+			}
+			s = append(s, byte(c))
+		}
+		n.strs[addr] = string(s)
+	}
+	add(st.LastCls, st.ClsName[:])
+	add(st.LastFile, st.FileName[:])
 }
 
 // readCounter reads Ruby's allocation counter: live, or, once Ruby's

@@ -175,9 +175,12 @@ func TestExitWithoutTeardown(t *testing.T) {
 // TestExitLastSite: with --exact, the 1000 Leavers a job makes as it
 // exits (a site first counted in its last milliseconds, after rbscope's
 // last reading of names) are all in the report, at exiting.rb:34. Their
-// class name is read when the exit probe wakes rbscope, racing Ruby's
-// teardown, which frees it on 3.1 (the heap pages go): named "Leaver" or,
-// when the race was lost, "(unreadable 0x...)", never dropped.
+// class name is copied by the exit probe when it is the site the exiting
+// thread's CPU counted last, else read when the probe wakes rbscope,
+// racing Ruby's teardown (3.1 frees it with the heap pages, and the
+// process is gone in under a millisecond): named "Leaver" or, when both
+// failed (the thread moved CPUs and the race was lost), "(unreadable
+// 0x...)", never dropped.
 func TestExitLastSite(t *testing.T) {
 	needBPF(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {

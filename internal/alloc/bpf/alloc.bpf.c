@@ -236,6 +236,13 @@ struct exit_state {
 	__u32 failed;     /* ranges whose read failed */
 	__u32 tid;
 	__u32 done;       /* set last (atomically): the fields above are final */
+	/* The names of this CPU's last site (the exiting thread's last
+	 * allocations, most likely): a site first counted just before the
+	 * exit, whose names user space has had no time to read. */
+	__u64 last_cls;  /* class name pointer (object__create), or 0 */
+	__u64 last_file; /* file name pointer, or 0 */
+	char cls_name[256];
+	char file_name[256];
 };
 
 /* Keeps the types in BTF for bpf2go. */
@@ -592,6 +599,17 @@ static __attribute__((noinline)) void copy_at_exit(void)
 			failed++;
 		else
 			copied++;
+	}
+	struct last_site *ls = bpf_map_lookup_elem(&last_site, &zero);
+	st->last_cls = 0;
+	st->last_file = 0;
+	if (ls && ls->c.count) {
+		if (ls->key.kind == KIND_OBJECT && ls->key.cls > ANON_CLASS &&
+		    bpf_probe_read_user_str(st->cls_name, sizeof(st->cls_name), (void *)ls->key.cls) > 0)
+			st->last_cls = ls->key.cls;
+		if (ls->key.file &&
+		    bpf_probe_read_user_str(st->file_name, sizeof(st->file_name), (void *)ls->key.file) > 0)
+			st->last_file = ls->key.file;
 	}
 	st->gen_before = before;
 	st->gen_after = *gen;
