@@ -94,9 +94,9 @@ type Tracker struct {
 	start time.Time
 
 	mu sync.Mutex
-	// links are the allocation probes' (attached in windows unless
-	// Exact), always the GC and exit probes' (attached from Attach to
-	// Stop: a few events per GC, one at exit).
+	// links hold the allocation probes, attached in windows (unless
+	// Exact); always the GC and exit probes, attached from Attach to
+	// Stop (a few events per GC, one at exit).
 	links    []link.Link
 	always   []link.Link
 	attached bool
