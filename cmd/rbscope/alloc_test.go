@@ -7,15 +7,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/pprof/profile"
 
 	"github.com/rbscope/rbscope/internal/alloc"
 	"github.com/rbscope/rbscope/internal/pyroscopetest"
@@ -479,4 +483,138 @@ func TestAllocUpload(t *testing.T) {
 			t.Errorf("server: %d of %d Widgets under A#outer;B#middle;C#inner", chained, widgets)
 		}
 	})
+}
+
+// TestAllocJobExits: rbscope alloc follows a job that exits on its own
+// (testdata/exiting.rb: 0.3 s of allocations, then its own counts as its
+// last words) and writes its report when the job is gone, in every mode
+// (the default duty cycle, --exact, --no-sites) and every format, and
+// exits 0. The default mode's totals run to the job's end: Ruby's counter
+// is read at its teardown (counter_end "exit"), and the JSON's total is
+// within 5% of GC.stat(:total_allocated_objects)'s growth; --exact counts
+// every Widget the job made.
+func TestAllocJobExits(t *testing.T) {
+	allocNeedRoot(t)
+	cases := []struct {
+		name, format string
+		args         []string
+	}{
+		{"default-json", "json", nil},
+		{"exact-text", "text", []string{"--exact"}},
+		{"exact-nosites-json", "json", []string{"--exact", "--no-sites"}},
+		{"nosites-pprof", "pprof", []string{"--no-sites"}},
+		{"default-flamegraph", "flamegraph", nil},
+		{"default-speedscope", "speedscope", nil},
+		{"default-collapsed", "collapsed", nil},
+	}
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				p := startAllocRuby(t, rb, nil, "exiting.rb", "0.3")
+				p.expect(t, "ready")
+				pid := p.cmd.Process.Pid
+				out := filepath.Join(t.TempDir(), "report."+c.format)
+				args := append([]string{"alloc", "--pid", strconv.Itoa(pid), "--format", c.format, "-o", out}, c.args...)
+				cmd := exec.Command(binPath, args...)
+				cmd.Env = rb.ProfilerEnv(t)
+				errb := newAttachedWriter()
+				cmd.Stderr = errb
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+				errb.wait(t, 30*time.Second)
+				io.WriteString(p.stdin, "go\n")
+				var before, after, gc0, gc1, widgets int64
+				select {
+				case l := <-p.lines:
+					if _, err := fmt.Sscanf(l, "stat %d %d %d %d %d", &before, &after, &gc0, &gc1, &widgets); err != nil {
+						t.Fatalf("script said %q: %v", l, err)
+					}
+				case <-time.After(60 * time.Second):
+					t.Fatal("the script did not finish")
+				}
+				done := make(chan error, 1)
+				go func() { done <- cmd.Wait() }()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatalf("rbscope alloc: %v\n%s", err, errb.String())
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatalf("rbscope alloc did not stop after the job exited:\n%s", errb.String())
+				}
+				if !strings.Contains(errb.String(), fmt.Sprintf("process %d exited", pid)) {
+					t.Errorf("stderr does not say the process exited:\n%s", errb.String())
+				}
+				b, err := os.ReadFile(out)
+				if err != nil {
+					t.Fatalf("no report: %v\n%s", err, errb.String())
+				}
+				checkExitReport(t, c.format, c.args, b, after-before, widgets)
+			})
+		}
+	})
+}
+
+// checkExitReport checks a report of testdata/exiting.rb in format: it
+// names Widget; a JSON report's Widgets are the job's (exactly with
+// --exact, within 5% otherwise) and a default-mode one's total is within
+// 5% of what Ruby counted, read at the job's exit.
+func checkExitReport(t *testing.T, format string, args []string, b []byte, allocated, widgets int64) {
+	t.Helper()
+	exact := slices.Contains(args, "--exact")
+	switch format {
+	case "pprof":
+		p, err := profile.ParseData(b)
+		if err != nil {
+			t.Fatalf("not a pprof profile: %v", err)
+		}
+		var n int64
+		for _, s := range p.Sample {
+			if len(s.Location) > 0 && len(s.Location[0].Line) > 0 && s.Location[0].Line[0].Function.Name == "Widget" {
+				n += s.Value[0]
+			}
+		}
+		if math.Abs(float64(n)/float64(widgets)-1) > 0.05 {
+			t.Errorf("pprof: %d Widgets, the job made %d", n, widgets)
+		}
+	case "json":
+		var doc struct {
+			Scaling    string `json:"scaling"`
+			CounterEnd string `json:"counter_end"`
+			ByClass    []struct {
+				Class string `json:"class"`
+				Count int64  `json:"count"`
+			} `json:"by_class"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatalf("not JSON: %v\n%s", err, b)
+		}
+		var total, n int64
+		for _, c := range doc.ByClass {
+			total += c.Count
+			if c.Class == "Widget" {
+				n = c.Count
+			}
+		}
+		switch {
+		case exact && n != widgets:
+			t.Errorf("--exact: %d Widgets, the job made %d", n, widgets)
+		case !exact && math.Abs(float64(n)/float64(widgets)-1) > 0.05:
+			t.Errorf("%d Widgets estimated, the job made %d", n, widgets)
+		}
+		if !exact {
+			if doc.Scaling != "counter" || doc.CounterEnd != "exit" {
+				t.Errorf("scaling %q, counter_end %q: want Ruby's counter, read at exit", doc.Scaling, doc.CounterEnd)
+			}
+			if d := float64(total)/float64(allocated) - 1; math.Abs(d) > 0.05 {
+				t.Errorf("estimated total %d, GC.stat says %d allocated (%+.1f%%)", total, allocated, 100*d)
+			}
+		}
+	default:
+		if !bytes.Contains(b, []byte("Widget")) {
+			t.Errorf("%s report does not name Widget:\n%.2000s", format, b)
+		}
+	}
 }

@@ -39,6 +39,33 @@ type allocCounter struct {
 	Bytes uint64
 }
 
+type allocExitRange struct {
+	_    structs.HostLayout
+	Addr uint64
+	Len  uint32
+	Pad  uint32
+}
+
+type allocExitState struct {
+	_         structs.HostLayout
+	GenBefore uint64
+	GenAfter  uint64
+	Ns        uint64
+	Copied    uint32
+	Failed    uint32
+	Tid       uint32
+	Done      uint32
+	LastCls   uint64
+	LastFile  uint64
+	ClsName   [256]int8
+	FileName  [256]int8
+}
+
+type allocExitWords struct {
+	_    structs.HostLayout
+	Data [2048]uint8
+}
+
 type allocLastSite struct {
 	_   structs.HostLayout
 	Key allocSiteKey
@@ -85,6 +112,11 @@ type allocStackEvent struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	allocMapClasses          = "classes"
+	allocMapExitCopy         = "exit_copy"
+	allocMapExitEvents       = "exit_events"
+	allocMapExitGen          = "exit_gen"
+	allocMapExitInfo         = "exit_info"
+	allocMapExitRanges       = "exit_ranges"
 	allocMapGate             = "gate"
 	allocMapGcStart          = "gc_start"
 	allocMapLastSite         = "last_site"
@@ -106,6 +138,8 @@ const (
 	allocVarStkRunningEc     = "stk_running_ec"
 	allocVarStkVm            = "stk_vm"
 	allocVarTargetTgid       = "target_tgid"
+	allocVarUnusedExitRange  = "unused_exit_range"
+	allocVarUnusedExitState  = "unused_exit_state"
 	allocVarUnusedStackEvent = "unused_stack_event"
 	allocVarWantSites        = "want_sites"
 )
@@ -161,6 +195,11 @@ type allocProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocMapSpecs struct {
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
+	ExitCopy       *ebpf.MapSpec `ebpf:"exit_copy"`
+	ExitEvents     *ebpf.MapSpec `ebpf:"exit_events"`
+	ExitGen        *ebpf.MapSpec `ebpf:"exit_gen"`
+	ExitInfo       *ebpf.MapSpec `ebpf:"exit_info"`
+	ExitRanges     *ebpf.MapSpec `ebpf:"exit_ranges"`
 	Gate           *ebpf.MapSpec `ebpf:"gate"`
 	GcStart        *ebpf.MapSpec `ebpf:"gc_start"`
 	LastSite       *ebpf.MapSpec `ebpf:"last_site"`
@@ -186,6 +225,8 @@ type allocVariableSpecs struct {
 	StkRunningEc     *ebpf.VariableSpec `ebpf:"stk_running_ec"`
 	StkVm            *ebpf.VariableSpec `ebpf:"stk_vm"`
 	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
+	UnusedExitRange  *ebpf.VariableSpec `ebpf:"unused_exit_range"`
+	UnusedExitState  *ebpf.VariableSpec `ebpf:"unused_exit_state"`
 	UnusedStackEvent *ebpf.VariableSpec `ebpf:"unused_stack_event"`
 	WantSites        *ebpf.VariableSpec `ebpf:"want_sites"`
 }
@@ -211,6 +252,11 @@ func (o *allocObjects) Close() error {
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocMaps struct {
 	Classes        *ebpf.Map `ebpf:"classes"`
+	ExitCopy       *ebpf.Map `ebpf:"exit_copy"`
+	ExitEvents     *ebpf.Map `ebpf:"exit_events"`
+	ExitGen        *ebpf.Map `ebpf:"exit_gen"`
+	ExitInfo       *ebpf.Map `ebpf:"exit_info"`
+	ExitRanges     *ebpf.Map `ebpf:"exit_ranges"`
 	Gate           *ebpf.Map `ebpf:"gate"`
 	GcStart        *ebpf.Map `ebpf:"gc_start"`
 	LastSite       *ebpf.Map `ebpf:"last_site"`
@@ -225,6 +271,11 @@ type allocMaps struct {
 func (m *allocMaps) Close() error {
 	return _AllocClose(
 		m.Classes,
+		m.ExitCopy,
+		m.ExitEvents,
+		m.ExitGen,
+		m.ExitInfo,
+		m.ExitRanges,
 		m.Gate,
 		m.GcStart,
 		m.LastSite,
@@ -251,6 +302,8 @@ type allocVariables struct {
 	StkRunningEc     *ebpf.Variable `ebpf:"stk_running_ec"`
 	StkVm            *ebpf.Variable `ebpf:"stk_vm"`
 	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`
+	UnusedExitRange  *ebpf.Variable `ebpf:"unused_exit_range"`
+	UnusedExitState  *ebpf.Variable `ebpf:"unused_exit_state"`
 	UnusedStackEvent *ebpf.Variable `ebpf:"unused_stack_event"`
 	WantSites        *ebpf.Variable `ebpf:"want_sites"`
 }

@@ -46,6 +46,20 @@
 // Exact mode (Options.Exact, `rbscope alloc --exact`) keeps the probes
 // attached and counts every event.
 //
+// # The GC and exit probes
+//
+// The GC phase probes (gc__mark__begin, ...) fire a few times per GC, not
+// per allocation: they stay attached from Attach to Stop in every mode,
+// so that the GC counts and times are whole. So does the exit probe, a
+// uprobe on the entry of ruby_vm_destruct, where Ruby's teardown frees
+// the VM once the last Ruby code and finalizer have run: it copies Ruby's
+// allocation counter (or, while that is still being found, the blocks
+// holding its candidates) into a map, since a process that exits takes
+// its memory with it, and the last counting window may be a whole duty
+// window older than the exit. The program only reads the target's
+// memory. A process that ends without Ruby's teardown (exit!, a fatal
+// signal) keeps the counter's last read (Report.CounterEnd says which).
+//
 // # Stacks
 //
 // One in StackPeriod counted events copies, into a ring buffer, the

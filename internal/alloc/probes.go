@@ -30,7 +30,26 @@ const (
 	KindGCMarkEnd   Kind = 17
 	KindGCSwpBegin  Kind = 18
 	KindGCSwpEnd    Kind = 19
+	// KindExit is the entry of Ruby's teardown (exitFunc), where the
+	// program copies Ruby's allocation counter before it is gone.
+	KindExit Kind = 20
 )
+
+// exitFunc is the function whose entry the exit probe hooks: rb_ec_cleanup
+// (what ruby_run_node, ruby_cleanup and ruby_stop end in, whether the
+// program ended, called exit or raised) calls it after the at_exit
+// handlers and finalizers ran, the last Ruby code; it frees the object
+// space (Ruby 3.1) or leaves it to the process's end (3.3), so at its
+// entry Ruby's counter is final and still there. It is public C API
+// (include/ruby/vm.h), hence in the dynamic symbols of every libruby and
+// of an executable that links Ruby statically (which exports its symbols
+// for C extensions): no DWARF needed. exit! and fatal signals skip it.
+const exitFunc = "ruby_vm_destruct"
+
+// always reports whether a site stays attached for the whole session
+// (GC phases and the exit probe: a few events per GC, one at exit),
+// whatever the duty cycle.
+func (s Site) always() bool { return s.Kind >= KindGCMarkBegin }
 
 var probeKinds = map[string]Kind{
 	"object__create":   KindObject,
@@ -191,17 +210,46 @@ func planMapped(t target.Target, path string, forceSymbols bool) (*Plan, error) 
 		return nil, err
 	}
 	defer r.Close()
-	f, err := elf.NewFile(r)
+	b, err := elfx.Open(r)
 	if err != nil {
 		return nil, fmt.Errorf("read ELF %s of process %d: %w", path, t.Pid(), err)
 	}
-	p, err := planBinary(f, path, forceSymbols)
+	p, err := planBinary(b.ELF(), path, forceSymbols)
 	if p != nil {
+		if err := addExitSite(p, b); err != nil {
+			return nil, err
+		}
 		if p.BuildID, err = elfx.FileBuildID(r); err != nil {
 			return nil, fmt.Errorf("build id of %s: %w", path, err)
 		}
 	}
 	return p, err
+}
+
+// addExitSite adds the exit probe (exitFunc's entry) to p when b, the
+// binary p attaches to, defines exitFunc; otherwise p.Skipped says so.
+func addExitSite(p *Plan, b *elfx.Binary) error {
+	s, ok := b.Symbols.Lookup(exitFunc)
+	if !ok || s.Value == 0 {
+		p.Skipped = append(p.Skipped, exitFunc+": not in the symbols: Ruby's counter is not read at exit")
+		return nil
+	}
+	off, err := usdt.VaddrToOffset(b.ELF(), s.Value)
+	if err != nil {
+		return fmt.Errorf("%s in %s: %w", exitFunc, p.Binary, err)
+	}
+	p.Sites = append(p.Sites, Site{Kind: KindExit, Name: exitFunc, Offset: off})
+	return nil
+}
+
+// HasExitProbe reports whether the plan reads Ruby's counter at exit.
+func (p *Plan) HasExitProbe() bool {
+	for _, s := range p.Sites {
+		if s.Kind == KindExit {
+			return true
+		}
+	}
+	return false
 }
 
 // planBinary returns the plan for one binary, nil if it has nothing to

@@ -23,6 +23,7 @@ type jsonReport struct {
 	RubyAllocated uint64       `json:"ruby_allocated,omitempty"`
 	Attached      float64      `json:"attached_fraction"`
 	CounterSource string       `json:"counter_source,omitempty"`
+	CounterEnd    string       `json:"counter_end,omitempty"`
 	ByClass       []ClassCount `json:"by_class"`
 	BySite        []SiteCount  `json:"by_site"`
 	TopStacks     []StackCount `json:"top_stacks,omitempty"`
@@ -31,7 +32,8 @@ type jsonReport struct {
 // WriteJSON writes r as
 // {"pid", "duration_s", "estimated", "scaling", "scale",
 // "ruby_allocated" (when known), "attached_fraction", "counter_source"
-// (when not exact), "by_class": [{"class", "count", "bytes"}],
+// (when not exact), "counter_end" (how Ruby's counter was last read:
+// "live", "stop", "exit" or "last read", see Report.CounterEnd), "by_class": [{"class", "count", "bytes"}],
 // "by_site": [{"class", "path", "line", "count"}], "top_stacks" (when
 // stacks were sampled): [{"class", "count", "bytes", "frames": [{"name",
 // "path", "line", "kind"}], "samples"}]}, the lists sorted by count,
@@ -43,7 +45,7 @@ func (r *Report) WriteJSON(w io.Writer, top int) error {
 		DurationS: float64(r.Duration.Round(time.Millisecond)) / float64(time.Second),
 		Estimated: r.Estimated,
 		Scaling:   r.Scaling, Scale: r.Scale, RubyAllocated: r.RubyAllocated,
-		Attached: r.Attached, CounterSource: r.CounterSource,
+		Attached: r.Attached, CounterSource: r.CounterSource, CounterEnd: r.CounterEnd,
 		ByClass:   limit(r.ByClass, top),
 		TopStacks: limit(r.Stacks, topStacks(top)),
 		BySite:    limit(r.BySite, top),
@@ -60,6 +62,18 @@ func (r *Report) WriteJSON(w io.Writer, top int) error {
 		return fmt.Errorf("write JSON: %w", err)
 	}
 	return nil
+}
+
+// counterEndText says, for the text header, how the counter was last
+// read when that changes what the totals cover.
+func counterEndText(how string) string {
+	switch how {
+	case counterEndExit:
+		return ", read at the process's exit"
+	case counterEndLost:
+		return "; the process ended without Ruby's teardown: what it allocated after the last read is missing"
+	}
+	return ""
 }
 
 // topStacks is how many stacks the text and JSON views show.
@@ -93,7 +107,7 @@ func (r *Report) WriteText(w io.Writer, by string, top int) error {
 	fmt.Fprintf(&b, "# rbscope alloc: pid %d, %.1fs, %d allocations%s\n", r.Pid, r.Duration.Seconds(), total, est)
 	switch r.Scaling {
 	case "counter":
-		fmt.Fprintf(&b, "# counted %.1f%% of the time, scaled by Ruby's own allocation counter (%d objects allocated in all)\n", 100*r.Attached, r.RubyAllocated)
+		fmt.Fprintf(&b, "# counted %.1f%% of the time, scaled by Ruby's own allocation counter (%d objects allocated in all%s)\n", 100*r.Attached, r.RubyAllocated, counterEndText(r.CounterEnd))
 	case "time":
 		fmt.Fprintf(&b, "# counted %.1f%% of the time, scaled by time: biased low if the program is allocation-bound (%s)\n", 100*r.Attached, r.CounterSource)
 	}
@@ -165,8 +179,17 @@ func (r *Report) Profile() (*profile.Profile, error) {
 	if len(r.Stacks) > 0 {
 		return r.stackProfile(p)
 	}
+	sites := r.BySite
+	if len(sites) == 0 {
+		// Counted by class only (--no-sites) and no stacks: one
+		// location per class, so that the profile's total is the
+		// report's.
+		for _, c := range r.ByClass {
+			sites = append(sites, SiteCount{Class: c.Class, Count: c.Count, Bytes: c.Bytes})
+		}
+	}
 	funcs := map[[2]string]*profile.Function{}
-	for _, s := range r.BySite {
+	for _, s := range sites {
 		path := sitePath(s.Path)
 		fk := [2]string{s.Class, path}
 		fn := funcs[fk]

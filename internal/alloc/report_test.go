@@ -3,6 +3,7 @@ package alloc
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,6 +185,25 @@ func TestPprof(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "String") || !strings.Contains(string(out), "Widget") || !strings.Contains(string(out), "700 total") {
 		t.Errorf("go tool pprof -top:\n%s", out)
+	}
+}
+
+// TestPprofClassesOnly: counted by class only (--no-sites) without
+// stacks, the profile still holds every class's count (it held none: its
+// samples were the sites).
+func TestPprofClassesOnly(t *testing.T) {
+	r := sampleReport()
+	r.BySite, r.ClassesOnly = nil, true
+	p, err := r.Profile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, s := range p.Sample {
+		got[s.Location[0].Line[0].Function.Name] += s.Value[0]
+	}
+	if want := map[string]int64{"String": 300, "Widget": 200, "Array": 200}; !maps.Equal(got, want) {
+		t.Errorf("classes in the profile %v, want %v", got, want)
 	}
 }
 

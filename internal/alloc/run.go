@@ -69,7 +69,7 @@ func Run(ctx context.Context, cfg RunConfig) (*Report, error) {
 		return nil, fmt.Errorf("read counts: %w", err)
 	}
 	if exited {
-		logf("process %d exited; report covers %.1fs", cfg.Pid, r.Duration.Seconds())
+		logf("process %d exited; report covers %.1fs%s", cfg.Pid, r.Duration.Seconds(), exitNote(r))
 	}
 	if r.UnreadableNames > 0 {
 		logf("%d class or file names could not be read (freed, or the process exited first)", r.UnreadableNames)
@@ -77,35 +77,47 @@ func Run(ctx context.Context, cfg RunConfig) (*Report, error) {
 	return r, nil
 }
 
-// follow reads the counts until ctx ends or the process exits. Names are
-// read from the target while it lives: more often than the live view, so
-// that a process that exits loses little.
+// follow reads the counts until ctx ends or the process exits, which it
+// looks for every followTick. Names are read from the target while it
+// lives, every nameTick and after every counting window: a process that
+// exits loses at most the names first counted since.
 func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err error) {
-	resolve := time.NewTicker(250 * time.Millisecond)
-	defer resolve.Stop()
+	tick := time.NewTicker(followTick)
+	defer tick.Stop()
 	var last *Report
-	lastDraw, lastPush := time.Now(), time.Now()
+	lastDraw, lastPush, lastNames := time.Now(), time.Now(), time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
 			return false, nil
-		case <-resolve.C:
-		}
-		if !tr.Alive() {
+		case <-tr.exitWoke():
 			return true, nil
+		case <-tick.C:
+		}
+		if tr.Exited() || !tr.Alive() {
+			return true, nil
+		}
+		if time.Since(lastNames) >= nameTick {
+			tr.resolveNames()
+			lastNames = time.Now()
+		}
+		draw := cfg.OnReport != nil && time.Since(lastDraw) >= cfg.Interval
+		push := cfg.OnPush != nil && time.Since(lastPush) >= cfg.PushInterval
+		if !draw && !push {
+			continue
 		}
 		r, err := tr.Snapshot()
 		if err != nil {
-			if !tr.Alive() {
+			if tr.Exited() || !tr.Alive() {
 				return true, nil
 			}
 			return false, fmt.Errorf("read counts: %w", err)
 		}
-		if cfg.OnReport != nil && time.Since(lastDraw) >= cfg.Interval {
+		if draw {
 			cfg.OnReport(r, last)
 			last, lastDraw = r, time.Now()
 		}
-		if cfg.OnPush != nil && time.Since(lastPush) >= cfg.PushInterval {
+		if push {
 			cfg.OnPush(r)
 			lastPush = lastPush.Add(cfg.PushInterval)
 			if time.Since(lastPush) >= cfg.PushInterval {
@@ -113,6 +125,26 @@ func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err 
 			}
 		}
 	}
+}
+
+// followTick is how often follow looks for the process's exit, nameTick
+// how often it reads new names.
+const (
+	followTick = 50 * time.Millisecond
+	nameTick   = 250 * time.Millisecond
+)
+
+// exitNote says how the totals of a process that exited were completed.
+func exitNote(r *Report) string {
+	switch {
+	case r.CounterEnd == counterEndExit:
+		return "; Ruby's allocation counter was read at its teardown"
+	case r.Scaling != "counter":
+		return ""
+	case !r.ExitProbe:
+		return fmt.Sprintf("; %s is not in this Ruby's symbols, so what it allocated after Ruby's counter was last read is missing", exitFunc)
+	}
+	return "; it ended without Ruby's teardown (exit!, a signal), so what it allocated after Ruby's counter was last read is missing"
 }
 
 // Formats lists the report formats WriteFormat knows: text, json, pprof

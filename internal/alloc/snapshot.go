@@ -24,6 +24,7 @@ const (
 	statObjects
 	statStacks     // stacks copied to the ring buffer
 	statStacksLost // stacks the ring buffer had no room for
+	statKeys       // keys added to the site and class maps
 )
 
 // AnonymousClass names the objects of anonymous classes (Class.new),
@@ -82,6 +83,17 @@ type Report struct {
 	// CounterSource says where Ruby's counter was read from, or why it
 	// was not.
 	CounterSource string `json:"-"`
+	// CounterEnd says how Ruby's counter was last read: "live" (counting
+	// goes on), "stop" (when counting stopped), "exit" (copied by the
+	// exit probe when Ruby tore down: the process exited, and the totals
+	// run to its end), "last read" (the process ended without Ruby's
+	// teardown, exit! or a signal: what it allocated after the last
+	// counting window is not in the totals); "" without a counter.
+	CounterEnd string `json:"-"`
+	// ExitProbe is false when the Ruby binary has no exitFunc to hook:
+	// a process that exits then loses what it allocated after the last
+	// counting window.
+	ExitProbe bool `json:"-"`
 	// Attached is the fraction of the time the probes were counting.
 	Attached float64 `json:"-"`
 	// Events is the number of allocation probe hits the kernel saw
@@ -91,9 +103,10 @@ type Report struct {
 	// kernel's site table (their class is still counted unless
 	// ClassesDropped says the class table was full too).
 	SitesDropped, ClassesDropped, ArgErrors uint64 `json:"-"`
-	// GC time and phase counts from the gc__mark/gc__sweep probes
-	// (unscaled: GC probes are never sampled, but are missed while a
-	// duty cycle has the probes detached).
+	// GC time and phase counts from the gc__mark/gc__sweep probes,
+	// which stay attached the whole session in every mode (never
+	// sampled nor duty-cycled): every GC since Attach. GCMarks is
+	// GC.count's growth (one mark phase starts every GC).
 	GCMark, GCSweep   time.Duration `json:"-"`
 	GCMarks, GCSweeps uint64        `json:"-"`
 	UnreadableNames   uint64        `json:"-"`
@@ -121,8 +134,13 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	scale, how, rubyTotal := tr.scaling(now, r.Duration)
 	r.Scale, r.Scaling, r.RubyAllocated = scale, how, rubyTotal
 	r.Estimated = how != "exact" || scale != 1
+	r.ExitProbe = tr.plan.HasExitProbe()
 	if tr.counter != nil {
 		r.CounterSource = tr.counter.source
+		r.CounterEnd = tr.counterEndHow
+		if r.CounterEnd == "" {
+			r.CounterEnd = counterEndLive
+		}
 	} else {
 		r.CounterSource = tr.counterNote
 	}
@@ -210,6 +228,62 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	r.Stacks = tr.scaledStacks(r.ByClass)
 	r.StackSamples, r.StackErrors, r.StackError = tr.stacks.total, tr.stacks.walkErrors, tr.stacks.lastErr
 	return r, nil
+}
+
+// resolveNames reads the class and file names of every site counted so
+// far that has none yet, while the process lives: a process that exits
+// takes its memory, and the names, with it. Failed reads are retried at
+// the next call (and at Snapshot).
+//
+// The site map is read only when the program added keys since the last
+// read (statKeys): on a large application it holds thousands of sites
+// per CPU, and this runs after every counting window. The CPUs' last
+// sites, which reach the map only when another site comes, are read
+// every time.
+func (tr *Tracker) resolveNames() {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.closed {
+		return
+	}
+	var scratch Report // unreadable names are counted by Snapshot
+	name := func(k allocSiteKey) {
+		tr.className(Kind(k.Kind), k.Cls, &scratch)
+		if k.File != 0 {
+			tr.names.cString(k.File)
+		}
+	}
+	keys, err := tr.statSum(statKeys)
+	if err != nil {
+		return
+	}
+	if keys == tr.namedKeys {
+		var last []allocLastSite
+		if err := tr.maps.LastSite.Lookup(uint32(0), &last); err != nil {
+			return
+		}
+		for _, l := range last {
+			if l.C.Count > 0 {
+				name(l.Key)
+			}
+		}
+		return
+	}
+	sites, err := readSites(tr.maps.Sites, tr.maps.LastSite)
+	if err != nil {
+		return
+	}
+	for k := range sites {
+		name(k)
+	}
+	classes, err := readPerCPU[allocClassKey](tr.maps.Classes)
+	if err != nil {
+		return
+	}
+	for k := range classes {
+		tr.className(Kind(k.Kind), k.Cls, &scratch)
+	}
+	tr.namedKeys = keys
 }
 
 func sortReport(r *Report) {

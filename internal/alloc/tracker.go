@@ -93,8 +93,12 @@ type Tracker struct {
 	bin   target.File // the mapped binary, which exe names by descriptor
 	start time.Time
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// links hold the allocation probes, attached in windows (unless
+	// Exact); always the GC and exit probes, attached from Attach to
+	// Stop (a few events per GC, one at exit).
 	links    []link.Link
+	always   []link.Link
 	attached bool
 	onSince  time.Time     // when the current attached period began
 	onTotal  time.Duration // attached time before onSince
@@ -140,13 +144,23 @@ type Tracker struct {
 	// winRate is the events per second counted in recent windows (a
 	// moving average), for windowLength.
 	winRate float64
-	// lastWinEvents are the events the last window counted, for
-	// offLength.
+	// lastWinEvents are the events the last window counted, and lastWin
+	// how long its gate was open, for offLength.
 	lastWinEvents uint64
+	lastWin       time.Duration
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader
 	stackDone chan struct{}
+
+	exit exitCapture
+	// counterEndHow says how counterEnd was last read (Report.CounterEnd).
+	counterEndHow string
+	// namedKeys is statKeys when resolveNames last read the maps.
+	namedKeys uint64
+	// targetExited: the duty cycle found the process gone (or in Ruby's
+	// teardown) and stopped.
+	targetExited bool
 }
 
 // Attach loads the program and attaches it to the Ruby process pid.
@@ -248,6 +262,7 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 			return nil, fmt.Errorf("store probe spec: %w", err)
 		}
 	}
+	tr.syncExitRanges()
 	var err2 error
 	if tr.bin, tr.exe, err2 = openMapped(t, plan); err2 != nil {
 		tr.maps.Close()
@@ -266,6 +281,12 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 		} else {
 			tr.stackRd, tr.stackDone = rd, make(chan struct{})
 			go tr.readStacks(rd, tr.stackDone)
+		}
+	}
+	if plan.HasExitProbe() {
+		if rd, err := ringbuf.NewReader(tr.maps.ExitEvents); err == nil {
+			tr.exit.rd, tr.exit.woke, tr.exit.done = rd, make(chan struct{}), make(chan struct{})
+			go tr.watchExit()
 		}
 	}
 	if !opts.Exact {
@@ -287,7 +308,7 @@ func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 		}
 		if spec.LoadAndAssign(&multi, opts) == nil {
 			tr.prog, tr.multi = multi.Prog, true
-			err := tr.attach()
+			err := tr.attachAll()
 			if err == nil {
 				return nil
 			}
@@ -308,7 +329,7 @@ func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 		return classifyLoad(err)
 	}
 	tr.prog = single.Prog
-	if err := tr.attach(); err != nil {
+	if err := tr.attachAll(); err != nil {
 		tr.prog.Close()
 		tr.prog = nil
 		return err
@@ -330,65 +351,112 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapStackCountdown: tr.maps.StackCountdown,
 		allocMapLastSite:       tr.maps.LastSite,
 		allocMapStacks:         tr.maps.Stacks,
+		allocMapExitRanges:     tr.maps.ExitRanges,
+		allocMapExitGen:        tr.maps.ExitGen,
+		allocMapExitCopy:       tr.maps.ExitCopy,
+		allocMapExitInfo:       tr.maps.ExitInfo,
+		allocMapExitEvents:     tr.maps.ExitEvents,
 	}
 }
 
 const maxSpecs = 256
 
-// attach attaches the program to every site: one uprobe_multi link, or
-// one perf-event uprobe per site (in parallel: each registration takes
-// the kernel tens of milliseconds). Called with mu held or before the
-// tracker is shared.
+// attachAll attaches the probes that stay for the whole session (GC, exit)
+// and opens the first counting window. Called before the tracker is
+// shared.
+func (tr *Tracker) attachAll() error {
+	var always []int
+	for i, s := range tr.plan.Sites {
+		if s.always() {
+			always = append(always, i)
+		}
+	}
+	if len(always) > 0 {
+		ls, err := tr.attachSites(always)
+		if err != nil {
+			return err
+		}
+		tr.always = ls
+	}
+	if err := tr.attach(); err != nil {
+		closeLinks(tr.always)
+		tr.always = nil
+		return err
+	}
+	return nil
+}
+
+// attach attaches the allocation probes and opens a counting window.
+// Called with mu held or before the tracker is shared.
 func (tr *Tracker) attach() error {
+	var idx []int
+	for i, s := range tr.plan.Sites {
+		if !s.always() {
+			idx = append(idx, i)
+		}
+	}
+	ls, err := tr.attachSites(idx)
+	if err != nil {
+		return err
+	}
+	tr.links = ls
+	tr.attached = true
+	tr.openWindow()
+	return nil
+}
+
+// attachSites attaches the program to the sites idx indexes in plan.Sites
+// (each site's index is its cookie): one uprobe_multi link, or one
+// perf-event uprobe per site (in parallel: each registration takes the
+// kernel tens of milliseconds).
+func (tr *Tracker) attachSites(idx []int) ([]link.Link, error) {
 	if tr.multi {
-		n := len(tr.plan.Sites)
+		n := len(idx)
 		opts := &link.UprobeMultiOptions{
 			Addresses:     make([]uint64, n),
 			RefCtrOffsets: make([]uint64, n),
 			Cookies:       make([]uint64, n),
 			PID:           uint32(tr.pid),
 		}
-		for i, s := range tr.plan.Sites {
-			opts.Addresses[i], opts.RefCtrOffsets[i], opts.Cookies[i] = s.Offset, s.RefCtrOffset, uint64(i)
+		for j, i := range idx {
+			s := tr.plan.Sites[i]
+			opts.Addresses[j], opts.RefCtrOffsets[j], opts.Cookies[j] = s.Offset, s.RefCtrOffset, uint64(i)
 		}
 		l, err := tr.exe.UprobeMulti(nil, tr.prog, opts)
 		if err != nil {
-			return classifyAttach(err, tr.pid, Site{Name: fmt.Sprintf("%d probe sites", n)})
+			return nil, classifyAttach(err, tr.pid, Site{Name: fmt.Sprintf("%d probe sites", n)})
 		}
-		tr.links = []link.Link{l}
-	} else {
-		links := make([]link.Link, len(tr.plan.Sites))
-		errs := make([]error, len(tr.plan.Sites))
-		var wg sync.WaitGroup
-		for i, s := range tr.plan.Sites {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				l, err := tr.exe.Uprobe(s.Name, tr.prog, &link.UprobeOptions{
-					Address:      s.Offset,
-					RefCtrOffset: s.RefCtrOffset,
-					PID:          tr.pid,
-					Cookie:       uint64(i),
-				})
-				if err != nil {
-					errs[i] = classifyAttach(err, tr.pid, s)
-					return
-				}
-				links[i] = l
-			}()
-		}
-		wg.Wait()
-		for _, err := range errs {
-			if err != nil {
-				closeLinks(links)
-				return err
-			}
-		}
-		tr.links = links
+		return []link.Link{l}, nil
 	}
-	tr.attached = true
-	tr.openWindow()
-	return nil
+	links := make([]link.Link, len(idx))
+	errs := make([]error, len(idx))
+	var wg sync.WaitGroup
+	for j, i := range idx {
+		s := tr.plan.Sites[i]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := tr.exe.Uprobe(s.Name, tr.prog, &link.UprobeOptions{
+				Address:      s.Offset,
+				RefCtrOffset: s.RefCtrOffset,
+				PID:          tr.pid,
+				Cookie:       uint64(i),
+			})
+			if err != nil {
+				errs[j] = classifyAttach(err, tr.pid, s)
+				return
+			}
+			links[j] = l
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			closeLinks(links)
+			return nil, err
+		}
+	}
+	return links, nil
 }
 
 // closeLinks closes links in parallel: each uprobe unregistration waits
@@ -416,6 +484,7 @@ func (tr *Tracker) detach() {
 	tr.links = nil
 	tr.attached = false
 	tr.settleCalibration()
+	tr.syncExitRanges()
 }
 
 func (tr *Tracker) dutyLoop() {
@@ -448,21 +517,86 @@ func (tr *Tracker) dutyLoop() {
 		tr.detach()
 		off := tr.offLength(full)
 		tr.mu.Unlock()
+		// Names are read while the process lives: one that exits
+		// before the next refresh keeps those of this window.
+		tr.resolveNames()
 		select {
 		case <-tr.stop:
 			return
 		case <-time.After(off):
 		}
-		tr.mu.Lock()
-		if !tr.stopped {
-			if err := tr.attach(); err != nil {
-				tr.dutyErr = err
-				tr.mu.Unlock()
-				return
-			}
+		if !tr.reattach() {
+			return
 		}
-		tr.mu.Unlock()
 	}
+}
+
+// reattach opens the next window, unless counting stopped or the process
+// is exiting: Ruby's teardown began (the exit probe fired), or attaching
+// failed because the process went away (its memory goes before its
+// /proc entry: the kernel then says "file does not exist"). Only a
+// failure while the process lives is an error. It reports whether the
+// duty cycle goes on.
+func (tr *Tracker) reattach() bool {
+	tr.mu.Lock()
+	if tr.stopped {
+		tr.mu.Unlock()
+		return false
+	}
+	if tr.exitFired() {
+		tr.targetExited = true
+		tr.mu.Unlock()
+		return false
+	}
+	err := tr.attach()
+	tr.mu.Unlock()
+	if err == nil {
+		return true
+	}
+	exited := tr.waitExit(exitWait)
+	tr.mu.Lock()
+	switch {
+	case exited:
+		tr.targetExited = true
+	case !tr.stopped:
+		tr.dutyErr = err
+	}
+	tr.mu.Unlock()
+	return false
+}
+
+// exitWait is how long a failed attach waits for the process to be gone
+// before it counts as an error: the kernel tears an exiting process down
+// in milliseconds.
+const exitWait = 2 * time.Second
+
+// waitExit reports whether the process exits (or its Ruby tears down)
+// within d; it gives up early when Stop is called.
+func (tr *Tracker) waitExit(d time.Duration) bool {
+	deadline := time.After(d)
+	for {
+		tr.mu.Lock()
+		fired := tr.exitFired()
+		tr.mu.Unlock()
+		if fired || !tr.Alive() {
+			return true
+		}
+		select {
+		case <-tr.stop:
+			return false
+		case <-deadline:
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Exited reports whether the process exited or began Ruby's teardown, as
+// far as the tracker has seen: its counts are then final.
+func (tr *Tracker) Exited() bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.targetExited || tr.exitFired()
 }
 
 // Plan returns where the tracker is attached.
@@ -488,17 +622,28 @@ func (tr *Tracker) Stop() {
 	tr.mu.Lock()
 	tr.detach()
 	tr.end = time.Now()
+	closeLinks(tr.always)
+	tr.always = nil
 	if tr.cal != nil && tr.cal.last != nil {
 		// A run too short for the usual evidence: choose on what there
 		// is, rather than scale by time.
-		if c, start, grown, _ := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
+		if c, start, grown, cur := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
 			tr.adoptCounter(c, start, grown)
+			// Its value in the last read, unless read later below.
+			tr.counterEnd, tr.counterEndHow = cur, counterEndLost
 		}
 	}
 	if tr.counter != nil {
-		// The total runs to the end, not to the last window's close.
-		if v, err := tr.counter.read(); err == nil {
+		// The total runs to the end, not to the last window's close:
+		// read now, or copied at Ruby's teardown by the exit probe.
+		if v, err := tr.readCounter(); err == nil {
 			tr.counterEnd = v
+			tr.counterEndHow = counterEndStop
+			if tr.exit.copy != nil {
+				tr.counterEndHow = counterEndExit
+			}
+		} else {
+			tr.counterEndHow = counterEndLost
 		}
 	}
 	tr.mu.Unlock()
@@ -550,6 +695,12 @@ func (tr *Tracker) Close() error {
 		tr.mu.Unlock()
 		tr.stackRd.Close()
 		<-tr.stackDone
+		tr.mu.Lock()
+	}
+	if tr.exit.rd != nil {
+		tr.mu.Unlock()
+		tr.exit.rd.Close()
+		<-tr.exit.done
 		tr.mu.Lock()
 	}
 	if tr.prog != nil {

@@ -1,12 +1,14 @@
 package alloc
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/target"
 )
 
 // findCounter opens the Ruby VM and locates its allocation counter: from
@@ -82,7 +84,7 @@ func (tr *Tracker) setGate(open bool) error {
 func (tr *Tracker) openWindow() {
 	tr.winEvents, _ = tr.statSum(statObjects)
 	tr.winOpenEvents = tr.winEvents
-	if tr.cal != nil && tr.counter == nil {
+	if tr.cal != nil && tr.counter == nil && !tr.exitFired() {
 		tr.cal.open()
 	}
 	if err := tr.setGate(true); err != nil && tr.dutyErr == nil {
@@ -94,6 +96,12 @@ func (tr *Tracker) openWindow() {
 	}
 	v, ev, err := tr.readPair()
 	if err != nil {
+		if tr.goneError(err) {
+			// The process is exiting: the window's growth will be
+			// extrapolated from the counter's last value.
+			tr.winCounter = tr.counterEnd
+			return
+		}
 		tr.dropCounter(err.Error())
 		return
 	}
@@ -122,7 +130,7 @@ func (tr *Tracker) closeWindow() {
 	ev, _ := tr.statSum(statObjects)
 	events := ev - tr.winEvents
 	all := ev - tr.winOpenEvents
-	tr.lastWinEvents = all
+	tr.lastWinEvents, tr.lastWin = all, d
 	if all > 0 && d > 0 {
 		// The whole window's: a calibrating window's events are cut
 		// at its checkpoints (a rate half the true one made the first
@@ -137,6 +145,10 @@ func (tr *Tracker) closeWindow() {
 	switch {
 	case tr.counter != nil:
 		if readErr != nil {
+			if tr.goneError(readErr) {
+				tr.extrapolateWindow(events)
+				break
+			}
 			tr.dropCounter(readErr.Error())
 			break
 		}
@@ -145,7 +157,7 @@ func (tr *Tracker) closeWindow() {
 			v += ev - ev2
 		}
 		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "window: events %d counter +%d\n", events, int64(v-tr.winCounter))
+			fmt.Fprintf(os.Stderr, "window: %v events %d counter +%d\n", d, events, int64(v-tr.winCounter))
 		}
 		if v < tr.winCounter || v-tr.winCounter+calSlack < events-events/dropShortfall {
 			// The check that chose the counter, repeated on every window,
@@ -159,8 +171,34 @@ func (tr *Tracker) closeWindow() {
 		tr.counterOn += v - tr.winCounter
 		tr.counterEvents += events
 	case tr.cal != nil:
-		tr.calPoints = append(tr.calPoints, calPoint{now: tr.cal.read(), sure: events, events: events})
+		if now, ok := tr.calRead(); ok {
+			tr.calPoints = append(tr.calPoints, calPoint{now: now, sure: events, events: events})
+		}
 	}
+}
+
+// goneError reports whether a read of Ruby's counter failed because the
+// process is exiting or gone (rather than a wrong address): the counter
+// is kept, and its growth since the last read is unknown. Called with mu
+// held.
+func (tr *Tracker) goneError(err error) bool {
+	return errors.Is(err, errExitUncopied) || target.IsExited(err) || !tr.Alive()
+}
+
+// extrapolateWindow closes a window whose end the counter could not be
+// read at (the process exited without Ruby's teardown: exit!, a signal):
+// its growth is taken as the window's events at the growth per event of
+// the windows before, which the totals are scaled by anyway. Called with
+// mu held.
+func (tr *Tracker) extrapolateWindow(events uint64) {
+	grown := events
+	if tr.counterEvents > 0 {
+		grown = uint64(float64(events) * float64(tr.counterOn) / float64(tr.counterEvents))
+	}
+	tr.counterOn += grown
+	tr.counterEvents += events
+	tr.counterEnd = tr.winCounter + grown
+	tr.counterEndHow = counterEndLost
 }
 
 // windowEvents is how many events a counting window aims at, and
@@ -188,10 +226,20 @@ const (
 
 // offLength returns how long the probes stay detached after a window:
 // about DutyWindow less the window (at a random phase), or about calOff
-// while calibrating on a target that allocated in the last window. Called
-// with mu held.
+// while calibrating on a target that allocated in the last window.
+//
+// A window that overran (its gate open longer than full: rbscope was
+// not scheduled in time to close it, on a loaded machine) is followed by
+// a pause that long in proportion, so that the probes stay attached
+// DutyCycle of the time whatever the load: 3 ms windows were seen to
+// last 0.2 to 1.5 s while rbscope waited for a CPU, attached 28-39 % of
+// the time (a tenfold cost to the target, and TestDefaultMode's check of
+// the windowed mode failing under load). Called with mu held.
 func (tr *Tracker) offLength(full time.Duration) time.Duration {
 	mean := tr.opts.DutyWindow - full
+	if tr.lastWin > full && tr.opts.DutyCycle < 1 {
+		mean = time.Duration(float64(tr.lastWin) * (1/tr.opts.DutyCycle - 1))
+	}
 	if tr.cal != nil && tr.lastWinEvents >= calMinFirstEvents {
 		mean = min(mean, calOff)
 	}
@@ -238,7 +286,7 @@ const (
 func (tr *Tracker) readPair() (counter, events uint64, err error) {
 	for i := 0; ; i++ {
 		t0 := time.Now()
-		if counter, err = tr.counter.read(); err != nil {
+		if counter, err = tr.readCounter(); err != nil {
 			return 0, 0, err
 		}
 		if events, err = tr.statSum(statObjects); err != nil {
@@ -278,7 +326,10 @@ func (tr *Tracker) checkpoint() {
 	if err != nil {
 		return
 	}
-	now := tr.cal.read()
+	now, ok := tr.calRead()
+	if !ok {
+		return
+	}
 	ev, err := tr.statSum(statObjects)
 	if err != nil {
 		return
@@ -362,7 +413,8 @@ func (tr *Tracker) dropCounter(why string) {
 	tr.counter = nil
 	tr.counterStart, tr.counterEnd, tr.counterOn, tr.winCounter = 0, 0, 0, 0
 	tr.counterEvents, tr.calEvents, tr.calGrowth = 0, 0, 0
-	if tr.calVM == 0 || tr.opts.Exact || tr.recalibrations >= maxRecalibrations {
+	tr.counterEndHow = ""
+	if tr.calVM == 0 || tr.opts.Exact || tr.recalibrations >= maxRecalibrations || tr.exitFired() {
 		return
 	}
 	cal, err := newCalibration(tr.t, tr.calVM, tr.calSize)
@@ -385,7 +437,7 @@ func (tr *Tracker) scaling(now time.Time, dur time.Duration) (scale float64, how
 	if tr.counter != nil {
 		cur = tr.counterEnd
 		if !tr.stopped {
-			if v, err := tr.counter.read(); err == nil {
+			if v, err := tr.readCounter(); err == nil {
 				cur = v
 			}
 		}

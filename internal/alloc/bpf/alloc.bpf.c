@@ -35,6 +35,7 @@ enum kind {
 	KIND_GC_MARK_END = 17,
 	KIND_GC_SWEEP_BEGIN = 18,
 	KIND_GC_SWEEP_END = 19,
+	KIND_EXIT = 20, /* entry of Ruby's teardown (ruby_vm_destruct): copy the counter */
 };
 
 /* Statistics slots. */
@@ -52,6 +53,9 @@ enum stat {
 	STAT_STACKS_LOST = 11, /* stacks the ring buffer had no room for */
 	STAT_OBJECTS = 9,      /* events that are heap objects: not symbol__create,
 				  which also fires for static symbols (IDs) */
+	STAT_KEYS = 12,        /* keys added to the site and class maps: user
+				  space reads the maps for new names only when
+				  this grew */
 	STAT_MAX = 16,
 };
 
@@ -201,6 +205,86 @@ struct {
 	__type(value, __u32);
 } gate SEC(".maps");
 
+/* Ruby's own allocation counter at exit. Once the process is gone its
+ * memory cannot be read, so the program copies, at the entry of Ruby's
+ * teardown (ruby_vm_destruct: after the last Ruby code and finalizer ran,
+ * before the object space is freed), the ranges user space names in
+ * exit_ranges (the counter's words, or the blocks a calibration is still
+ * choosing among) into exit_copy, and says when in exit_info. User space
+ * rewrites the ranges between two changes of exit_gen (odd while it
+ * writes); the program records the generation it saw before and after
+ * copying, so that a copy taken across a rewrite is never used. The
+ * program only reads the target's memory. */
+#define EXIT_RANGES 256
+#define EXIT_RANGE_MAX 2048
+
+struct exit_range {
+	__u64 addr;
+	__u32 len; /* 0: no more ranges */
+	__u32 pad;
+};
+
+struct exit_words {
+	__u8 data[EXIT_RANGE_MAX];
+};
+
+struct exit_state {
+	__u64 gen_before; /* exit_gen when the copy began */
+	__u64 gen_after;  /* ... and when it ended */
+	__u64 ns;         /* bpf_ktime_get_ns() at the copy */
+	__u32 copied;     /* ranges copied */
+	__u32 failed;     /* ranges whose read failed */
+	__u32 tid;
+	__u32 done;       /* set last (atomically): the fields above are final */
+	/* The names of this CPU's last site (the exiting thread's last
+	 * allocations, most likely): a site first counted just before the
+	 * exit, whose names user space has had no time to read. */
+	__u64 last_cls;  /* class name pointer (object__create), or 0 */
+	__u64 last_file; /* file name pointer, or 0 */
+	char cls_name[256];
+	char file_name[256];
+};
+
+/* Keeps the types in BTF for bpf2go. */
+const struct exit_range *unused_exit_range __attribute__((unused));
+const struct exit_state *unused_exit_state __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EXIT_RANGES);
+	__type(key, __u32);
+	__type(value, struct exit_range);
+} exit_ranges SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} exit_gen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EXIT_RANGES);
+	__type(key, __u32);
+	__type(value, struct exit_words);
+} exit_copy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct exit_state);
+} exit_info SEC(".maps");
+
+/* One record (exit_info's ns) when the copy is taken: it wakes user space
+ * at once, to read what names it still lacks while the process tears
+ * down. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} exit_events SEC(".maps");
+
 /* Start times of the GC phase in progress: [0] mark, [1] sweep. Ruby's
  * GC runs one phase at a time per process, but may migrate CPUs. */
 struct {
@@ -341,8 +425,10 @@ static __always_inline int bump(void *map, const void *key, __u64 n, __u64 bytes
 		return 0;
 	}
 	struct counter init = {.count = n, .bytes = bytes};
-	if (!bpf_map_update_elem(map, key, &init, BPF_NOEXIST))
+	if (!bpf_map_update_elem(map, key, &init, BPF_NOEXIST)) {
+		stat_add(STAT_KEYS, 1);
 		return 0;
+	}
 	/* Another CPU may have inserted the same key first (EEXIST); the
 	 * values are per CPU, so this CPU's slot is still to be counted. */
 	c = bpf_map_lookup_elem(map, key);
@@ -491,6 +577,54 @@ static __attribute__((noinline)) void count_down(struct last_site *ls, __u64 byt
 	capture(&ls->key, bytes);
 }
 
+/* copy_at_exit copies exit_ranges into exit_copy (see exit_info). */
+static __attribute__((noinline)) void copy_at_exit(void)
+{
+	__u32 zero = 0;
+	struct exit_state *st = bpf_map_lookup_elem(&exit_info, &zero);
+	__u64 *gen = bpf_map_lookup_elem(&exit_gen, &zero);
+	if (!st || !gen)
+		return;
+	__u64 before = *gen;
+	__u32 copied = 0, failed = 0;
+	for (__u32 i = 0; i < EXIT_RANGES; i++) {
+		struct exit_range *r = bpf_map_lookup_elem(&exit_ranges, &i);
+		struct exit_words *w = bpf_map_lookup_elem(&exit_copy, &i);
+		if (!r || !w || !r->len)
+			break;
+		__u32 n = r->len;
+		if (n > EXIT_RANGE_MAX)
+			n = EXIT_RANGE_MAX;
+		if (bpf_probe_read_user(w->data, n, (void *)r->addr))
+			failed++;
+		else
+			copied++;
+	}
+	struct last_site *ls = bpf_map_lookup_elem(&last_site, &zero);
+	st->last_cls = 0;
+	st->last_file = 0;
+	if (ls && ls->c.count) {
+		if (ls->key.kind == KIND_OBJECT && ls->key.cls > ANON_CLASS &&
+		    bpf_probe_read_user_str(st->cls_name, sizeof(st->cls_name), (void *)ls->key.cls) > 0)
+			st->last_cls = ls->key.cls;
+		if (ls->key.file &&
+		    bpf_probe_read_user_str(st->file_name, sizeof(st->file_name), (void *)ls->key.file) > 0)
+			st->last_file = ls->key.file;
+	}
+	st->gen_before = before;
+	st->gen_after = *gen;
+	st->ns = bpf_ktime_get_ns();
+	st->copied = copied;
+	st->failed = failed;
+	st->tid = (__u32)bpf_get_current_pid_tgid();
+	__sync_fetch_and_add(&st->done, 1);
+	__u64 *ev = bpf_ringbuf_reserve(&exit_events, sizeof(*ev), 0);
+	if (ev) {
+		*ev = st->ns;
+		bpf_ringbuf_submit(ev, 0);
+	}
+}
+
 /* check_pid: the link does not filter by process itself (a perf-event
  * uprobe follows one task; a uprobe_multi link with a PID runs the
  * program only in that process's threads). */
@@ -505,6 +639,13 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 		return 0;
 	__u32 kind = spec->kind;
 	if (kind >= KIND_GC_MARK_BEGIN) {
+		if (kind == KIND_EXIT) {
+			/* Another process running the same binary may reach
+			 * it through a per-site link. */
+			if ((__u32)(bpf_get_current_pid_tgid() >> 32) == target_tgid)
+				copy_at_exit();
+			return 0;
+		}
 		gc_phase(kind);
 		return 0;
 	}
