@@ -183,4 +183,3 @@ func writeHeap(cmd *cobra.Command, o heapOpts, format string, c *heap.Census) er
 	}
 	return nil
 }
-
