@@ -22,7 +22,9 @@ func (pg pageInfo) span() uint64 { return pg.end() - pg.body }
 
 // decodePage decodes struct heap_page bytes b (read from address page) and
 // checks what gc.c guarantees: a slot size that is a multiple of the base
-// slot (at most 32 of them), a first slot just past the body header, and
+// slot (at most 32 of them), a first slot past the body header by less
+// than one slot (gc.c moves it up to a multiple of the base slot size
+// from 3.1, of the slot size in 3.3.0), and
 // slots that fill the body to within one slot of its end. Whether the body
 // header points back at the page is checked by the caller, which reads the
 // body.
@@ -42,7 +44,7 @@ func (o *offsets) decodePage(page uint64, b []byte) (pageInfo, error) {
 	}
 	pg.body = pg.start &^ (o.align - 1)
 	gap := pg.start - pg.body
-	if gap < 8 || gap >= 8+baseSlot {
+	if gap < 8 || gap >= 8+pg.slot {
 		return pageInfo{}, fmt.Errorf("page 0x%x: first slot 0x%x is %d bytes into its body", page, pg.start, gap)
 	}
 	if room := o.align - gap; pg.total*pg.slot > room || room-pg.total*pg.slot >= pg.slot {

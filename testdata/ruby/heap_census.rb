@@ -1,0 +1,39 @@
+# Known populations for rbscope heap's census tests: the script measures
+# them itself (ObjectSpace) and prints the truth, then "ready", then sleeps.
+require "objspace"
+require "json"
+
+module Leaky
+  class Node
+    def initialize(value, nxt)
+      @value = value
+      @next = nxt
+    end
+  end
+end
+
+$nodes = Array.new(100_000) { |i| Leaky::Node.new(i, nil) }
+$strings = Array.new(50_000) { |i| ("x" * 1024) << i.to_s }   # 1 KiB heap buffers
+$arrays = Array.new(2_000) { Array.new(100, 1) }               # capacity 100
+$big_hashes = Array.new(1_000) { |i| h = {}; 50.times { |j| h[j] = i }; h } # st tables
+$small_hashes = Array.new(2_000) { |i| { a: i, b: i } }        # ar tables
+
+GC.start
+GC.start
+
+truth = { "classes" => {} }
+[Leaky::Node, String, Array, Hash].each do |k|
+  n = 0
+  bytes = 0
+  ObjectSpace.each_object(k) do |o|
+    next unless o.instance_of?(k)
+    n += 1
+    bytes += ObjectSpace.memsize_of(o)
+  end
+  truth["classes"][k.name] = { "count" => n, "memsize" => bytes }
+end
+truth["types"] = ObjectSpace.count_objects.transform_keys(&:to_s)
+puts "truth " + JSON.generate(truth)
+puts "ready"
+$stdout.flush
+sleep
