@@ -479,15 +479,7 @@ func (w *walk) name() error {
 			}
 			n, ok := names[k.klass]
 			if !ok {
-				nm, err := w.h.p.ClassName(k.klass)
-				switch {
-				case err != nil:
-					n = fmt.Sprintf("(unreadable class 0x%x)", k.klass)
-				case nm == "":
-					n = fmt.Sprintf("#<Class:0x%x>", k.klass)
-				default:
-					n = nm
-				}
+				n = w.h.className(k.klass)
 				names[k.klass] = n
 			}
 			cls = n
@@ -509,6 +501,32 @@ func (w *walk) name() error {
 	}
 	sortEntries(w.c.Entries)
 	return nil
+}
+
+// className names an object's class as obj.class does: an object with
+// singleton methods has its singleton class as klass, whose superclass
+// (RClass.super, at 16 from 3.0 to 3.3) is the class it was made from.
+func (h *Heap) className(klass uint64) string {
+	k := klass
+	for depth := 0; depth < 4; depth++ {
+		nm, err := h.p.ClassName(k)
+		if err == nil {
+			if nm == "" {
+				return fmt.Sprintf("#<Class:0x%x>", k)
+			}
+			return nm
+		}
+		var b [24]byte
+		if h.t.ReadAt(b[:], k) != nil {
+			break
+		}
+		flags := le64(b[:], 0)
+		if flags&tMask != tClass || flags&flSingleton == 0 || !isPtr(le64(b[:], 16)) {
+			break
+		}
+		k = le64(b[:], 16)
+	}
+	return fmt.Sprintf("(unreadable class 0x%x)", klass)
 }
 
 func sortEntries(es []Entry) {

@@ -67,6 +67,8 @@ const (
 	flUser1 = 1 << 13
 	flUser2 = 1 << 14
 	flUser3 = 1 << 15
+	// FL_SINGLETON (FL_USER0 to 3.3) marks a singleton class.
+	flSingleton = 1 << 12
 )
 
 // typeNames are the names ObjectSpace.count_objects uses.
