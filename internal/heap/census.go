@@ -8,6 +8,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 )
@@ -146,14 +147,15 @@ type walk struct {
 	tables   []target.Read
 	tableKey []key
 	stopped  bool
+	failed   bool // a read failed in the current batch
 }
 
 // Census takes one census. A live process keeps running unless opts.Stop
 // (then it is resumed before Census returns, also when it fails). The
 // census ends early, partial, when ctx is done.
 func (h *Heap) Census(ctx context.Context, opts Options) (c *Census, err error) {
-	c = &Census{Pid: h.t.Pid(), RubyVersion: h.p.Version(), Source: h.o.source, Time: time.Now(), Types: map[string]uint64{}}
-	w := &walk{h: h, c: c, byKey: map[key]*acc{}, stopped: !h.live}
+	cs := &Census{Pid: h.t.Pid(), RubyVersion: h.p.Version(), Source: h.o.source, Time: time.Now(), Types: map[string]uint64{}}
+	w := &walk{h: h, c: cs, byKey: map[key]*acc{}, stopped: !h.live}
 	t0 := time.Now()
 	if opts.Stop && h.live {
 		pz := opts.Pauser
@@ -170,23 +172,26 @@ func (h *Heap) Census(ctx context.Context, opts Options) (c *Census, err error) 
 		defer func() {
 			h.p.SetStopped(false)
 			rerr := resume()
-			c.Pause = time.Since(paused)
+			cs.Pause = time.Since(paused)
 			if rerr != nil && err == nil {
-				err = fmt.Errorf("resume process %d: %w", h.t.Pid(), rerr)
+				c, err = nil, fmt.Errorf("resume process %d: %w", h.t.Pid(), rerr)
 			}
 		}()
 		w.stopped = true
 	}
-	c.Stopped = w.stopped
+	cs.Stopped = w.stopped
 	err = w.run(ctx)
+	if err == nil && (w.c.Partial || w.c.PagesChanged > 0) && !h.alive() {
+		err = w.readErr("read the heap", target.ErrProcessExited{Pid: h.t.Pid()})
+	}
 	if err == nil {
 		err = w.name()
 	}
-	c.Duration = time.Since(t0)
+	cs.Duration = time.Since(t0)
 	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	return cs, nil
 }
 
 func (w *walk) partial(format string, args ...any) {
@@ -260,7 +265,11 @@ func (w *walk) chunk(ctx context.Context, list []byte) error {
 	for k := 0; k < m; k++ {
 		w.reqs = append(w.reqs, target.Read{Addr: le64(list, uint64(8*k)), Buf: w.pageBuf[k*o.hdrLen : (k+1)*o.hdrLen]})
 	}
+	w.failed = false
 	ok := w.readAll(w.reqs)
+	if w.failed && !w.h.alive() {
+		return w.readErr("read heap pages", target.ErrProcessExited{Pid: w.h.t.Pid()})
+	}
 	pages := make([]pageInfo, 0, m)
 	for k := 0; k < m; k++ {
 		if !ok[k] {
@@ -288,10 +297,16 @@ func (w *walk) chunk(ctx context.Context, list []byte) error {
 		if err := w.batch(pages[:k]); err != nil {
 			return err
 		}
+		if afterBatch != nil {
+			afterBatch()
+		}
 		pages = pages[k:]
 	}
 	return nil
 }
+
+// afterBatch, when set (by tests), runs after each batch of pages.
+var afterBatch func()
 
 // pageFailed counts a page the census could not use: changed under a
 // running process, bad in a stopped one or a core (the census is then
@@ -310,6 +325,9 @@ func (w *walk) pageFailed(why string) {
 func (w *walk) readAll(reqs []target.Read) []bool {
 	ok := make([]bool, len(reqs))
 	err := w.h.t.ReadBatch(reqs)
+	if err != nil {
+		w.failed = true
+	}
 	if err == nil {
 		for i := range ok {
 			ok[i] = true
@@ -333,6 +351,7 @@ func (w *walk) readAll(reqs []target.Read) []bool {
 // counts their slots.
 func (w *walk) batch(pages []pageInfo) error {
 	w.reqs, w.reqsB = w.reqs[:0], w.reqsB[:0]
+	w.failed = false
 	off := uint64(0)
 	for _, pg := range pages {
 		sp := pg.span()
@@ -347,7 +366,7 @@ func (w *walk) batch(pages []pageInfo) error {
 	if w.bufB != nil {
 		okB = w.readAll(w.reqsB)
 	}
-	if !ok[0] && !okB[0] && !w.h.alive() {
+	if w.failed && !w.h.alive() {
 		return w.readErr("read heap pages", target.ErrProcessExited{Pid: w.h.t.Pid()})
 	}
 	w.tables, w.tableKey = w.tables[:0], w.tableKey[:0]
@@ -433,7 +452,11 @@ func (w *walk) readTables() error {
 	for i := range w.tables {
 		w.tables[i].Buf = buf[i*stSize : (i+1)*stSize]
 	}
+	w.failed = false
 	ok := w.readAll(w.tables)
+	if w.failed && !w.h.alive() {
+		return w.readErr("read hash tables", target.ErrProcessExited{Pid: w.h.t.Pid()})
+	}
 	for i, rq := range w.tables {
 		e := w.byKey[w.tableKey[i]]
 		if !ok[i] {
@@ -450,12 +473,22 @@ func (w *walk) readTables() error {
 	return nil
 }
 
+// alive reports whether a live target still runs (a zombie has no memory
+// left to read); a core is always alive.
+// It is asked after a read failed: a process being killed loses its
+// memory before it turns zombie, so it is watched for up to 100 ms.
 func (h *Heap) alive() bool {
 	if !h.live {
 		return true
 	}
-	_, err := h.t.Threads()
-	return err == nil
+	for i := 0; i < 10; i++ {
+		st, err := procfs.ReadStat(h.t.Pid())
+		if err != nil || st.Gone() {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // name turns the (type, klass) counts into entries named by class.
@@ -539,4 +572,43 @@ func sortEntries(es []Entry) {
 		}
 		return es[i].Class < es[j].Class
 	})
+}
+
+// Page is one heap page as its struct heap_page describes it.
+type Page struct {
+	Page     uint64 `json:"page"`      // the struct heap_page
+	Body     uint64 `json:"body"`      // the page body, whose header points back at Page
+	Start    uint64 `json:"start"`     // the first slot
+	Slots    uint64 `json:"slots"`     // total_slots
+	SlotSize uint64 `json:"slot_size"` // bytes per slot
+}
+
+// Pages lists the heap's pages (their headers, decoded and checked; the
+// bodies are not read). A page whose header fails its checks is an error.
+func (h *Heap) Pages() ([]Page, error) {
+	o, t := h.o, h.t
+	var hdr [16]byte
+	if err := t.ReadAt(hdr[:8], o.objspace+o.sorted); err != nil {
+		return nil, fmt.Errorf("read heap_pages.sorted: %w", err)
+	}
+	if err := t.ReadAt(hdr[8:], o.objspace+o.npages); err != nil {
+		return nil, fmt.Errorf("read heap_pages.allocated_pages: %w", err)
+	}
+	sorted, n := le64(hdr[:], 0), le64(hdr[:], 8)
+	if !isPtr(sorted) || n > maxPages {
+		return nil, fmt.Errorf("%w: heap_pages.sorted 0x%x with %d pages", ruby.ErrInvalid, sorted, n)
+	}
+	var out []Page
+	list := make([]byte, 8)
+	for i := uint64(0); i < n; i++ {
+		if err := t.ReadAt(list, sorted+8*i); err != nil {
+			return out, fmt.Errorf("read heap_pages.sorted[%d]: %w", i, err)
+		}
+		pg, err := o.readPage(t, le64(list, 0))
+		if err != nil {
+			return out, err
+		}
+		out = append(out, Page{Page: pg.page, Body: pg.body, Start: pg.start, Slots: pg.total, SlotSize: pg.slot})
+	}
+	return out, nil
 }
