@@ -171,7 +171,12 @@ var ErrUnsupported = errors.New("heap census not supported")
 // resolve finds the offsets for p: DWARF when the layout has the GC's
 // structs, else the tables and the objspace shape search; either way the
 // first and last pages must pass checkPage.
-func resolve(p *ruby.Process) (*offsets, error) {
+func resolve(p *ruby.Process) (*offsets, error) { return resolveFrom(p, false) }
+
+// resolveFrom is resolve; with noDWARF it takes the tables and the shape
+// search even where DWARF has the structs (the tests prove one against the
+// other).
+func resolveFrom(p *ruby.Process, noDWARF bool) (*offsets, error) {
 	ver := p.VersionNumber()
 	if ver < 30000 || ver >= 30400 {
 		return nil, fmt.Errorf("%w for Ruby %s: rbscope reads the heaps of Ruby 3.0 to 3.3", ErrUnsupported, p.Version())
@@ -193,7 +198,7 @@ func resolve(p *ruby.Process) (*offsets, error) {
 	alloc, aErr := l.Field("rb_objspace", "heap_pages.allocated_pages")
 	start, stErr := l.Field("heap_page", "start")
 	total, tErr := l.Field("heap_page", "total_slots")
-	if sErr == nil && aErr == nil && stErr == nil && tErr == nil && sorted.Source == "" && start.Source == "" {
+	if !noDWARF && sErr == nil && aErr == nil && stErr == nil && tErr == nil && sorted.Source == "" && start.Source == "" {
 		c := pageCand{slotSize: -1, total: total.Offset, start: start.Offset}
 		if ss, err := l.Field("heap_page", "slot_size"); err == nil {
 			c.slotSize = int(ss.Offset)
