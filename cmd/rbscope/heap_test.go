@@ -1,0 +1,139 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// TestHeapCLI runs rbscope heap on a process that leaks 1,000
+// Leaky::Node a second: the JSON contract, two pprof profiles whose
+// difference (what go tool pprof -diff_base shows) is the leak, and
+// --interval's growth report.
+func TestHeapCLI(t *testing.T) {
+	testutil.NeedRoot(t)
+	rb := testutil.SystemRuby(t)
+	proc := rb.Start(t, "heap_leak.rb", "1000")
+	pid := strconv.Itoa(proc.Pid)
+
+	t.Run("json", func(t *testing.T) {
+		out, stderr, code := run(t, "heap", "--pid", pid, "--stop", "--format", "json")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		var c struct {
+			Pid     int               `json:"pid"`
+			Stopped bool              `json:"stopped"`
+			Pause   int64             `json:"pause_ns"`
+			Slots   uint64            `json:"slots"`
+			Types   map[string]uint64 `json:"types"`
+			Entries []struct {
+				Type, Class string
+				Count       uint64
+				Bytes       uint64
+			} `json:"entries"`
+		}
+		if err := json.Unmarshal([]byte(out), &c); err != nil {
+			t.Fatalf("not JSON: %v\n%s", err, out)
+		}
+		if c.Pid != proc.Pid || !c.Stopped || c.Pause <= 0 || c.Slots == 0 || len(c.Entries) == 0 || c.Types["T_STRING"] == 0 {
+			t.Errorf("json census: pid %d stopped %v pause %d slots %d, %d entries", c.Pid, c.Stopped, c.Pause, c.Slots, len(c.Entries))
+		}
+	})
+
+	t.Run("pprof diff", func(t *testing.T) {
+		dir := t.TempDir()
+		a, b := filepath.Join(dir, "a.pb.gz"), filepath.Join(dir, "b.pb.gz")
+		for i, p := range []string{a, b} {
+			if i == 1 {
+				time.Sleep(3 * time.Second)
+			}
+			if _, stderr, code := run(t, "heap", "--pid", pid, "--stop", "-f", "pprof", "-o", p); code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+		}
+		pa, pb := readProfile(t, a), readProfile(t, b)
+		want := 1000 * float64(pb.TimeNanos-pa.TimeNanos) / 1e9 // the census times
+		pa.Scale(-1) // what -diff_base does
+		diff, err := profile.Merge([]*profile.Profile{pb, pa})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var grew int64
+		for _, s := range diff.Sample {
+			if s.Location[0].Line[0].Function.Name == "Leaky::Node" {
+				grew += s.Value[0]
+			}
+		}
+		if math.Abs(float64(grew)-want) > 0.1*want {
+			t.Errorf("Leaky::Node grew by %d objects between the profiles, the script leaked %.0f", grew, want)
+		}
+	})
+
+	t.Run("interval", func(t *testing.T) {
+		out, stderr, code := run(t, "heap", "--pid", pid, "--interval", "2s", "--count", "1")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		lines := strings.Split(out, "\n")
+		var top string
+		for i, l := range lines {
+			if strings.HasPrefix(l, "step 1") && i+2 < len(lines) {
+				top = lines[i+2]
+			}
+		}
+		if !strings.Contains(top, "Leaky::Node") {
+			t.Errorf("top grower line %q, want Leaky::Node:\n%s", top, out)
+		}
+	})
+}
+
+func readProfile(t *testing.T, path string) *profile.Profile {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p, err := profile.Parse(f)
+	if err != nil {
+		t.Fatalf("parse %s: %v", path, err)
+	}
+	return p
+}
+
+// TestHeapBadInput: usage errors, a process that is not Ruby, a core of a
+// Ruby whose heap rbscope does not read: one clear line each.
+func TestHeapBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+		code int
+	}{
+		{[]string{"heap"}, "no target", 2},
+		{[]string{"heap", "--pid", "1", "--format", "svg"}, "unknown format", 2},
+		{[]string{"heap", "--pid", "1", "--count", "3"}, "--count goes with --interval", 2},
+		{[]string{"heap", "--core", "/nonexistent", "--stop"}, "--stop needs a live process", 2},
+	} {
+		_, stderr, code := run(t, tc.args...)
+		oneLineError(t, stderr, code, tc.want)
+		if code != tc.code {
+			t.Errorf("%v: exit %d, want %d", tc.args, code, tc.code)
+		}
+	}
+	testutil.NeedRoot(t)
+	_, stderr, code := run(t, "heap", "--pid", strconv.Itoa(os.Getpid()))
+	oneLineError(t, stderr, code, "not a Ruby process")
+	core := filepath.Join(testutil.SharedDir(t), "testdata", "coredumps", "ruby-coredump-2.7.2.gz")
+	_, stderr, code = run(t, "heap", "--core", core)
+	oneLineError(t, stderr, code, "rbscope reads the heaps of Ruby 3.0 to 3.3")
+}
