@@ -63,7 +63,7 @@ func TestHeapCLI(t *testing.T) {
 		}
 		pa, pb := readProfile(t, a), readProfile(t, b)
 		want := 1000 * float64(pb.TimeNanos-pa.TimeNanos) / 1e9 // the census times
-		pa.Scale(-1) // what -diff_base does
+		pa.Scale(-1)                                            // what -diff_base does
 		diff, err := profile.Merge([]*profile.Profile{pb, pa})
 		if err != nil {
 			t.Fatal(err)
