@@ -148,6 +148,11 @@ type walk struct {
 	tableKey []key
 	stopped  bool
 	failed   bool // a read failed in the current batch
+	types    [32]uint64
+	// last is the entry of the previous slot's key (neighbours are often
+	// of one class), saving a map lookup.
+	last    *acc
+	lastKey key
 }
 
 // Census takes one census. A live process keeps running unless opts.Stop
@@ -411,15 +416,18 @@ func (w *walk) slots(pg pageInfo, a, b []byte) {
 			w.c.Bad++
 			continue
 		}
-		w.c.Types[TypeName(s.typ)]++
+		w.types[s.typ]++
 		if s.typ == tNone {
 			continue
 		}
 		k := key{s.typ, classOf(s.typ, s.klass)}
-		e := w.byKey[k]
-		if e == nil {
-			e = &acc{}
-			w.byKey[k] = e
+		e := w.last
+		if k != w.lastKey || e == nil {
+			if e = w.byKey[k]; e == nil {
+				e = &acc{}
+				w.byKey[k] = e
+			}
+			w.last, w.lastKey = e, k
 		}
 		e.count++
 		e.slotBytes += pg.slot
@@ -491,9 +499,19 @@ func (h *Heap) alive() bool {
 	return true
 }
 
+// countTypes fills the census's counts by type name.
+func (w *walk) countTypes() {
+	for t, n := range w.types {
+		if n > 0 {
+			w.c.Types[TypeName(uint8(t))] = n
+		}
+	}
+}
+
 // name turns the (type, klass) counts into entries named by class.
 func (w *walk) name() error {
 	o := w.h.o
+	w.countTypes()
 	names := map[uint64]string{}
 	merged := map[[2]string]*Entry{}
 	for k, a := range w.byKey {

@@ -92,6 +92,7 @@ func FuzzPage(f *testing.F) {
 			c := &Census{Types: map[string]uint64{}}
 			w := &walk{h: &Heap{o: o}, c: c, byKey: map[key]*acc{}, stopped: true}
 			w.slots(pg, body, nil)
+			w.countTypes()
 			if c.Slots != pg.total {
 				t.Fatalf("%d slots counted of %d", c.Slots, pg.total)
 			}
@@ -131,6 +132,7 @@ func TestFuzzPageSeeds(t *testing.T) {
 		body := make([]byte, pg.span())
 		copy(body, got[o.hdrLen:])
 		w.slots(pg, body, nil)
+		w.countTypes()
 		if c.Types["T_STRING"] != 2 || c.Types["T_ARRAY"] != 1 || c.Types["T_HASH"] != 1 || c.Bad != 0 {
 			t.Errorf("seed %s: types %v, %d bad", name, c.Types, c.Bad)
 		}
