@@ -104,6 +104,8 @@ type Census struct {
 	// Entries are sorted by Bytes, largest first.
 	Entries []Entry `json:"entries"`
 
+	// Notes say what the census could not count (and why).
+	Notes []string `json:"notes,omitempty"`
 	// Partial is set when part of the heap could not be read; Why says
 	// what.
 	Partial bool   `json:"partial,omitempty"`
@@ -149,10 +151,48 @@ type walk struct {
 	stopped  bool
 	failed   bool // a read failed in the current batch
 	types    [32]uint64
+	shapes   []byte // 3.3: the shape list, nil when not read
 	// last is the entry of the previous slot's key (neighbours are often
 	// of one class), saving a map lookup.
 	last    *acc
 	lastKey key
+
+	unknownShapes uint64
+}
+
+// readShapes reads the 3.3 shape list (rb_shape_tree_ptr->shape_list, 40
+// bytes a shape, up to next_shape_id), once per census: objects whose
+// ivars are out of their slot find their capacity there.
+func (w *walk) readShapes() error {
+	o, t := w.h.o, w.h.t
+	if o.ver < 30300 {
+		return nil
+	}
+	if o.shapeTree == 0 {
+		return errors.New("no symbol rb_shape_tree_ptr")
+	}
+	var b [24]byte
+	if err := t.ReadAt(b[:8], o.shapeTree); err != nil {
+		return fmt.Errorf("read rb_shape_tree_ptr: %w", err)
+	}
+	tree := le64(b[:], 0)
+	if !isPtr(tree) {
+		return fmt.Errorf("rb_shape_tree_ptr is 0x%x", tree)
+	}
+	if err := t.ReadAt(b[:], tree); err != nil {
+		return fmt.Errorf("read the shape tree: %w", err)
+	}
+	list, n := le64(b[:], 0), le32(b[:], treeNextShapeID)
+	if !isPtr(list) || n == 0 || n > maxShapes {
+		return fmt.Errorf("shape list 0x%x with %d shapes", list, n)
+	}
+	shapes := make([]byte, n*shapeSize)
+	if err := t.ReadAt(shapes, list); err != nil {
+		return fmt.Errorf("read %d shapes: %w", n, err)
+	}
+	w.c.BytesRead += uint64(len(shapes))
+	w.shapes = shapes
+	return nil
 }
 
 // Census takes one census. A live process keeps running unless opts.Stop
@@ -222,6 +262,9 @@ func (w *walk) run(ctx context.Context) error {
 		return fmt.Errorf("%w: heap_pages.sorted 0x%x with %d pages", ruby.ErrInvalid, sorted, n)
 	}
 	w.c.Pages = int(n)
+	if err := w.readShapes(); err != nil {
+		w.c.Notes = append(w.c.Notes, fmt.Sprintf("objects' out-of-slot ivars not counted: %v", err))
+	}
 	list := make([]byte, 8*listChunk)
 	w.pageBuf = make([]byte, listChunk*o.hdrLen)
 	w.bufA = make([]byte, batchBytes)
@@ -432,6 +475,20 @@ func (w *walk) slots(pg pageInfo, a, b []byte) {
 		e.count++
 		e.slotBytes += pg.slot
 		e.malloc += s.malloc
+		if s.heapIvars && w.shapes != nil {
+			n, tooComplex, ok := shapeIvars(w.shapes, s.shape)
+			switch {
+			case !ok:
+				w.unknownShapes++
+			case tooComplex:
+				if s.table = le64(sb, robjectHeapIvptr); !isPtr(s.table) {
+					s.table = 0
+					w.c.Bad++
+				}
+			default:
+				e.malloc += n
+			}
+		}
 		if s.table != 0 {
 			w.tables = append(w.tables, target.Read{Addr: s.table})
 			w.tableKey = append(w.tableKey, k)
@@ -512,6 +569,9 @@ func (w *walk) countTypes() {
 func (w *walk) name() error {
 	o := w.h.o
 	w.countTypes()
+	if w.unknownShapes > 0 {
+		w.c.Notes = append(w.c.Notes, fmt.Sprintf("%d objects have a shape newer than the shape list read: their out-of-slot ivars are not counted", w.unknownShapes))
+	}
 	names := map[uint64]string{}
 	merged := map[[2]string]*Entry{}
 	for k, a := range w.byKey {
@@ -538,7 +598,7 @@ func (w *walk) name() error {
 		mk := [2]string{TypeName(k.typ), cls}
 		e := merged[mk]
 		if e == nil {
-			e = &Entry{Type: mk[0], Class: cls, SlotOnly: !o.counted(k.typ)}
+			e = &Entry{Type: mk[0], Class: cls, SlotOnly: !o.counted(k.typ, w.shapes != nil)}
 			merged[mk] = e
 		}
 		e.Count += a.count

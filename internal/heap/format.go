@@ -39,6 +39,9 @@ func (c *Census) WriteText(w io.Writer, top int) error {
 	if c.Partial {
 		fmt.Fprintf(w, "PARTIAL census: %s\n", c.Why)
 	}
+	for _, n := range c.Notes {
+		fmt.Fprintf(w, "Note: %s\n", n)
+	}
 	if so := c.SlotOnlyTypes(); len(so) > 0 {
 		fmt.Fprintf(w, "Bytes: slot + malloc'd buffers of strings, arrays, hashes%s; slot only for %s\n",
 			map[bool]string{true: ", objects", false: ""}[!contains(so, "T_OBJECT")], strings.Join(so, ", "))

@@ -110,6 +110,9 @@ type offsets struct {
 	hashInline       bool   // 3.3: the st_table sits in the slot after RHash
 	hashPtr          uint64 // 3.0-3.2: RHash.as.st / as.ar
 	arSize           uint64 // a malloc'd ar_table (3.0-3.1), 0 from 3.2
+	// shapeTree is &rb_shape_tree_ptr (3.3), 0 when unknown: objects'
+	// ivar capacity is their shape's.
+	shapeTree uint64
 
 	source string
 }
@@ -192,6 +195,9 @@ func resolveFrom(p *ruby.Process, noDWARF bool) (*offsets, error) {
 	l := p.Layout()
 	if err := o.objectFields(l); err != nil {
 		return nil, err
+	}
+	if ver >= 30300 {
+		o.shapeTree, _ = p.Symbol("rb_shape_tree_ptr")
 	}
 	t := p.Target()
 	sorted, sErr := l.Field("rb_objspace", "heap_pages.sorted")

@@ -60,6 +60,10 @@ type slot struct {
 	malloc uint64 // bytes malloc'd outside the slot, known from the slot
 	table  uint64 // 3.0-3.2: address of an st_table to read for its size
 	bad    bool   // the slot's fields are impossible (torn or corrupt)
+	// shape is the shape id of a 3.3 object whose ivars are out of its
+	// slot (heapIvars): their capacity is the shape's.
+	shape     uint32
+	heapIvars bool
 }
 
 // st_table (st.c, the same from 2.6 to 3.4): entry_power, bin_power and
@@ -117,8 +121,12 @@ func (o *offsets) decodeSlot(b []byte) slot {
 			s.malloc = capa * 8
 		}
 	case tObject:
-		if o.objNumiv >= 0 && flags&flUser1 == 0 {
+		switch {
+		case flags&flUser1 != 0: // embedded
+		case o.objNumiv >= 0:
 			s.malloc = le32(b, uint64(o.objNumiv)) * 8
+		case o.ver >= 30300:
+			s.heapIvars, s.shape = true, uint32(flags>>32)
 		}
 	case tHash:
 		st := flags&flUser3 != 0
@@ -148,13 +156,48 @@ func (o *offsets) decodeSlot(b []byte) slot {
 }
 
 // counted reports whether the census counts out-of-slot bytes for type t
-// (the others count their slot only).
-func (o *offsets) counted(t uint8) bool {
+// (the others count their slot only); shapes says whether the 3.3 shape
+// list was read.
+func (o *offsets) counted(t uint8, shapes bool) bool {
 	switch t {
 	case tString, tArray, tHash:
 		return true
 	case tObject:
-		return o.objNumiv >= 0
+		return o.objNumiv >= 0 || shapes
 	}
 	return false
+}
+
+// rb_shape_t (shape.h, 3.3): edges, edge_name, next_iv_index (u32),
+// capacity (u32), type (u8), size_pool_index (u8), parent_id (u32),
+// ancestor_index; rb_shape_tree_t: shape_list, root_shape, next_shape_id.
+const (
+	shapeSize        = 40
+	shapeNextIv      = 16
+	shapeCapacity    = 20
+	shapeType        = 24
+	shapeTooComplex  = 4 // SHAPE_OBJ_TOO_COMPLEX
+	maxShapes        = 1 << 18
+	treeNextShapeID  = 16
+	robjectHeapIvptr = 16
+)
+
+// shapeIvars is what a 3.3 object with shape id out of its slot holds
+// outside it: capacity * 8 bytes of ivars, or (too complex) an st_table
+// at its ivptr to read. ok is false when the shape is unknown or
+// impossible.
+func shapeIvars(shapes []byte, id uint32) (bytes uint64, tooComplex bool, ok bool) {
+	off := uint64(id) * shapeSize
+	if off+shapeSize > uint64(len(shapes)) {
+		return 0, false, false
+	}
+	sh := shapes[off : off+shapeSize]
+	capa, next, typ := le32(sh, shapeCapacity), le32(sh, shapeNextIv), sh[shapeType]
+	if typ == shapeTooComplex {
+		return 0, true, true
+	}
+	if typ > shapeTooComplex || capa < next || capa > 1<<16 {
+		return 0, false, false
+	}
+	return capa * 8, false, true
 }

@@ -10,6 +10,14 @@ module Leaky
       @next = nxt
     end
   end
+
+  # 20 instance variables: more than a slot holds, so Ruby keeps them in a
+  # malloc'd buffer.
+  class Wide
+    def initialize(i)
+      20.times { |k| instance_variable_set(:"@v#{k}", i) }
+    end
+  end
 end
 
 $nodes = Array.new(100_000) { |i| Leaky::Node.new(i, nil) }
@@ -17,12 +25,13 @@ $strings = Array.new(50_000) { |i| ("x" * 1024) << i.to_s }   # 1 KiB heap buffe
 $arrays = Array.new(2_000) { Array.new(100, 1) }               # capacity 100
 $big_hashes = Array.new(1_000) { |i| h = {}; 50.times { |j| h[j] = i }; h } # st tables
 $small_hashes = Array.new(2_000) { |i| { a: i, b: i } }        # ar tables
+$wide = Array.new(5_000) { |i| Leaky::Wide.new(i) }            # ivars out of the slot
 
 GC.start
 GC.start
 
 truth = { "classes" => {} }
-[Leaky::Node, String, Array, Hash].each do |k|
+[Leaky::Node, Leaky::Wide, String, Array, Hash].each do |k|
   n = 0
   bytes = 0
   ObjectSpace.each_object(k) do |o|
