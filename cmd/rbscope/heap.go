@@ -22,6 +22,7 @@ type heapOpts struct {
 	top      int
 	interval time.Duration
 	count    int
+	dump     string
 }
 
 func init() {
@@ -42,13 +43,19 @@ guessed. --stop pauses the whole process for an exact census (and
 always resumes it) and prints how long it was paused.
 
 With --interval, rbscope takes a census every interval (--count times)
-and prints the classes that grew most since the first one.`,
+and prints the classes that grew most since the first one.
+
+--dump writes every live object as a line of Ruby's ObjectSpace.dump_all
+format (address, type, slot_size, class, memsize, references of arrays,
+objects and shared strings; no roots, string contents or allocation
+sites), streamed as the census reads the heap.`,
 		Example: `  rbscope heap --pid 1234                       # table by bytes
   rbscope heap --pid 1234 --stop                # exact: pause the process meanwhile
   rbscope heap --pid 1234 --format json
   rbscope heap --pid 1234 -f pprof -o before.pb.gz; ...; rbscope heap --pid 1234 -f pprof -o after.pb.gz
   go tool pprof -top -diff_base before.pb.gz after.pb.gz
   rbscope heap --pid 1234 --interval 30s --count 10   # what grows
+  rbscope heap --pid 1234 --stop --dump heap.json      # ObjectSpace.dump_all's format
   rbscope heap --core core.1234 --exe /usr/bin/ruby`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -65,6 +72,7 @@ and prints the classes that grew most since the first one.`,
 	f.IntVar(&o.top, "top", 30, "text: rows to print (0: all)")
 	f.DurationVar(&o.interval, "interval", 0, "take a census every interval and print the top growers since the first")
 	f.IntVar(&o.count, "count", 0, "with --interval: how many censuses after the first (0: until interrupted)")
+	f.StringVar(&o.dump, "dump", "", "also write every live object to FILE in Ruby's ObjectSpace.dump_all format (JSON lines)")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -84,9 +92,15 @@ func (o *heapOpts) check() error {
 	if o.stop && o.core != "" {
 		return usage("--stop needs a live process: a core file does not change")
 	}
-	if o.output != "" {
-		if err := output.CheckWritable(o.output); err != nil {
-			return fmt.Errorf("output %s: %w", o.output, err)
+	if o.dump != "" && o.interval > 0 {
+		return usage("--dump takes one census: not with --interval")
+	}
+	for _, p := range []string{o.output, o.dump} {
+		if p == "" {
+			continue
+		}
+		if err := output.CheckWritable(p); err != nil {
+			return fmt.Errorf("output %s: %w", p, err)
 		}
 	}
 	return nil
@@ -110,8 +124,22 @@ func runHeap(cmd *cobra.Command, o heapOpts) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	opts := heap.Options{Stop: o.stop}
-	first, err := h.Census(ctx, opts)
-	if err != nil {
+	var first *heap.Census
+	if o.dump != "" {
+		f, err := output.WriteFile(o.dump, func(w io.Writer) error {
+			dopts := opts
+			dopts.Dump = w
+			c, err := h.Census(ctx, dopts)
+			first = c
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("census of process %d: %w", t.Pid(), err)
+		}
+		if !output.StdoutPath(o.dump) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "rbscope heap: wrote %d objects to %s\n", first.Dumped, f.Path)
+		}
+	} else if first, err = h.Census(ctx, opts); err != nil {
 		return fmt.Errorf("census of process %d: %w", t.Pid(), err)
 	}
 	if o.interval == 0 {

@@ -79,6 +79,32 @@ func TestHeapCLI(t *testing.T) {
 		}
 	})
 
+	t.Run("dump", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "heap.json")
+		_, stderr, code := run(t, "heap", "--pid", pid, "--stop", "--dump", path, "--format", "json")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		nodes := 0
+		for _, l := range lines {
+			var o map[string]any
+			if err := json.Unmarshal([]byte(l), &o); err != nil {
+				t.Fatalf("dump line %q: %v", l, err)
+			}
+			if o["type"] == "OBJECT" {
+				nodes++
+			}
+		}
+		if !strings.Contains(stderr, "wrote "+strconv.Itoa(len(lines))+" objects to "+path) || nodes < 1000 {
+			t.Errorf("%d lines, %d objects; stderr %q", len(lines), nodes, stderr)
+		}
+	})
+
 	t.Run("interval", func(t *testing.T) {
 		out, stderr, code := run(t, "heap", "--pid", pid, "--interval", "2s", "--count", "1")
 		if code != 0 {
@@ -123,6 +149,7 @@ func TestHeapBadInput(t *testing.T) {
 		{[]string{"heap", "--pid", "1", "--format", "svg"}, "unknown format", 2},
 		{[]string{"heap", "--pid", "1", "--count", "3"}, "--count goes with --interval", 2},
 		{[]string{"heap", "--core", "/nonexistent", "--stop"}, "--stop needs a live process", 2},
+		{[]string{"heap", "--pid", "1", "--interval", "1s", "--dump", "x"}, "--dump takes one census", 2},
 	} {
 		_, stderr, code := run(t, tc.args...)
 		oneLineError(t, stderr, code, tc.want)

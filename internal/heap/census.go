@@ -1,10 +1,12 @@
 package heap
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"time"
 
@@ -54,6 +56,10 @@ type Options struct {
 	Stop bool
 	// Pauser pauses the process when Stop is set (a new one when nil).
 	Pauser *target.Pauser
+	// Dump, when set, receives every live object as a line of Ruby's
+	// ObjectSpace.dump_all format (see dump.go), written as the census
+	// goes.
+	Dump io.Writer
 }
 
 // Entry is the census of one (type, class).
@@ -104,6 +110,8 @@ type Census struct {
 	// Entries are sorted by Bytes, largest first.
 	Entries []Entry `json:"entries"`
 
+	// Dumped is how many objects were written to Options.Dump.
+	Dumped uint64 `json:"dumped,omitempty"`
 	// Notes say what the census could not count (and why).
 	Notes []string `json:"notes,omitempty"`
 	// Partial is set when part of the heap could not be read; Why says
@@ -158,6 +166,7 @@ type walk struct {
 	lastKey key
 
 	unknownShapes uint64
+	dump          *dumper
 }
 
 // readShapes reads the 3.3 shape list (rb_shape_tree_ptr->shape_list, 40
@@ -201,6 +210,9 @@ func (w *walk) readShapes() error {
 func (h *Heap) Census(ctx context.Context, opts Options) (c *Census, err error) {
 	cs := &Census{Pid: h.t.Pid(), RubyVersion: h.p.Version(), Source: h.o.source, Time: time.Now(), Types: map[string]uint64{}}
 	w := &walk{h: h, c: cs, byKey: map[key]*acc{}, stopped: !h.live}
+	if opts.Dump != nil {
+		w.dump = &dumper{w: bufio.NewWriterSize(opts.Dump, 256<<10), names: map[uint64]string{}}
+	}
 	t0 := time.Now()
 	if opts.Stop && h.live {
 		pz := opts.Pauser
@@ -226,6 +238,15 @@ func (h *Heap) Census(ctx context.Context, opts Options) (c *Census, err error) 
 	}
 	cs.Stopped = w.stopped
 	err = w.run(ctx)
+	if w.dump != nil {
+		if err == nil {
+			err = w.dump.err
+		}
+		if ferr := w.dump.w.Flush(); err == nil && ferr != nil {
+			err = fmt.Errorf("write the heap dump: %w", ferr)
+		}
+		cs.Dumped = w.dump.n
+	}
 	if err == nil && (w.c.Partial || w.c.PagesChanged > 0) && !h.alive() {
 		err = w.readErr("read the heap", target.ErrProcessExited{Pid: h.t.Pid()})
 	}
@@ -438,7 +459,13 @@ func (w *walk) batch(pages []pageInfo) error {
 		}
 		w.slots(pg, a, b)
 	}
-	return w.readTables()
+	if err := w.readTables(); err != nil {
+		return err
+	}
+	if w.dump != nil {
+		w.dump.flush(w)
+	}
+	return nil
 }
 
 // slots counts the slots of one page body (a), comparing them with the
@@ -487,11 +514,17 @@ func (w *walk) slots(pg pageInfo, a, b []byte) {
 				}
 			default:
 				e.malloc += n
+				s.malloc += n
 			}
 		}
+		table := -1
 		if s.table != 0 {
+			table = len(w.tables)
 			w.tables = append(w.tables, target.Read{Addr: s.table})
 			w.tableKey = append(w.tableKey, k)
+		}
+		if w.dump != nil {
+			w.dump.record(w, pg.start+i*pg.slot, pg, sb, s, table)
 		}
 	}
 }
@@ -512,6 +545,10 @@ func classOf(typ uint8, klass uint64) uint64 {
 func (w *walk) readTables() error {
 	if len(w.tables) == 0 {
 		return nil
+	}
+	if w.dump != nil {
+		w.dump.tableBytes = append(w.dump.tableBytes[:0], make([]uint64, len(w.tables))...)
+		w.dump.tableEntries = append(w.dump.tableEntries[:0], make([]int64, len(w.tables))...)
 	}
 	buf := make([]byte, stSize*len(w.tables))
 	for i := range w.tables {
@@ -534,6 +571,9 @@ func (w *walk) readTables() error {
 			continue
 		}
 		e.malloc += stSize + n
+		if w.dump != nil {
+			w.dump.tableBytes[i], w.dump.tableEntries[i] = stSize+n, int64(le64(rq.Buf, stNumEntries))
+		}
 	}
 	return nil
 }

@@ -1,5 +1,6 @@
 # Known populations for rbscope heap's census tests: the script measures
 # them itself (ObjectSpace) and prints the truth, then "ready", then sleeps.
+# ARGV[0], when given, is where to write ObjectSpace.dump_all first.
 require "objspace"
 require "json"
 
@@ -29,6 +30,8 @@ $wide = Array.new(5_000) { |i| Leaky::Wide.new(i) }            # ivars out of th
 
 GC.start
 GC.start
+# With a path, Ruby's own heap dump of the same heap, for the dump test.
+File.open(ARGV[0], "w") { |f| ObjectSpace.dump_all(output: f) } if ARGV[0]
 
 truth = { "classes" => {} }
 [Leaky::Node, Leaky::Wide, String, Array, Hash].each do |k|
