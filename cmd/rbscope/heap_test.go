@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -22,7 +23,8 @@ import (
 func TestHeapCLI(t *testing.T) {
 	testutil.NeedRoot(t)
 	rb := testutil.SystemRuby(t)
-	proc := rb.Start(t, "heap_leak.rb", "1000")
+	leakLog := filepath.Join(t.TempDir(), "leak.log")
+	proc := rb.Start(t, "heap_leak.rb", "1000", leakLog)
 	pid := strconv.Itoa(proc.Pid)
 
 	t.Run("json", func(t *testing.T) {
@@ -62,8 +64,9 @@ func TestHeapCLI(t *testing.T) {
 			}
 		}
 		pa, pb := readProfile(t, a), readProfile(t, b)
-		want := 1000 * float64(pb.TimeNanos-pa.TimeNanos) / 1e9 // the census times
-		pa.Scale(-1)                                            // what -diff_base does
+		// The script's log: how many nodes it held when each census began.
+		want := float64(leakCount(t, leakLog, pb.TimeNanos)) - float64(leakCount(t, leakLog, pa.TimeNanos))
+		pa.Scale(-1) // what -diff_base does
 		diff, err := profile.Merge([]*profile.Profile{pb, pa})
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +78,7 @@ func TestHeapCLI(t *testing.T) {
 			}
 		}
 		if math.Abs(float64(grew)-want) > 0.1*want {
-			t.Errorf("Leaky::Node grew by %d objects between the profiles, the script leaked %.0f", grew, want)
+			t.Errorf("Leaky::Node grew by %d objects between the profiles, the script made %.0f", grew, want)
 		}
 	})
 
@@ -121,6 +124,25 @@ func TestHeapCLI(t *testing.T) {
 			t.Errorf("top grower line %q, want Leaky::Node:\n%s", top, out)
 		}
 	})
+}
+
+// leakCount is how many nodes heap_leak.rb's log says it held at ns (its
+// last entry before).
+func leakCount(t *testing.T, path string, ns int64) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var at int64
+		var c uint64
+		if _, err := fmt.Sscan(line, &at, &c); err == nil && at <= ns {
+			n = c
+		}
+	}
+	return n
 }
 
 func readProfile(t *testing.T, path string) *profile.Profile {

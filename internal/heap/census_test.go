@@ -3,7 +3,11 @@ package heap_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -145,14 +149,60 @@ func TestCensusMatchesObjectSpace(t *testing.T) {
 	})
 }
 
-// TestGrowth: the script leaks 1,000 Leaky::Node a second by its own
-// clock; between two censuses Leaky::Node must be the top grower, by the
-// script's count over the censuses' interval (10 %).
+// leakLog is heap_leak.rb's log: at each time, how many nodes it held.
+type leakLog struct {
+	t    *testing.T
+	path string
+}
+
+func startLeak(t *testing.T, rb testutil.RubyUnderTest, rate int) (*testutil.Proc, leakLog) {
+	t.Helper()
+	l := leakLog{t, filepath.Join(t.TempDir(), "leak.log")}
+	return rb.Start(t, "heap_leak.rb", strconv.Itoa(rate), l.path), l
+}
+
+// bounds returns how many nodes the script held at least at from (its
+// last entry before) and at most at until (its first entry after),
+// waiting for that entry.
+func (l leakLog) bounds(from, until time.Time) (lo, hi uint64) {
+	l.t.Helper()
+	for wait := 0; ; wait++ {
+		b, err := os.ReadFile(l.path)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		var haveHi bool
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var ns int64
+			var n uint64
+			if _, err := fmt.Sscan(line, &ns, &n); err != nil {
+				continue
+			}
+			if ns <= from.UnixNano() {
+				lo = n
+			}
+			if ns >= until.UnixNano() && !haveHi {
+				hi, haveHi = n, true
+			}
+		}
+		if haveHi {
+			return lo, hi
+		}
+		if wait > 500 {
+			l.t.Fatalf("the script logged nothing after %v", until)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestGrowth: the script leaks 1,000 Leaky::Node a second; between two
+// paused censuses 10 s apart, Leaky::Node must be the top grower, by as
+// many as the script's log says it made between them.
 func TestGrowth(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		rb.SetProfilerEnv(t)
-		proc := rb.Start(t, "heap_leak.rb", "1000")
+		proc, log := startLeak(t, rb, 1000)
 		tg, err := target.OpenLive(proc.Pid)
 		if err != nil {
 			t.Fatal(err)
@@ -168,14 +218,57 @@ func TestGrowth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Paused, the process holds during the census what it held when
+		// the census began (give or take the pause's own start).
+		lo1, hi1 := log.bounds(first.Time, first.Time.Add(first.Duration))
+		lo2, hi2 := log.bounds(last.Time, last.Time.Add(last.Duration))
 		gs := heap.Grow(first, last)
-		want := 1000 * last.Time.Sub(first.Time).Seconds()
-		t.Logf("top growers over %v: %+v", last.Time.Sub(first.Time), gs[:min(3, len(gs))])
+		t.Logf("top growers over %v: %+v; the script held %d-%d then %d-%d", last.Time.Sub(first.Time), gs[:min(3, len(gs))], lo1, hi1, lo2, hi2)
 		if len(gs) == 0 || gs[0].Class != "Leaky::Node" {
 			t.Fatalf("top grower is not Leaky::Node: %+v", gs[:min(3, len(gs))])
 		}
-		if math.Abs(float64(gs[0].Count)-want) > 0.1*want {
-			t.Errorf("Leaky::Node grew by %d, the script leaked %.0f over the interval", gs[0].Count, want)
+		n1, _ := byClass(first, "Leaky::Node")
+		n2, _ := byClass(last, "Leaky::Node")
+		if n1 < lo1 || n1 > hi1 || n2 < lo2 || n2 > hi2 {
+			t.Errorf("Leaky::Node %d then %d; the script held %d-%d then %d-%d", n1, n2, lo1, hi1, lo2, hi2)
+		}
+		if want := float64(lo2+hi2-lo1-hi1) / 2; math.Abs(float64(gs[0].Count)-want) > 0.1*want {
+			t.Errorf("Leaky::Node grew by %d, the script made %.0f", gs[0].Count, want)
+		}
+	})
+}
+
+// TestRunningCensusNeverMakesUp censuses a process that allocates 100,000
+// Leaky::Node a second while it runs: every node counted existed (no more
+// than the script held by the census's end), and every node it held when
+// the census began is counted unless its slot changed while read.
+func TestRunningCensusNeverMakesUp(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc, log := startLeak(t, rb, 100000)
+		tg, err := target.OpenLive(proc.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tg.Close()
+		_, h := openHeap(t, tg)
+		time.Sleep(500 * time.Millisecond)
+		for i := 0; i < 3; i++ {
+			c, err := h.Census(context.Background(), heap.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := byClass(c, "Leaky::Node")
+			lo, hi := log.bounds(c.Time, c.Time.Add(c.Duration))
+			t.Logf("census %d: %d Leaky::Node, the script held %d to %d; %d slots changed, %d pages changed, %d bad",
+				i, n, lo, hi, c.Changed, c.PagesChanged, c.Bad)
+			if n > hi {
+				t.Errorf("%d Leaky::Node counted, more than the %d the script held by the census's end", n, hi)
+			}
+			if n+c.Changed < lo {
+				t.Errorf("%d Leaky::Node counted + %d changed slots, fewer than the %d held when the census began", n, c.Changed, lo)
+			}
 		}
 	})
 }
