@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rbscope/rbscope/internal/heap"
 	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/procfs"
 )
 
 type heapOpts struct {
@@ -23,6 +25,7 @@ type heapOpts struct {
 	interval time.Duration
 	count    int
 	dump     string
+	upload   uploadOpts
 }
 
 func init() {
@@ -45,6 +48,10 @@ always resumes it) and prints how long it was paused.
 With --interval, rbscope takes a census every interval (--count times)
 and prints the classes that grew most since the first one.
 
+--upload pushes each census to a Pyroscope server as a memory profile
+(inuse_objects, inuse_space by type;class), stamped with the time since
+the previous census (--interval), or the one census.
+
 --dump writes every live object as a line of Ruby's ObjectSpace.dump_all
 format (address, type, slot_size, class, memsize, references of arrays,
 objects and shared strings; no roots, string contents or allocation
@@ -56,6 +63,7 @@ sites), streamed as the census reads the heap.`,
   go tool pprof -top -diff_base before.pb.gz after.pb.gz
   rbscope heap --pid 1234 --interval 30s --count 10   # what grows
   rbscope heap --pid 1234 --stop --dump heap.json      # ObjectSpace.dump_all's format
+  rbscope heap --pid 1234 --interval 60s --upload http://pyroscope:4040 --app-name shop
   rbscope heap --core core.1234 --exe /usr/bin/ruby`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -73,6 +81,7 @@ sites), streamed as the census reads the heap.`,
 	f.DurationVar(&o.interval, "interval", 0, "take a census every interval and print the top growers since the first")
 	f.IntVar(&o.count, "count", 0, "with --interval: how many censuses after the first (0: until interrupted)")
 	f.StringVar(&o.dump, "dump", "", "also write every live object to FILE in Ruby's ObjectSpace.dump_all format (JSON lines)")
+	o.upload.register(f)
 	rootCmd.AddCommand(cmd)
 }
 
@@ -106,7 +115,7 @@ func (o *heapOpts) check() error {
 	return nil
 }
 
-func runHeap(cmd *cobra.Command, o heapOpts) error {
+func runHeap(cmd *cobra.Command, o heapOpts) (err error) {
 	if err := o.check(); err != nil {
 		return err
 	}
@@ -123,6 +132,28 @@ func runHeap(cmd *cobra.Command, o heapOpts) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
+	argv, _ := procfs.Cmdline(t.Pid())
+	up, err := o.upload.start(cmd.ErrOrStderr(), 0, argv)
+	if err != nil {
+		return err
+	}
+	push := func(c *heap.Census, from time.Time) {
+		if up == nil {
+			return
+		}
+		p, err := c.Profile()
+		if err == nil {
+			err = up.AddProfile(from, c.Time, p, int(min(liveCount(c), math.MaxInt32)))
+		}
+		if err != nil {
+			fmt.Fprintf(cmd.ErrOrStderr(), "rbscope heap: upload: dropping a census: %v\n", err)
+		}
+	}
+	defer func() {
+		if ferr := o.upload.finish(cmd.ErrOrStderr(), up); ferr != nil && err == nil {
+			err = ferr
+		}
+	}()
 	opts := heap.Options{Stop: o.stop}
 	var first *heap.Census
 	if o.dump != "" {
@@ -142,6 +173,11 @@ func runHeap(cmd *cobra.Command, o heapOpts) error {
 	} else if first, err = h.Census(ctx, opts); err != nil {
 		return fmt.Errorf("census of process %d: %w", t.Pid(), err)
 	}
+	interval := o.interval
+	if interval == 0 {
+		interval = first.Duration
+	}
+	push(first, first.Time.Add(-interval))
 	if o.interval == 0 {
 		return writeHeap(cmd, o, format, first)
 	}
@@ -161,6 +197,7 @@ func runHeap(cmd *cobra.Command, o heapOpts) error {
 		if c.Partial && ctx.Err() != nil {
 			break
 		}
+		push(c, last.Time)
 		last = c
 		fmt.Fprintln(out)
 		if err := heap.WriteGrowth(out, step, c.Time.Sub(first.Time).Round(time.Second).String(), heap.Grow(first, c), 10); err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/google/pprof/profile"
 
+	"github.com/rbscope/rbscope/internal/pyroscopetest"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -185,4 +187,70 @@ func TestHeapBadInput(t *testing.T) {
 	core := filepath.Join(testutil.SharedDir(t), "testdata", "coredumps", "ruby-coredump-2.7.2.gz")
 	_, stderr, code = run(t, "heap", "--core", core)
 	oneLineError(t, stderr, code, "rbscope reads the heaps of Ruby 3.0 to 3.3")
+}
+
+// TestHeapUpload pushes three censuses (--interval 1s --count 2) of a
+// leaking process to a real Pyroscope server as memory profiles: the
+// server has the inuse_objects type, and its Leaky::Node objects add up to
+// at least the last census's (the three censuses together).
+func TestHeapUpload(t *testing.T) {
+	testutil.NeedRoot(t)
+	srv := pyroscopetest.Start(t)
+	rb := testutil.SystemRuby(t)
+	proc := rb.Start(t, "heap_leak.rb", "1000")
+	app := "ci-heap"
+	local := filepath.Join(t.TempDir(), "heap.json")
+	start := time.Now()
+	_, stderr, code := run(t, "heap", "--pid", strconv.Itoa(proc.Pid), "--stop", "--interval", "1s", "--count", "2",
+		"--format", "json", "-o", local, "--upload", srv.URL(), "--app-name", app)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stderr, "in 3 profiles") {
+		t.Errorf("rbscope heap did not push 3 profiles:\n%s", stderr)
+	}
+	b, err := os.ReadFile(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last struct {
+		Entries []struct {
+			Class string
+			Count int64
+		} `json:"entries"`
+	}
+	if err := json.Unmarshal(b, &last); err != nil {
+		t.Fatal(err)
+	}
+	var nodes int64
+	for _, e := range last.Entries {
+		if e.Class == "Leaky::Node" {
+			nodes += e.Count
+		}
+	}
+	ctx := context.Background()
+	from, until := start.Add(-time.Minute), time.Now().Add(time.Minute)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		types, _ := srv.ProfileTypes(ctx, from, until)
+		typeID := ""
+		for _, id := range types {
+			if strings.Contains(id, "inuse_objects") {
+				typeID = id
+			}
+		}
+		if typeID != "" {
+			got, err := srv.QueryType(ctx, typeID, pyroscopetest.AppSelector(app), from, until)
+			if err == nil && got.Self["Leaky::Node"] >= nodes && nodes > 0 {
+				t.Logf("server %s: %d Leaky::Node over three censuses, the last one %d", typeID, got.Self["Leaky::Node"], nodes)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("server %s: %+v (err %v), want at least %d Leaky::Node", typeID, got.Self, err, nodes)
+			}
+		} else if time.Now().After(deadline) {
+			t.Fatalf("server has no inuse_objects profiles: %v", types)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
