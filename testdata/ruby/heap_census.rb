@@ -12,11 +12,16 @@ module Leaky
     end
   end
 
-  # 20 instance variables: more than a slot holds, so Ruby keeps them in a
-  # malloc'd buffer.
+  # Made with one instance variable, then given 19 more: more than their
+  # slot holds, so Ruby moves them to a malloc'd buffer (on 3.3 too, where
+  # a class's later instances get slots wide enough).
   class Wide
     def initialize(i)
-      20.times { |k| instance_variable_set(:"@v#{k}", i) }
+      @v0 = i
+    end
+
+    def widen
+      (1...20).each { |k| instance_variable_set(:"@v#{k}", k) }
     end
   end
 end
@@ -26,7 +31,8 @@ $strings = Array.new(50_000) { |i| ("x" * 1024) << i.to_s }   # 1 KiB heap buffe
 $arrays = Array.new(2_000) { Array.new(100, 1) }               # capacity 100
 $big_hashes = Array.new(1_000) { |i| h = {}; 50.times { |j| h[j] = i }; h } # st tables
 $small_hashes = Array.new(2_000) { |i| { a: i, b: i } }        # ar tables
-$wide = Array.new(5_000) { |i| Leaky::Wide.new(i) }            # ivars out of the slot
+$wide = Array.new(5_000) { |i| Leaky::Wide.new(i) }
+$wide.each(&:widen)                                            # ivars out of the slot
 
 GC.start
 GC.start
