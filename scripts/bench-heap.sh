@@ -46,14 +46,15 @@ measure() {
   for ((i = 0; i < RUNS; i++)); do
     /usr/bin/time -f "%e %U %S %M" -o "$work/time" "$work/rbscope" heap --pid "$pid" --format json "$@" >"$work/json"
     read -r wall user sys maxrss <"$work/time"
-    local dur read_b pause changed
+    local dur read_b pause changed cpu
     dur=$(sed -n 's/^  "duration_ns": \([0-9]*\),/\1/p' "$work/json")
     read_b=$(sed -n 's/^  "bytes_read": \([0-9]*\),/\1/p' "$work/json")
     pause=$(sed -n 's/^  "pause_ns": \([0-9]*\),/\1/p' "$work/json")
     changed=$(sed -n 's/^  "changed_slots": \([0-9]*\),/\1/p' "$work/json")
+    cpu=$(sed -n 's/^  "cpu_ns": \([0-9]*\),/\1/p' "$work/json")
     if [ -z "$best_wall" ] || awk "BEGIN{exit !($wall < $best_wall)}"; then
       best_wall=$wall
-      eval "${mode}_wall=$wall ${mode}_cpu=$(awk "BEGIN{print $user+$sys}") ${mode}_rss=$maxrss ${mode}_dur=$dur ${mode}_read=$read_b ${mode}_pause=${pause:-0} ${mode}_changed=${changed:-0}"
+      eval "${mode}_wall=$wall ${mode}_cpu=$(awk "BEGIN{print $user+$sys}") ${mode}_rss=$maxrss ${mode}_dur=$dur ${mode}_read=$read_b ${mode}_pause=${pause:-0} ${mode}_changed=${changed:-0} ${mode}_ccpu=$cpu"
     fi
   done
 }
@@ -66,8 +67,8 @@ echo "bench-heap: $RUBY $("$RUBY" -e 'print RUBY_VERSION'), SCALE=$SCALE, $pages
 echo "floor (one process_vm_readv copy of the spans): $(ms "$floor_ns") ms wall, $(ms "$cpu_ns") ms CPU, $(awk "BEGIN{printf \"%.0f\", $bytes/$floor_ns*1e3}") MB/s"
 echo "in-process census (count_objects + each_object class/memsize_of): $(ms "$inproc") ms"
 for mode in running stop; do
-  eval "w=\$${mode}_wall c=\$${mode}_cpu r=\$${mode}_rss d=\$${mode}_dur b=\$${mode}_read p=\$${mode}_pause ch=\$${mode}_changed"
-  printf '%-8s census %s ms (x%.1f floor, x%.2f in-process), process wall %s s, CPU %s s, peak RSS %s MiB, read %s MiB at %.0f MB/s (x%.2f the floor'"'"'s bytes), pause %s ms, changed slots %s\n' \
-    "$mode" "$(ms "$d")" "$(awk "BEGIN{print $d/$floor_ns}")" "$(awk "BEGIN{print $d/$inproc}")" "$w" "$c" "$((r / 1024))" "$(mib "$b")" \
-    "$(awk "BEGIN{print $b/$d*1e3}")" "$(awk "BEGIN{print $b/$bytes}")" "$(ms "$p")" "$ch"
+  eval "w=\$${mode}_wall c=\$${mode}_cpu r=\$${mode}_rss d=\$${mode}_dur b=\$${mode}_read p=\$${mode}_pause ch=\$${mode}_changed cc=\$${mode}_ccpu"
+  printf '%-8s census %s ms wall (x%.1f floor, x%.2f in-process), %s ms CPU (x%.1f floor CPU); whole rbscope run %s s wall, %s s CPU, peak RSS %s MiB; read %s MiB (x%.2f the floor'"'"'s bytes) at %.0f MB/s; pause %s ms; changed slots %s\n' \
+    "$mode" "$(ms "$d")" "$(awk "BEGIN{print $d/$floor_ns}")" "$(awk "BEGIN{print $d/$inproc}")" "$(ms "$cc")" "$(awk "BEGIN{print $cc/$cpu_ns}")" \
+    "$w" "$c" "$((r / 1024))" "$(mib "$b")" "$(awk "BEGIN{print $b/$bytes}")" "$(awk "BEGIN{print $b/$d*1e3}")" "$(ms "$p")" "$ch"
 done

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/procfs"
@@ -90,6 +91,9 @@ type Census struct {
 	// Duration is the time the census took; BytesRead what it read.
 	Duration  time.Duration `json:"duration_ns"`
 	BytesRead uint64        `json:"bytes_read"`
+	// CPU is the CPU time rbscope spent on the census (user and system,
+	// the whole rbscope process meanwhile).
+	CPU time.Duration `json:"cpu_ns"`
 
 	Pages int `json:"pages"`
 	// PagesChanged are pages of a running process that were freed or
@@ -213,7 +217,7 @@ func (h *Heap) Census(ctx context.Context, opts Options) (c *Census, err error) 
 	if opts.Dump != nil {
 		w.dump = &dumper{w: bufio.NewWriterSize(opts.Dump, 256<<10), names: map[uint64]string{}}
 	}
-	t0 := time.Now()
+	t0, cpu0 := time.Now(), cpuTime()
 	if opts.Stop && h.live {
 		pz := opts.Pauser
 		if pz == nil {
@@ -253,7 +257,7 @@ func (h *Heap) Census(ctx context.Context, opts Options) (c *Census, err error) 
 	if err == nil {
 		err = w.name()
 	}
-	cs.Duration = time.Since(t0)
+	cs.Duration, cs.CPU = time.Since(t0), cpuTime()-cpu0
 	if err != nil {
 		return nil, err
 	}
@@ -690,6 +694,15 @@ func sortEntries(es []Entry) {
 		}
 		return es[i].Class < es[j].Class
 	})
+}
+
+// cpuTime is rbscope's own CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // Page is one heap page as its struct heap_page describes it.
