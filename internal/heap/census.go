@@ -182,7 +182,7 @@ func (w *walk) readShapes() error {
 		return nil
 	}
 	if o.shapeTree == 0 {
-		return errors.New("no symbol rb_shape_tree_ptr")
+		return errors.New(o.shapeSource)
 	}
 	var b [24]byte
 	if err := t.ReadAt(b[:8], o.shapeTree); err != nil {

@@ -111,8 +111,10 @@ type offsets struct {
 	hashPtr          uint64 // 3.0-3.2: RHash.as.st / as.ar
 	arSize           uint64 // a malloc'd ar_table (3.0-3.1), 0 from 3.2
 	// shapeTree is &rb_shape_tree_ptr (3.3), 0 when unknown: objects'
-	// ivar capacity is their shape's.
-	shapeTree uint64
+	// ivar capacity is their shape's. shapeSource says how it was found
+	// (or why not).
+	shapeTree   uint64
+	shapeSource string
 
 	source string
 }
@@ -197,7 +199,9 @@ func resolveFrom(p *ruby.Process, noDWARF bool) (*offsets, error) {
 		return nil, err
 	}
 	if ver >= 30300 {
-		o.shapeTree, _ = p.Symbol("rb_shape_tree_ptr")
+		if o.shapeTree, o.shapeSource, err = findShapeTree(p); err != nil {
+			o.shapeTree, o.shapeSource = 0, err.Error()
+		}
 	}
 	t := p.Target()
 	sorted, sErr := l.Field("rb_objspace", "heap_pages.sorted")
@@ -215,13 +219,21 @@ func resolveFrom(p *ruby.Process, noDWARF bool) (*offsets, error) {
 			return nil, fmt.Errorf("heap pages at the DWARF offsets (%s) fail their checks: %w", l.Source, err)
 		}
 		o.source = fmt.Sprintf("dwarf: rb_objspace.heap_pages.sorted at +%d, heap_page.start at +%d (%s); objspace from %s", o.sorted, o.start, l.Source, src)
+		o.addShapeSource()
 		return o, nil
 	}
 	if err := o.scanObjspace(t); err != nil {
 		return nil, err
 	}
 	o.source = fmt.Sprintf("scan: rb_objspace.heap_pages.sorted found at +%d by its shape, %s; objspace from %s", o.sorted, o.source, src)
+	o.addShapeSource()
 	return o, nil
+}
+
+func (o *offsets) addShapeSource() {
+	if o.shapeSource != "" {
+		o.source += "; " + o.shapeSource
+	}
 }
 
 // objectFields resolves the object fields the byte counts read: from the

@@ -10,9 +10,10 @@ import (
 )
 
 // TestTablesMatchDWARF proves the built-in page layouts and the objspace
-// shape search against DWARF: on a Ruby with DWARF both must give the same
-// offsets; on one without, the census runs on the tables (and the census
-// tests check its counts).
+// shape search against DWARF, and the search for rb_shape_tree_ptr against
+// its symbol: on a Ruby with DWARF both must give the same offsets; on one
+// without, the census runs on the tables (and the census tests check its
+// counts).
 func TestTablesMatchDWARF(t *testing.T) {
 	testutil.NeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
@@ -54,6 +55,21 @@ func TestTablesMatchDWARF(t *testing.T) {
 		b := view{s.sorted, s.npages, s.total, s.start, s.slotSize}
 		if d != b {
 			t.Errorf("DWARF %+v, tables and search %+v", d, b)
+		}
+		if p.VersionNumber() >= 30300 {
+			sym, ok := p.Symbol("rb_shape_tree_ptr")
+			if !ok {
+				if rb.Shared {
+					t.Fatalf("libruby of %s has no symbol rb_shape_tree_ptr", rb.Name)
+				}
+				// A stripped executable (its debug file's symbols are not
+				// read): the shared build proves the search.
+				return
+			}
+			scanned, err := scanShapeTree(p)
+			if err != nil || scanned != sym {
+				t.Errorf("rb_shape_tree_ptr: symbol 0x%x, scan 0x%x (%v)", sym, scanned, err)
+			}
 		}
 	})
 }

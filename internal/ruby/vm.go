@@ -26,3 +26,19 @@ func (p *Process) VersionNumber() int { return p.ver }
 // (from a hint, .symtab or .dynsym), for readers of VM globals the walker
 // does not read itself (rbscope heap reads rb_shape_tree_ptr).
 func (p *Process) Symbol(name string) (uint64, bool) { return p.symbol(name) }
+
+// DataRegions returns the address ranges [start, end) of the Ruby
+// binaries' writable data (their writable mappings and the .bss right
+// after each), where the VM's globals live, for readers that search them
+// (rbscope heap finds rb_shape_tree_ptr there in stripped builds).
+func (p *Process) DataRegions() ([][2]uint64, error) {
+	maps, err := p.t.Mappings()
+	if err != nil {
+		return nil, fmt.Errorf("list mappings: %w", err)
+	}
+	var out [][2]uint64
+	for _, r := range dataRegions(maps, p.info.Binaries) {
+		out = append(out, [2]uint64{r.Start, r.End})
+	}
+	return out, nil
+}
