@@ -2,7 +2,9 @@
 // objspace's sorted list of heap pages, each page's slots, and for every
 // live slot its type, its class (RBasic.klass, named through package ruby)
 // and the bytes it holds: the slot itself plus, for strings, arrays,
-// hashes and (3.0-3.1) objects, the buffer Ruby malloc'd for it.
+// hashes and objects (3.0-3.1, and 3.3 through its shape tree), the buffer
+// Ruby malloc'd for it. It also writes heap dumps in ObjectSpace.dump_all's
+// format (dump.go) and compares censuses (Grow).
 //
 // A census streams the heap in batches of pages (one process_vm_readv per
 // batch) through two fixed buffers, so that rbscope's memory stays bounded
