@@ -70,7 +70,7 @@ type Entry struct {
 	Count uint64 `json:"count"`
 	// SlotBytes is the bytes of their heap slots; MallocBytes what Ruby
 	// malloc'd for them outside the slots (strings', arrays' and hashes'
-	// buffers, objects' ivars on 3.0-3.1). Bytes is their sum.
+	// buffers, objects' ivars on 3.0-3.1 and 3.3). Bytes is their sum.
 	SlotBytes   uint64 `json:"slot_bytes"`
 	MallocBytes uint64 `json:"malloc_bytes"`
 	Bytes       uint64 `json:"bytes"`
