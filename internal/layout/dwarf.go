@@ -28,8 +28,9 @@ var WantedStructs = []string{
 	// Beyond them.
 	"rb_symbols_t", "st_table", "st_table_entry", "rb_id_table",
 	"succ_index_table", "succ_dict_block",
-	// GC state (gc.c; gc/default.c from 3.4).
-	"rb_objspace",
+	// GC state (gc.c; gc/default.c from 3.4), and its heap pages
+	// (rbscope heap).
+	"rb_objspace", "heap_page",
 }
 
 // NeededStructs lists the structs a DWARF extraction for Ruby version v
@@ -53,7 +54,12 @@ func NeededStructs(v string) []string {
 	// The GC state (rb_objspace, in gc.c, which links before vm.c in
 	// Ruby's builds: asking for it rarely lengthens the walk) is in no
 	// table.
+	// heap_page (the object heap's pages, for rbscope heap; 2.1+) is
+	// defined in the same unit.
 	names = append(names, "rb_objspace")
+	if p := parseVersion(v); len(p) >= 2 && (p[0] > 2 || p[0] == 2 && p[1] >= 1) {
+		names = append(names, "heap_page")
+	}
 	sort.Strings(names)
 	return names
 }

@@ -535,10 +535,26 @@ func (p *Pauser) settlePending(wait time.Duration) {
 
 func (p *Pauser) resume(pid int, threads []pausedThread) error {
 	var errs []error
+	// The leader last: a killed process's leader reports its exit only
+	// once its other threads are reaped.
+	order := make([]pausedThread, 0, len(threads))
 	for _, th := range threads {
+		if th.tid != pid {
+			order = append(order, th)
+		}
+	}
+	for _, th := range threads {
+		if th.tid == pid {
+			order = append(order, th)
+		}
+	}
+	for _, th := range order {
 		if err := detach(th.tid, th.sig); err != nil {
-			if errors.Is(err, unix.ESRCH) && !taskExists(pid, th.tid) {
-				continue // killed while stopped
+			// Killed while stopped: gone, or a zombie its tracer must
+			// reap (the leader of rbscope's own child is left to its
+			// parent's wait, whose status it is).
+			if errors.Is(err, unix.ESRCH) && (!taskExists(pid, th.tid) || p.ownChild(pid, th.tid) || reapTracee(th.tid)) {
+				continue
 			}
 			errs = append(errs, fmt.Errorf("resume thread %d of process %d: %w", th.tid, pid, err))
 		}
@@ -548,6 +564,29 @@ func (p *Pauser) resume(pid int, threads []pausedThread) error {
 }
 
 func detach(tid, sig int) error { return ptrace(unix.PTRACE_DETACH, tid, uintptr(sig)) }
+
+// reapTracee collects the exit of thread tid, killed while it was
+// stopped: a traced thread that exits stays a zombie until its tracer
+// waits for it (it can no longer be detached), and until then its parent
+// cannot reap the process. It waits up to a second for the exit to be
+// reported and says whether it was.
+func reapTracee(tid int) bool {
+	deadline := time.Now().Add(time.Second)
+	for {
+		var ws unix.WaitStatus
+		r, err := wait4NoHang(tid, &ws)
+		switch {
+		case err != nil: // ECHILD: not (or no longer) our tracee
+			return errors.Is(err, unix.ECHILD)
+		case r == tid && (ws.Exited() || ws.Signaled()):
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
 
 // InterruptedSleep reports whether thread tid, stopped by a pause of p
 // (between the pause and its resume), was asleep in a system call when it

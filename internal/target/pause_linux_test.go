@@ -125,6 +125,87 @@ func TestPauseExitedProcess(t *testing.T) {
 	}
 }
 
+// TestPauseKilledWhilePaused: a process killed while paused resumes
+// without error, and its parent can reap it: the tracer collects its
+// threads' exits (a traced thread stays a zombie until its tracer waits
+// for it, and the process with it).
+func TestPauseKilledWhilePaused(t *testing.T) {
+	t.Run("Handoff", func(t *testing.T) { testPauseKilled(t, NewPauser()) })
+	t.Run("Thread", func(t *testing.T) { testPauseKilled(t, NewThreadPauser()) })
+}
+
+func testPauseKilled(t *testing.T, p *Pauser) {
+	cmd := startSpinner(t)
+	pid := cmd.Process.Pid
+	defer p.Close()
+	t.Run("not our child", func(t *testing.T) { testPauseKilledGrandchild(t, p) })
+	resume, err := p.Pause(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := resume(); err != nil {
+		t.Errorf("resume of a process killed while paused: %v", err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the parent cannot reap process %d killed while paused: threads %v", pid, taskStates(t, pid))
+	}
+}
+
+// testPauseKilledGrandchild: the same for a process whose parent is not
+// rbscope (a shell's child): its leader's exit, collected by the tracer,
+// goes back to its parent, which reaps it.
+func testPauseKilledGrandchild(t *testing.T, p *Pauser) {
+	ruby, err := exec.LookPath("ruby")
+	if err != nil {
+		testutil.Missing(t, "ruby not installed")
+	}
+	sh := exec.Command("sh", "-c", ruby+` -e '3.times { Thread.new { loop { } } }; puts Process.pid; $stdout.flush; sleep' & wait`)
+	out, err := sh.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sh.Process.Kill(); _ = sh.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume, err := p.Pause(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := resume(); err != nil {
+		t.Errorf("resume of a process killed while paused: %v", err)
+	}
+	for i := 0; ; i++ {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			return
+		}
+		if i > 500 {
+			t.Fatalf("process %d killed while paused was never reaped by its parent: threads %v", pid, taskStates(t, pid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestPauseSignalPreserved: a signal that arrives while the target is
 // stopped is delivered after resuming (not swallowed by ptrace).
 func TestPauseSignalPreserved(t *testing.T) {
