@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math"
@@ -157,7 +158,7 @@ func runHeap(cmd *cobra.Command, o heapOpts) (err error) {
 	opts := heap.Options{Stop: o.stop}
 	var first *heap.Census
 	if o.dump != "" {
-		f, err := output.WriteFile(o.dump, func(w io.Writer) error {
+		f, err := output.WriteFile(o.dump, heapWriteOptions(ctx, cmd), func(w io.Writer) error {
 			dopts := opts
 			dopts.Dump = w
 			c, err := h.Census(ctx, dopts)
@@ -235,7 +236,7 @@ func writeHeap(cmd *cobra.Command, o heapOpts, format string, c *heap.Census) er
 	if out == "" {
 		return write(cmd.OutOrStdout())
 	}
-	f, err := output.WriteFile(out, write)
+	f, err := output.WriteFile(out, heapWriteOptions(cmd.Context(), cmd), write)
 	if err != nil {
 		return fmt.Errorf("write heap report: %w", err)
 	}
@@ -247,4 +248,11 @@ func writeHeap(cmd *cobra.Command, o heapOpts, format string, c *heap.Census) er
 		fmt.Fprintf(cmd.ErrOrStderr(), "rbscope heap: wrote %s\n", path)
 	}
 	return nil
+}
+
+// heapWriteOptions: a wait on a FIFO's reader says what it waits for on
+// stderr and ends with ctx.
+func heapWriteOptions(ctx context.Context, cmd *cobra.Command) output.WriteOptions {
+	stderr := cmd.ErrOrStderr()
+	return output.WriteOptions{Context: ctx, Say: func(msg string) { fmt.Fprintf(stderr, "rbscope heap: %s\n", msg) }}
 }
