@@ -40,10 +40,11 @@ func (t *targetFlags) register(f *pflag.FlagSet, what int) {
 	if what&withSampling != 0 {
 		f.Float64VarP(&t.Rate, "rate", "r", sampler.DefaultRate, fmt.Sprintf("samples per second (up to %d)", sampler.MaxRate))
 		f.BoolVar(&t.Nonblocking, "nonblocking", false, "do not pause the process while reading its stacks")
-		f.Var(&t.Realtime, "realtime", "sample at real-time priority (SCHED_FIFO 1; root or CAP_SYS_NICE). auto (the\n"+
-			"default): wherever rbscope may, at rates up to "+strconv.Itoa(record.AutoRealtimeMaxRate)+" Hz; true: always (refused where it\n"+
-			"may not); false: never. An ordinary sampler on a busy machine waits for the target's\n"+
-			"next system call, and its samples pile up there")
+		f.Var(&t.Realtime, "realtime", "sample at real-time priority (SCHED_FIFO 1; root or CAP_SYS_NICE): true (or\n"+
+			"--realtime alone) always, refused where it may not; auto: wherever rbscope may, at\n"+
+			"rates up to "+strconv.Itoa(record.AutoRealtimeMaxRate)+" Hz; false (the default) never. On a machine busier than its\n"+
+			"cores an ordinary sampler waits for the target's next system call, and its samples\n"+
+			"pile up there: use --realtime there")
 		f.Lookup("realtime").NoOptDefVal = "true"
 	}
 	if what&withLaunch != 0 {

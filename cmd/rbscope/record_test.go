@@ -896,13 +896,13 @@ as_user_spin`), 0o644); err != nil {
 	}
 }
 
-// TestRecordRealtime: with --realtime, and by default (auto) at rates up
-// to 1 kHz, rbscope's threads run SCHED_FIFO while it samples (read from
-// /proc meanwhile) and the recording is as usual; --realtime=false and
-// auto above 1 kHz leave them ordinary. Where the priority may not be
-// raised (here: without CAP_SYS_NICE, through setpriv) --realtime is
-// refused before anything starts, saying what it needs, and auto records
-// at ordinary priority.
+// TestRecordRealtime: with --realtime, and with --realtime=auto at rates
+// up to 1 kHz, rbscope's threads run SCHED_FIFO while it samples (read
+// from /proc meanwhile) and the recording is as usual; by default
+// (--realtime=false) and with auto above 1 kHz they stay ordinary. Where
+// the priority may not be raised (here: without CAP_SYS_NICE, through
+// setpriv) --realtime is refused before anything starts, saying what it
+// needs, and auto records at ordinary priority.
 func TestRecordRealtime(t *testing.T) {
 	rb := testutil.SystemRuby(t)
 	bin := recBinary(t)
@@ -931,9 +931,9 @@ sleep`)
 		policy     int
 	}{
 		{"rt", "1000", []string{"--realtime"}, schedFIFO},
-		{"auto", "100", nil, schedFIFO},
-		{"off", "100", []string{"--realtime=false"}, schedOther},
-		{"auto-fast", "2000", nil, schedOther},
+		{"auto", "100", []string{"--realtime=auto"}, schedFIFO},
+		{"default", "100", nil, schedOther},
+		{"auto-fast", "2000", []string{"--realtime=auto"}, schedOther},
 	} {
 		cmd := exec.Command(bin, args(c.name, c.rate, c.extra...)...)
 		cmd.Env = rb.ProfilerEnv(t)
@@ -991,7 +991,7 @@ sleep`)
 		}
 	}
 	// Auto without CAP_SYS_NICE: an ordinary recording.
-	plain := exec.Command(setpriv, append([]string{"--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice", bin}, args("plain", "100")...)...)
+	plain := exec.Command(setpriv, append([]string{"--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice", bin}, args("plain", "100", "--realtime=auto")...)...)
 	plain.Env = rb.ProfilerEnv(t)
 	if out, err := plain.CombinedOutput(); err != nil {
 		t.Errorf("record without CAP_SYS_NICE (auto): %v\n%s", err, out)

@@ -235,3 +235,18 @@ func TestStatFileFollowsExecAndExit(t *testing.T) {
 		t.Errorf("stat of reaped process %d read %+v, want an error", pid, st)
 	}
 }
+
+func TestParseLoadAvg(t *testing.T) {
+	if v, err := ParseLoadAvg([]byte("2.50 1.20 0.90 3/512 4242\n")); err != nil || v != 2.5 {
+		t.Errorf("ParseLoadAvg = %v, %v; want 2.5", v, err)
+	}
+	for _, bad := range []string{"", "x 1 2"} {
+		if _, err := ParseLoadAvg([]byte(bad)); err == nil {
+			t.Errorf("ParseLoadAvg(%q): no error", bad)
+		}
+	}
+	// The machine's own, read the way the kernel writes it.
+	if v, err := LoadAvg(); err != nil || v < 0 {
+		t.Errorf("LoadAvg = %v, %v", v, err)
+	}
+}

@@ -37,7 +37,7 @@ type Target struct {
 	Command      []string      // -- CMD ARGS: a command to launch (record only)
 	Rate         float64       // --rate: samples per second
 	Nonblocking  bool          // --nonblocking: never pause the process
-	Realtime     Realtime      // --realtime: sample at real-time priority (auto by default)
+	Realtime     Realtime      // --realtime: sample at real-time priority (off by default)
 	RubyVersion  string        // --ruby-version: assumed when not detected
 	Subprocesses bool          // --subprocesses: also sample Ruby descendants
 	StartTimeout time.Duration // launch mode: how long Ruby may take to start

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/output"
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -79,6 +81,7 @@ func (r *rec) summarize(st sampler.Stats) {
 		r.con.say("own CPU use: %.3fs (%.1f%% of one core); while sampling %.2f%% of one core%s",
 			cpu.Seconds(), 100*cpu.Seconds()/wall, 100*st.CPU.Seconds()/wall, perTick)
 	}
+	r.busyHint()
 	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
 		r.con.say("last error: %v", st.LastError)
 	}
@@ -161,4 +164,19 @@ func unreadKept(by map[string]int, mode stack.Mode) map[string]int {
 		}
 	}
 	return out
+}
+
+// busyHint says, when the machine had more tasks wanting a CPU than it has
+// CPUs while rbscope sampled at ordinary priority, that the samples lean
+// towards the target's system calls, and what avoids it (see Realtime).
+func (r *rec) busyHint() {
+	if r.realtime {
+		return
+	}
+	load, err := procfs.LoadAvg()
+	if err != nil || load < float64(runtime.NumCPU()) {
+		return
+	}
+	r.con.say("the machine was busy (load average %.1f on %d CPUs): an ordinary sampler then waits for a CPU, "+
+		"and its samples lean towards the target's system calls; --realtime avoids that", load, runtime.NumCPU())
 }
