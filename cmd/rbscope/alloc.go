@@ -257,6 +257,9 @@ func (f *allocFlags) validate() error {
 }
 
 func writeAllocReport(cmd *cobra.Command, f allocFlags, r *alloc.Report) error {
+	if why := r.NoStacks(f.format); why != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "rbscope alloc: %s\n", why)
+	}
 	out := f.output
 	if out == "" && f.format == "pprof" {
 		out = fmt.Sprintf("rbscope-alloc-%d-%s.pb.gz", f.pid, time.Now().Format("20060102-150405"))

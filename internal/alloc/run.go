@@ -147,6 +147,24 @@ func exitNote(r *Report) string {
 	return "; it ended without Ruby's teardown (exit!, a signal), so what it allocated after Ruby's counter was last read is missing"
 }
 
+// NoStacks says why a stack view (flamegraph, speedscope, collapsed) of r
+// is empty, or "" when r has stacks to draw or format is not a stack view.
+func (r *Report) NoStacks(format string) string {
+	switch format {
+	case "flamegraph", "speedscope", "collapsed":
+	default:
+		return ""
+	}
+	if len(r.Stacks) > 0 {
+		return ""
+	}
+	why := "one counted allocation in 64 has its stack copied, and none was"
+	if r.StackError != "" {
+		why = r.StackError
+	}
+	return fmt.Sprintf("no allocation stack was sampled (%s): the %s is empty; a longer --duration or --exact samples more", why, format)
+}
+
 // Formats lists the report formats WriteFormat knows: text, json, pprof
 // (alloc_objects and alloc_space by stack, or by site without stacks) and
 // the stack views flamegraph, speedscope and collapsed.
@@ -163,9 +181,8 @@ func (r *Report) WriteFormat(w io.Writer, format, by string, top int) error {
 	case "text", "":
 		return r.WriteText(w, by, top)
 	case "flamegraph", "speedscope", "collapsed":
-		if len(r.Stacks) == 0 {
-			return fmt.Errorf("no allocation stacks to draw a %s from (%s)", format, r.StackError)
-		}
+		// No stack sampled (a short job in the default mode): an empty
+		// view, as the caller says (see NoStacks), never no file.
 		samples := r.StackSamplesList()
 		i := 0
 		_, err := output.Render(format, output.Options{Title: fmt.Sprintf("rbscope alloc: pid %d, %d sampled allocation stacks", r.Pid, len(samples))},
