@@ -221,11 +221,37 @@ end
 sleep 0.01 until File.exist?(ARGV[0]) # rbscope has opened this Ruby: its raw recording exists
 t = Time.now
 spin_alpha while Time.now - t < 1.5
+File.write(ARGV[1], "#{t.to_r.to_f} #{Time.now.to_r.to_f}")
 `), 0o644)
 		raw := filepath.Join(dir, "spin.raw.gz")
-		_, errOut, code := repRun(t, dir, append([]string{"record", "--raw", raw, "--format", "collapsed", "--output", filepath.Join(dir, "spin.collapsed.txt"), "--"}, rb.Argv(script, raw)...)...)
+		window := filepath.Join(dir, "window.txt")
+		_, errOut, code := repRun(t, dir, append([]string{"record", "--raw", raw, "--format", "collapsed", "--output", filepath.Join(dir, "spin.collapsed.txt"), "--"}, rb.Argv(script, raw, window)...)...)
 		if code != 0 {
 			t.Fatalf("record: exit %d\n%s", code, errOut)
+		}
+		// While the script spun (its own clock), spin_alpha is on every
+		// stack but those of the loop's condition. Before, Ruby was still
+		// booting (RubyGems loads slowly on a loaded machine) or waiting.
+		var from, to float64
+		if b, err := os.ReadFile(window); err != nil {
+			t.Fatalf("the script wrote no window: %v", err)
+		} else if _, err := fmt.Sscanf(string(b), "%f %f", &from, &to); err != nil {
+			t.Fatalf("window %q: %v", b, err)
+		}
+		_, samples := recReadRaw(t, raw)
+		var in, spin int
+		for _, s := range samples {
+			at := float64(s.Time.UnixNano()) / 1e9
+			if at < from || at > to {
+				continue
+			}
+			in++
+			if hasFrame(s, "Object#spin_alpha") {
+				spin++
+			}
+		}
+		if in < 20 || float64(spin) < 0.9*float64(in) {
+			t.Errorf("%d of the %d samples taken while the script spun are in Object#spin_alpha", spin, in)
 		}
 		_, errOut, code = repRun(t, dir, "report", "-i", raw, "-f", "pprof")
 		if code != 0 || !strings.Contains(errOut, "to spin.pb.gz") {
@@ -235,17 +261,23 @@ spin_alpha while Time.now - t < 1.5
 		if err != nil {
 			t.Fatalf("go tool pprof: %v\n%s", err, out)
 		}
-		// "0     0%   100%        130 86.67%  Object#spin_alpha": most
-		// samples are inside spin_alpha.
+		// "0     0%   100%        130 86.67%  Object#spin_alpha": pprof
+		// counts spin_alpha's samples as the recording does.
 		var cum float64
 		for _, l := range strings.Split(string(out), "\n") {
 			f := strings.Fields(l)
 			if len(f) == 6 && f[5] == "Object#spin_alpha" {
-				cum, _ = strconv.ParseFloat(strings.TrimSuffix(f[4], "%"), 64)
+				cum, _ = strconv.ParseFloat(f[3], 64)
 			}
 		}
-		if cum < 50 { // at least half: a loaded machine leaves few samples, some of the script's start
-			t.Fatalf("Object#spin_alpha has %.1f%% of samples cumulative, want most:\n%s", cum, out)
+		all := 0
+		for _, s := range samples {
+			if hasFrame(s, "Object#spin_alpha") {
+				all++
+			}
+		}
+		if int(cum) != all {
+			t.Fatalf("pprof has %.0f samples in Object#spin_alpha, the recording %d:\n%s", cum, all, out)
 		}
 		if !strings.Contains(string(out), "block in Object#spin_alpha") || !strings.Contains(string(out), "Integer#times") {
 			t.Fatalf("pprof lacks the block or Integer#times:\n%s", out)
