@@ -12,7 +12,7 @@ import (
 // collapsed writes Brendan Gregg's folded stacks: one line per distinct
 // stack, frames outermost first separated by ";", then a space and the
 // number of samples. Frames are "name", or "name (path:line)" with
-// Options.Lines (C and pseudo-frames without a path stay "name"); with
+// Options.Lines (C, internal and pseudo-frames stay "name"); with
 // Options.Threads each stack starts with "thread NAME (TID)". A ";" or
 // newline inside a name becomes ":" or " " so lines stay parseable. Lines
 // are sorted by stack text.
@@ -34,7 +34,7 @@ var foldReplacer = strings.NewReplacer(";", ":", "\n", " ", "\r", " ")
 
 func (c *collapsed) label(f stack.Frame) string {
 	l := foldReplacer.Replace(f.Name)
-	if c.o.Lines && f.Path != "" && f.Kind != stack.KindCFunc && !f.IsPseudo() {
+	if c.o.Lines && f.Path != "" && !f.AtCaller() && !f.IsPseudo() {
 		l += " (" + foldReplacer.Replace(f.Path) + ":" + strconv.Itoa(f.Line) + ")"
 	}
 	return l

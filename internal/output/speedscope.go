@@ -83,7 +83,7 @@ func newSpeedscope(o Options) Writer {
 
 func (s *speedscope) frame(f stack.Frame) int {
 	sf := ssFrame{Name: f.Name}
-	if f.Kind == stack.KindRuby || f.Kind == "" {
+	if (f.Kind == stack.KindRuby || f.Kind == "") && !f.AtCaller() {
 		sf.File, sf.Line = f.Path, f.Line
 	}
 	return s.byFrame.get(sf)

@@ -18,8 +18,12 @@ import (
 // Magic starts every raw recording.
 const Magic = "RBSCOPE\x00"
 
-// FormatVersion is the version of the format this package writes.
-const FormatVersion = 1
+// FormatVersion is the version of the format this package writes; the
+// reader reads every version from MinFormatVersion to it.
+const FormatVersion = 2
+
+// MinFormatVersion is the oldest version the reader reads.
+const MinFormatVersion = 1
 
 // Record kinds.
 const (
@@ -201,6 +205,7 @@ func (w *Writer) frame(f stack.Frame) uint64 {
 		return id
 	}
 	name, path, kind := w.str(f.Name), w.str(f.Path), w.str(f.Kind)
+	ipath := w.str(f.InternalPath)
 	id := uint64(len(w.frames))
 	w.frames[f] = id
 	w.buf = append(w.buf, recFrame)
@@ -212,6 +217,8 @@ func (w *Writer) frame(f stack.Frame) uint64 {
 	}
 	w.buf = binary.AppendUvarint(w.buf, uint64(line))
 	w.buf = binary.AppendUvarint(w.buf, kind)
+	w.buf = binary.AppendUvarint(w.buf, ipath)
+	w.buf = binary.AppendUvarint(w.buf, uint64(max(f.InternalLine, 0)))
 	return id
 }
 

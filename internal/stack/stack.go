@@ -100,21 +100,38 @@ func (m Mode) Keeps(s *Sample) bool {
 // Frame is one stack frame.
 type Frame struct {
 	Name string `json:"name"` // "Outer::Inner#level3", "block in Foo#bar", "Array#each"
-	Path string `json:"path"` // iseq path; a C frame takes its Ruby caller's
+	Path string `json:"path"` // iseq path; a C or internal frame takes its Ruby caller's
 	Line int    `json:"line"` // line being executed; 0 when unknown
 	Kind string `json:"kind"` // KindRuby, KindCFunc or KindGC
+	// InternalPath and InternalLine are where a Ruby frame of a method
+	// defined inside Ruby itself ("<internal:kernel>", as Kernel#loop on
+	// 3.3) is executing. Such a frame is shown as Ruby 3.4's backtraces
+	// show it, like a C frame: Path and Line are its Ruby caller's.
+	// Empty for every other frame.
+	InternalPath string `json:"internal_path,omitempty"`
+	InternalLine int    `json:"internal_line,omitempty"`
 }
 
+// InternalPrefix starts the path of the methods Ruby defines in Ruby
+// inside itself (kernel.rb, numeric.rb, array.rb, ...).
+const InternalPrefix = "<internal:"
+
+// AtCaller reports whether the frame shows its Ruby caller's path and
+// line rather than its own: a C frame, or a frame of a method defined in
+// <internal:...>.
+func (f *Frame) AtCaller() bool { return f.Kind == KindCFunc || f.InternalPath != "" }
+
 // Func is a function's identity: a Ruby frame's function is its name and
-// path; a C or GC frame's function is its name alone, because its path is
-// its caller's (Array#each called from two files is one function).
+// path; a C, internal (see Frame.InternalPath) or GC frame's function is
+// its name alone, because its path is its caller's (Array#each called
+// from two files is one function).
 type Func struct {
 	Name, Path string
 }
 
 // Func returns the function the frame runs in.
 func (f *Frame) Func() Func {
-	if f.Kind == KindRuby || f.Kind == "" {
+	if (f.Kind == KindRuby || f.Kind == "") && f.InternalPath == "" {
 		return Func{f.Name, f.Path}
 	}
 	return Func{Name: f.Name}
