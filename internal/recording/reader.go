@@ -374,7 +374,13 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 		if err != nil {
 			return s, false, err
 		}
-		r.threads = append(r.threads, ThreadInfo{Pid: int(pid), TID: int(tid), Name: name})
+		var id uint64
+		if r.version >= 3 {
+			if id, err = r.uvarint(); err != nil {
+				return s, false, err
+			}
+		}
+		r.threads = append(r.threads, ThreadInfo{Pid: int(pid), TID: int(tid), ThreadID: id, Name: name})
 		r.last = append(r.last, lastStack{})
 	case recSample:
 		d, err := r.varint()
@@ -440,6 +446,7 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 			Time:       time.Unix(0, r.prevNanos),
 			Pid:        t.Pid,
 			TID:        t.TID,
+			ThreadID:   t.ThreadID,
 			ThreadName: t.Name,
 			OnCPU:      flags&flagOnCPU != 0,
 			Activity:   activityOf(flags),

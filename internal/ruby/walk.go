@@ -216,6 +216,7 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	th.Activity, prefix = activity(&th, ownerKnown, ref.waiting, gc)
 	th.State = rubyStatus(internal, o.thToKill.u64(tb) != 0)
 	th.TID = p.refTID(&ref, tb)
+	th.ThreadID = ref.addr
 	if o.thName.ok {
 		if nv := o.thName.u64(tb); isHeapPtr(nv) {
 			th.Name = p.threadName(nv)

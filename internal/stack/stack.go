@@ -5,6 +5,7 @@ package stack
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -155,8 +156,13 @@ const KernelNameMax = 15
 
 // Thread is one Ruby thread's stack at one moment.
 type Thread struct {
-	TID  int    `json:"tid"`  // Linux thread id, 0 when unknown
-	Name string `json:"name"` // see NameSource
+	TID int `json:"tid"` // Linux thread id, 0 when unknown
+	// ThreadID is the Ruby thread's identity for its whole life (the
+	// address of its rb_thread_t), 0 when unknown. Under M:N threads
+	// (RUBY_MN_THREADS=1) a Ruby thread moves between native threads and
+	// may have none: its TID changes or is 0, its ThreadID stays.
+	ThreadID uint64 `json:"thread_id,omitempty"`
+	Name     string `json:"name"` // see NameSource
 	// NameSource says where Name comes from: NameRuby, NameStart or
 	// NameKernel ("" when the thread has no name).
 	NameSource string `json:"name_source,omitempty"`
@@ -196,7 +202,8 @@ func (t *Thread) DisplayName() string {
 type Sample struct {
 	Time       time.Time
 	Pid        int
-	TID        int
+	TID        int    // the native thread it ran on then, 0 when none or unknown
+	ThreadID   uint64 // see Thread.ThreadID; 0 in recordings that predate it
 	ThreadName string
 	// OnCPU: the thread was on a CPU. In Mode cpu, at the tick's deadline
 	// by the kernel's context-switch records; otherwise its kernel state
@@ -205,4 +212,34 @@ type Sample struct {
 	Activity string  // ActivityRunning, ...; "" in recordings that predate it
 	GVL      bool    // the thread owned the GVL
 	Frames   []Frame // innermost first
+}
+
+// ThreadKey identifies a Ruby thread among samples: its process and its
+// ThreadID, or its TID for samples without a ThreadID (recordings that
+// predate it). Outputs group samples by thread with it, so that a Ruby
+// thread that moves between native threads stays one.
+type ThreadKey struct {
+	Pid int
+	ID  uint64 // Sample.ThreadID
+	TID int    // Sample.TID when ID is 0, else 0
+}
+
+// Key returns the key of s's thread.
+func (s *Sample) Key() ThreadKey {
+	if s.ThreadID != 0 {
+		return ThreadKey{Pid: s.Pid, ID: s.ThreadID}
+	}
+	return ThreadKey{Pid: s.Pid, TID: s.TID}
+}
+
+// NoTID is shown for a thread's tid when it has had no native thread (a
+// Ruby thread under M:N threads waiting for one).
+const NoTID = "no tid"
+
+// TIDText is how outputs show a tid: the number, or NoTID for 0.
+func TIDText(tid int) string {
+	if tid == 0 {
+		return NoTID
+	}
+	return strconv.Itoa(tid)
 }
