@@ -40,7 +40,7 @@ func (r *rec) finish(st sampler.Stats) error {
 			rst.Unread = append(rst.Unread, recording.UnreadThread{Pid: sp.Pid, TID: sp.TID, Name: sp.Name, ByActivity: sp.Unread})
 		}
 	}
-	rst.Torn = tornThreads(st)
+	rst.Torn = TornThreads(st)
 	if err := r.raw.Close(rst); err != nil && r.rawErr == nil {
 		r.rawErr = err
 	}
@@ -72,8 +72,8 @@ func (r *rec) summarize(st sampler.Stats) {
 	}
 	r.con.say("%d samples of %d threads in %.1fs (%d ticks, %d late, %d missed); errors: %s",
 		st.Samples, len(st.Threads), st.End.Sub(st.Start).Seconds(), st.Ticks, st.Late, st.Missed, st.ErrorSummary())
-	if torn := tornThreads(st); len(torn) > 0 {
-		r.con.say("stacks that changed while read (kept under a (stack changed while read) frame): %s", tornSummary(torn))
+	if torn := TornThreads(st); len(torn) > 0 {
+		r.con.say("stacks that changed while read (kept under a (stack changed while read) frame): %s", TornSummary(torn))
 	}
 	if cpu, ok := sampler.SelfCPU(); ok && st.End.Sub(st.Start) >= 100*time.Millisecond {
 		// The whole run (opening the target included), then sampling
@@ -170,9 +170,9 @@ func unreadKept(by map[string]int, mode stack.Mode) map[string]int {
 	return out
 }
 
-// tornThreads lists the threads with samples whose stack changed while
+// TornThreads lists the threads with samples whose stack changed while
 // read, the one that held the GVL most first (then by share torn).
-func tornThreads(st sampler.Stats) []recording.TornThread {
+func TornThreads(st sampler.Stats) []recording.TornThread {
 	var out []recording.TornThread
 	for _, sp := range st.Threads {
 		if sp.Torn == 0 {
@@ -193,9 +193,9 @@ func tornThreads(st sampler.Stats) []recording.TornThread {
 	return out
 }
 
-// tornSummary says, per thread (at most four, the GVL's main holder
+// TornSummary says, per thread (at most four, the GVL's main holder
 // first), what share of its samples changed while read.
-func tornSummary(ts []recording.TornThread) string {
+func TornSummary(ts []recording.TornThread) string {
 	var parts []string
 	for i, t := range ts {
 		if i == 4 {
