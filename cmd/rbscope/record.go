@@ -28,7 +28,9 @@ every stack is consistent: only the thread holding the GVL, the one that
 can change a Ruby stack, or every Ruby thread when none holds it; the process is always resumed, also on
 Ctrl-C, errors, SIGTERM and SIGHUP (and the kernel resumes it if rbscope
 is killed). --nonblocking reads the running process instead: no pauses,
-but a stack that changes while it is read is counted as an error.
+but a stack that keeps changing while it is read is kept with the frames
+that held still under a "(stack changed while read)" frame (the summary
+says which threads had such samples).
 
 Ctrl-C (SIGINT), SIGTERM and SIGHUP (a dropped ssh connection) end the
 recording and write the output. Ctrl-Z (SIGTSTP) suspends rbscope

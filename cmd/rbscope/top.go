@@ -110,6 +110,7 @@ func (o *topFlags) run() error {
 					}
 				}
 				agg.SetUnread(unread)
+				agg.SetTorn(record.TornSummary(record.TornThreads(st)))
 			},
 		}, agg.Add)
 		sampleErr = err

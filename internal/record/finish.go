@@ -1,10 +1,13 @@
 package record
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/output"
@@ -39,6 +42,7 @@ func (r *rec) finish(st sampler.Stats) error {
 			rst.Unread = append(rst.Unread, recording.UnreadThread{Pid: sp.Pid, TID: sp.TID, Name: sp.Name, ByActivity: sp.Unread})
 		}
 	}
+	rst.Torn = TornThreads(st)
 	if err := r.raw.Close(rst); err != nil && r.rawErr == nil {
 		r.rawErr = err
 	}
@@ -70,6 +74,9 @@ func (r *rec) summarize(st sampler.Stats) {
 	}
 	r.con.say("%d samples of %d threads in %.1fs (%d ticks, %d late, %d missed); errors: %s",
 		st.Samples, len(st.Threads), st.End.Sub(st.Start).Seconds(), st.Ticks, st.Late, st.Missed, st.ErrorSummary())
+	if torn := TornThreads(st); len(torn) > 0 {
+		r.con.say("stacks that changed while read (kept under a (stack changed while read) frame): %s", TornSummary(torn))
+	}
 	if cpu, ok := sampler.SelfCPU(); ok && st.End.Sub(st.Start) >= 100*time.Millisecond {
 		// The whole run (opening the target included), then sampling
 		// alone: what a long recording costs.
@@ -179,4 +186,45 @@ func (r *rec) busyHint() {
 	}
 	r.con.say("the machine was busy (load average %.1f on %d CPUs): an ordinary sampler then waits for a CPU, "+
 		"and its samples lean towards the target's system calls; --realtime avoids that", load, runtime.NumCPU())
+}
+
+// TornThreads lists the threads with samples whose stack changed while
+// read, the one that held the GVL most first (then by share torn).
+func TornThreads(st sampler.Stats) []recording.TornThread {
+	var out []recording.TornThread
+	for _, sp := range st.Threads {
+		if sp.Torn == 0 {
+			continue
+		}
+		n := sp.Samples
+		for _, u := range sp.Unread {
+			n += u
+		}
+		out = append(out, recording.TornThread{Pid: sp.Pid, TID: sp.TID, Name: sp.Name, Torn: sp.Torn, Samples: n, GVL: sp.GVL})
+	}
+	slices.SortFunc(out, func(a, b recording.TornThread) int {
+		if a.GVL != b.GVL {
+			return cmp.Compare(b.GVL, a.GVL)
+		}
+		return cmp.Compare(float64(b.Torn)/float64(b.Samples), float64(a.Torn)/float64(a.Samples))
+	})
+	return out
+}
+
+// TornSummary says, per thread (at most four, the GVL's main holder
+// first), what share of its samples changed while read.
+func TornSummary(ts []recording.TornThread) string {
+	var parts []string
+	for i, t := range ts {
+		if i == 4 {
+			parts = append(parts, fmt.Sprintf("%d more threads", len(ts)-i))
+			break
+		}
+		name := t.Name
+		if name == "" {
+			name = fmt.Sprintf("tid %d", t.TID)
+		}
+		parts = append(parts, fmt.Sprintf("%s %.1f%% of its %d samples (GVL held in %d)", name, 100*float64(t.Torn)/float64(t.Samples), t.Samples, t.GVL))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -126,7 +126,8 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 	end := t0.Add(3 * time.Second)
-	if err := w.Close(Stats{Samples: 999, Late: 4, Errors: map[string]int64{"exited": 1, "read": 2}, End: end}); err != nil {
+	torn := []TornThread{{Pid: 4242, TID: 101, Name: "alpha-worker", Torn: 3, Samples: 60, GVL: 50}}
+	if err := w.Close(Stats{Samples: 999, Late: 4, Errors: map[string]int64{"exited": 1, "read": 2}, End: end, Torn: torn}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Add(sampleN(0)); err == nil {
@@ -160,7 +161,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal("cleanly closed recording reported truncated")
 	}
 	st, ok := r.Stats()
-	if !ok || st.Samples != n || st.Late != 4 || st.Errors["exited"] != 1 || st.Errors["read"] != 2 || !st.End.Equal(end) {
+	if !ok || st.Samples != n || st.Late != 4 || st.Errors["exited"] != 1 || st.Errors["read"] != 2 || !st.End.Equal(end) || !reflect.DeepEqual(st.Torn, torn) {
 		t.Fatalf("stats %+v ok=%v", st, ok)
 	}
 	// Threads: 3 tids x pids seen, plus the renamed one.

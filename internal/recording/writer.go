@@ -65,6 +65,23 @@ type Stats struct {
 	// Unread lists the threads with samples not written because their
 	// stack could not be read, by the activity they were in.
 	Unread []UnreadThread `json:"unread,omitempty"`
+	// Torn lists the threads with samples written under a
+	// (stack changed while read) frame (nonblocking), the thread that
+	// held the GVL most first.
+	Torn []TornThread `json:"torn,omitempty"`
+}
+
+// TornThread counts one thread's samples whose stack kept changing while
+// it was read (written with the frames that held still under a
+// (stack changed while read) frame), out of its samples (unread ones
+// included), and those in which it held the GVL.
+type TornThread struct {
+	Pid     int    `json:"pid"`
+	TID     int    `json:"tid"`
+	Name    string `json:"name,omitempty"`
+	Torn    int    `json:"torn"`
+	Samples int    `json:"samples"`
+	GVL     int    `json:"gvl"`
 }
 
 // UnreadThread counts one thread's samples whose stack could not be read

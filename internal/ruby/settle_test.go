@@ -66,3 +66,60 @@ func TestSettle(t *testing.T) {
 		})
 	}
 }
+
+// TestStableOuter: which frames of two copies that did not settle held
+// still: those outer to every cfp read and the same in both copies, from
+// the innermost such slot to the end of the copies.
+func TestStableOuter(t *testing.T) {
+	const sz, slots = 56, 8
+	p := &Process{}
+	p.o.cfpSize = sz
+	const lo = 0x20000
+	end := uint64(lo + sz*slots)
+	frames := func(diff ...int) []byte {
+		b := make([]byte, sz*slots)
+		for i := range b {
+			b[i] = byte(i / sz)
+		}
+		for _, slot := range diff {
+			b[slot*sz+30] ^= 0xff
+		}
+		return b
+	}
+	cfps := func(c0, c1, c2 uint64) (c [3][8]byte) {
+		for i, v := range []uint64{c0, c1, c2} {
+			binary.LittleEndian.PutUint64(c[i][:], v)
+		}
+		return c
+	}
+	at := func(slot int) uint64 { return lo + uint64(slot)*sz }
+	for _, tc := range []struct {
+		name      string
+		c         [3][8]byte
+		second    []byte
+		wantStart int // first stable slot; -1: none
+	}{
+		{"outer to the outermost cfp", cfps(at(1), at(3), at(2)), frames(1, 2, 3), 4},
+		{"a slot that differs beyond the cfps", cfps(at(1), at(1), at(2)), frames(5), 6},
+		{"the outermost slot differs", cfps(at(1), at(1), at(1)), frames(slots - 1), -1},
+		{"the cfp at the last slot", cfps(at(1), at(slots-1), at(1)), frames(), -1},
+		{"a cfp outside the copies", cfps(at(1), end, at(1)), frames(), -1},
+		{"a cfp between two slots", cfps(at(1), at(2)+8, at(1)), frames(), -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			region, start := p.stableOuter(lo, end, tc.c, frames(), tc.second)
+			if tc.wantStart < 0 {
+				if region != nil {
+					t.Fatalf("stable region of %d bytes from 0x%x, want none", len(region), start)
+				}
+				return
+			}
+			if start != at(tc.wantStart) || uint64(len(region)) != end-start {
+				t.Fatalf("stable region of %d bytes from 0x%x, want %d from 0x%x", len(region), start, end-at(tc.wantStart), at(tc.wantStart))
+			}
+			if string(region) != string(tc.second[tc.wantStart*sz:]) {
+				t.Errorf("stable region is not the second copy's frames")
+			}
+		})
+	}
+}

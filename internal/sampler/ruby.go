@@ -612,28 +612,46 @@ func retryInconsistent(ctx context.Context, timeout time.Duration, try func() er
 }
 
 // Snapshot reads every Ruby thread's stack of the running process p,
-// without pausing it. A thread whose stack changed while it was read (a
-// busy thread: the walker reads such a stack a few times before it gives
-// up, see ruby.ErrTorn) fails the snapshot as a sample fails, and the
-// snapshot is taken again as retryInconsistent retries, until every
-// thread is read. It returns the snapshot that read every thread, else
-// the one that read the most, with a *ThreadErrors naming the threads
-// still unread (their Error says why); an error without threads when no
-// snapshot could be taken.
+// without pausing it. A thread whose stack kept changing while it was read
+// (a busy thread: the walker reads such a stack again and again before it
+// keeps it under a (stack changed while read) frame, see ruby.ErrTorn), or
+// could not be read at all, makes the snapshot be taken again as
+// retryInconsistent retries, until every thread is read whole. It returns
+// the snapshot that read every thread whole, else the one with the fewest
+// unread threads and then the fewest kept torn, with a *ThreadErrors
+// naming the threads still unread (their Error says why); an error without
+// threads when no snapshot could be taken.
 func Snapshot(ctx context.Context, p *ruby.Process) ([]stack.Thread, error) {
 	var best []stack.Thread
 	var bestErr *ThreadErrors
+	bestTorn := 0
 	err := retryInconsistent(ctx, 0, func() error {
 		threads, err := p.Snapshot()
 		if err != nil {
 			return err
 		}
 		failed := threadErrors(p.Target().Pid(), threads)
-		if best == nil || (bestErr != nil && (failed == nil || len(failed.Threads) < len(bestErr.Threads))) {
-			best, bestErr = threads, failed
+		torn := 0
+		for i := range threads {
+			if HasTorn(threads[i].Frames) {
+				torn++
+			}
+		}
+		nf, nb := 0, 0
+		if failed != nil {
+			nf = len(failed.Threads)
+		}
+		if bestErr != nil {
+			nb = len(bestErr.Threads)
+		}
+		if best == nil || nf < nb || (nf == nb && torn < bestTorn) {
+			best, bestErr, bestTorn = threads, failed, torn
 		}
 		if failed != nil {
 			return failed
+		}
+		if torn > 0 {
+			return errTornKept
 		}
 		return nil
 	})
@@ -645,6 +663,10 @@ func Snapshot(ctx context.Context, p *ruby.Process) ([]stack.Thread, error) {
 	}
 	return best, nil
 }
+
+// errTornKept is Snapshot's error, to retry, of a snapshot that kept a
+// stack under a (stack changed while read) frame.
+var errTornKept = fmt.Errorf("%w: a stack kept changing while it was read", ruby.ErrInvalid)
 
 // threadErrors returns the threads of a snapshot of process pid that
 // could not be read, nil when every one was.

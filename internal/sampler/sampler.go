@@ -134,6 +134,39 @@ type ThreadSpan struct {
 	// the reader far more often than one in GC or waiting, and shares
 	// by activity that leave these out lean away from running.
 	Unread map[string]int `json:",omitempty"`
+	// Torn counts the thread's samples delivered with a
+	// (stack changed while read) frame (nonblocking): its stack kept
+	// changing however often it was read, and its inner frames are
+	// unknown. GVL counts its samples holding the GVL.
+	Torn int `json:",omitempty"`
+	GVL  int `json:",omitempty"`
+}
+
+// TornShare is the share of the thread's samples (delivered or unread)
+// whose stack changed while read (0 to 1).
+func (sp *ThreadSpan) TornShare() float64 {
+	n := sp.Samples
+	for _, u := range sp.Unread {
+		n += u
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(sp.Torn) / float64(n)
+}
+
+// HasTorn reports whether frames hold the marker of a stack that changed
+// while read (stack.KindTorn).
+func HasTorn(frames []stack.Frame) bool {
+	for i := range frames {
+		if frames[i].Kind == stack.KindTorn {
+			return true
+		}
+		if !frames[i].IsPseudo() {
+			return false
+		}
+	}
+	return false
 }
 
 type threadKey struct{ pid, tid int }
@@ -393,6 +426,12 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 				sp := span(s.Pid, s.TID, s.ThreadName, s.Time)
 				sp.Last = s.Time
 				sp.Samples++
+				if s.GVL {
+					sp.GVL++
+				}
+				if HasTorn(s.Frames) {
+					sp.Torn++
+				}
 				if s.ThreadName != "" {
 					sp.Name = s.ThreadName
 				}

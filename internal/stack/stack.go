@@ -15,6 +15,7 @@ const (
 	KindCFunc = "cfunc" // a C-function frame (Array#each)
 	KindGC    = "gc"    // the pseudo-frames "(garbage collection)", "(marking)", "(sweeping)"
 	KindGVL   = "gvl"   // the pseudo-frame "(waiting for GVL)"
+	KindTorn  = "torn"  // the pseudo-frame "(stack changed while read)"
 )
 
 // Pseudo-frame names (stackprof's convention for GC).
@@ -24,6 +25,10 @@ const (
 	FrameSweeping   = "(sweeping)"
 	FrameCompacting = "(compacting)"
 	FrameGVLWait    = "(waiting for GVL)"
+	// FrameTorn stands, nonblocking, for the inner frames of a stack
+	// that kept changing while it was read; the frames under it held
+	// still.
+	FrameTorn = "(stack changed while read)"
 )
 
 // Activities: why a thread is where it is at one moment.
@@ -44,9 +49,9 @@ const (
 // Activities lists the activities in display order.
 var Activities = []string{ActivityRunning, ActivityGVLWait, ActivityBlocked, ActivityGC, ActivityUnknown}
 
-// IsPseudo reports whether f is a pseudo-frame (GC or GVL wait) rather
-// than a Ruby or C frame.
-func (f Frame) IsPseudo() bool { return f.Kind == KindGC || f.Kind == KindGVL }
+// IsPseudo reports whether f is a pseudo-frame (GC, GVL wait, or a stack
+// that changed while read) rather than a Ruby or C frame.
+func (f Frame) IsPseudo() bool { return f.Kind == KindGC || f.Kind == KindGVL || f.Kind == KindTorn }
 
 // WithoutGC returns frames without their GC pseudo-frames (--no-gc),
 // reusing the slice when there are none.

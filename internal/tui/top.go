@@ -79,6 +79,9 @@ type Top struct {
 	// unread and unreadShown: samples whose stack could not be read, by
 	// activity, since the start (SetUnread) and at the last Snapshot.
 	unread, unreadShown map[string]int
+	// torn says which threads had samples kept under the
+	// (stack changed while read) frame (SetTorn).
+	torn string
 }
 
 // NewTop returns an empty aggregator for samples taken at rate Hz.
@@ -169,6 +172,15 @@ func (t *Top) SetUnread(by map[string]int) {
 	t.mu.Unlock()
 }
 
+// SetTorn records which threads had samples whose stack kept changing
+// while it was read (nonblocking), and what share of each one's samples,
+// as record's summary says it: shown under the counts ("" for none).
+func (t *Top) SetTorn(summary string) {
+	t.mu.Lock()
+	t.torn = summary
+	t.mu.Unlock()
+}
+
 // Row is one line of the table.
 type Row struct {
 	Function string // "Foo#bar"
@@ -204,6 +216,8 @@ type View struct {
 	// Unread samples of the interval.
 	Activities map[string]float64
 	Unread     int
+	// Torn is SetTorn's summary since the start.
+	Torn string
 }
 
 // Snapshot returns the current view (both the all-threads and the
@@ -216,7 +230,7 @@ func (t *Top) Snapshot(sortBy SortKey) View {
 		period = time.Duration(float64(time.Second) / t.rate)
 	}
 	v := View{Samples: t.samples, Interval: t.win, Threads: len(t.threads), Errors: t.errors, Late: t.late,
-		LastError: t.lastErr, Elapsed: time.Since(t.start), Sort: sortBy}
+		LastError: t.lastErr, Elapsed: time.Since(t.start), Sort: sortBy, Torn: t.torn}
 	rows := func(m map[rowKey]*counts) []Row {
 		out := make([]Row, 0, len(m))
 		for k, c := range m {
@@ -328,8 +342,9 @@ const (
 // flicker), and the rest of the screen is cleared. Lines use \r\n (the
 // terminal is in raw mode). Two lines of status and the column headings
 // come before the rows, so that the first rows (what the process spends
-// its time in) are on the screen's fourth line; the keys (or the last
-// error) are on its last.
+// its time in) are on the screen's fourth line (fifth, under a line naming
+// the threads whose stacks changed while read, View.Torn); the keys (or
+// the last error) are on its last.
 func Render(h Header, v View, perThread bool, width, height int, paused bool) string {
 	if width < 40 {
 		width = 40
@@ -370,6 +385,9 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 		}
 	}
 	line(counts, "")
+	if v.Torn != "" {
+		line("Stacks changed while read: "+v.Torn, "")
+	}
 	cols := []string{"%Own", "%Total", "OwnTime", "TotalTime"}
 	for i := range cols {
 		if SortKey(i) == v.Sort {
@@ -392,6 +410,9 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 	head += "Function (file)"
 	line(head, reverse)
 	rows := height - 4
+	if v.Torn != "" {
+		rows--
+	}
 	for i := 0; i < len(list) && i < rows; i++ {
 		r := list[i]
 		s := fmt.Sprintf("%6.2f%% %6.2f%% %9.2fs %9.2fs  ", r.OwnPct, r.TotalPct, r.OwnTime.Seconds(), r.TotalTime.Seconds())

@@ -203,6 +203,30 @@ func TestRenderLayout(t *testing.T) {
 	}
 }
 
+// TestRenderTorn: the threads whose stacks changed while read get a line
+// under the counts, the rows move down one, and the keys stay on the last
+// line.
+func TestRenderTorn(t *testing.T) {
+	top := NewTop(100)
+	top.Add([]stack.Sample{{TID: 7, ThreadName: "w", Frames: []stack.Frame{fr("A#work", "/x/a.rb")}}})
+	top.SetTorn("w 2.0% of its 100 samples (GVL held in 90)")
+	v := top.Snapshot(SortOwnPct)
+	out := Render(Header{Pid: 42, RubyVersion: "3.1.2", Mode: "nonblocking", Rate: 100}, v, false, 100, 12, false)
+	lines := strings.Split(out, "\r\n")
+	if len(lines) != 12 {
+		t.Fatalf("%d lines for a 12-line terminal:\n%s", len(lines), out)
+	}
+	if !strings.Contains(lines[2], "Stacks changed while read: w 2.0% of its 100 samples") {
+		t.Errorf("line 3 is %q, want the torn threads", lines[2])
+	}
+	if !strings.Contains(lines[4], "A#work (a.rb)") {
+		t.Errorf("first row on line 5 is %q", lines[4])
+	}
+	if !strings.Contains(lines[11], "q quit") {
+		t.Errorf("last line %q, want the keys", lines[11])
+	}
+}
+
 // TestRenderThreadNames: the per-thread view tells threads of one name
 // apart by tid, and cuts a name too long for its column in the middle,
 // marked, keeping the end where a pool numbers its threads.
