@@ -555,6 +555,19 @@ func railsMismatch(frames []stack.Frame, tr railsTruth) string {
 	}
 	for i := 1; i < len(frames); i++ {
 		g, w := frames[i], tr.Frames[i]
+		if strings.HasPrefix(w.Path, stack.InternalPrefix) {
+			// A method defined inside Ruby is shown at its caller's
+			// place, its own kept aside.
+			if g.InternalPath != w.Path || g.InternalLine != w.Line {
+				return fmt.Sprintf("frame %d: %s (internal %s:%d), Ruby says %s (%s:%d)", i, g.Name, g.InternalPath, g.InternalLine, w.Label, w.Path, w.Line)
+			}
+			for _, outer := range tr.Frames[i+1:] {
+				if !strings.HasPrefix(outer.Path, stack.InternalPrefix) {
+					w.Path, w.Line = outer.Path, outer.Line
+					break
+				}
+			}
+		}
 		if unqualified(g.Name) != unqualified(w.Label) || g.Path != w.Path || g.Line != w.Line {
 			return fmt.Sprintf("frame %d: %s (%s:%d), Ruby says %s (%s:%d)", i, g.Name, g.Path, g.Line, w.Label, w.Path, w.Line)
 		}

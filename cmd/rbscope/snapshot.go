@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -186,7 +187,7 @@ func unreadError(threads []stack.Thread) error {
 		return nil
 	}
 	th := bad[0]
-	what := fmt.Sprintf("thread %d %q", th.TID, th.DisplayName())
+	what := fmt.Sprintf("thread %s %q", stack.TIDText(th.TID), th.DisplayName())
 	if len(bad) > 1 {
 		what = fmt.Sprintf("%d of %d threads, first %s", len(bad), len(threads), what)
 	}
@@ -196,6 +197,12 @@ func unreadError(threads []stack.Thread) error {
 // writeThread prints one thread's stack as text.
 func writeThread(w io.Writer, th stack.Thread) {
 	var tags []string
+	tid := strconv.Itoa(th.TID)
+	if th.TID == 0 {
+		// A Ruby thread under M:N threads waiting for a native thread.
+		tid = "-"
+		tags = append(tags, "no native thread")
+	}
 	if th.Main {
 		tags = append(tags, "main")
 	}
@@ -209,7 +216,7 @@ func writeThread(w io.Writer, th stack.Thread) {
 	if th.KernelState != "" {
 		tags = append(tags, "kernel "+th.KernelState)
 	}
-	fmt.Fprintf(w, "\nThread %d %q%s (%s)\n", th.TID, th.Name, nameNote(th), strings.Join(tags, ", "))
+	fmt.Fprintf(w, "\nThread %s %q%s (%s)\n", tid, th.Name, nameNote(th), strings.Join(tags, ", "))
 	if len(th.Frames) == 0 && th.Error == "" {
 		fmt.Fprintln(w, "    (no Ruby frames)")
 	}

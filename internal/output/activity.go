@@ -9,14 +9,16 @@ import (
 
 // activityTally counts each thread's samples by activity.
 type activityTally struct {
-	threads map[threadID]*threadTally
-	order   []threadID
+	threads map[stack.ThreadKey]*threadTally
+	order   []stack.ThreadKey
+	// onTID is the thread last seen on each native thread (pid, tid):
+	// unread samples carry only the tid.
+	onTID map[[2]int]stack.ThreadKey
 }
 
-type threadID struct{ pid, tid int }
-
 type threadTally struct {
-	id     threadID
+	id     stack.ThreadKey
+	tid    int // the latest native thread seen, 0 when none
 	name   string
 	total  int
 	counts map[string]int
@@ -24,7 +26,15 @@ type threadTally struct {
 }
 
 func (a *activityTally) add(s *stack.Sample) {
-	t := a.thread(s.Pid, s.TID)
+	k := s.Key()
+	t := a.thread(k)
+	if s.TID != 0 {
+		t.tid = s.TID
+		if a.onTID == nil {
+			a.onTID = map[[2]int]stack.ThreadKey{}
+		}
+		a.onTID[[2]int{s.Pid, s.TID}] = k
+	}
 	if s.ThreadName != "" {
 		t.name = s.ThreadName
 	}
@@ -36,14 +46,13 @@ func (a *activityTally) add(s *stack.Sample) {
 	t.total++
 }
 
-func (a *activityTally) thread(pid, tid int) *threadTally {
+func (a *activityTally) thread(id stack.ThreadKey) *threadTally {
 	if a.threads == nil {
-		a.threads = map[threadID]*threadTally{}
+		a.threads = map[stack.ThreadKey]*threadTally{}
 	}
-	id := threadID{pid, tid}
 	t := a.threads[id]
 	if t == nil {
-		t = &threadTally{id: id, counts: map[string]int{}}
+		t = &threadTally{id: id, tid: id.TID, counts: map[string]int{}}
 		a.threads[id] = t
 		a.order = append(a.order, id)
 	}
@@ -53,7 +62,11 @@ func (a *activityTally) thread(pid, tid int) *threadTally {
 // addUnread counts the samples whose stack could not be read.
 func (a *activityTally) addUnread(us []UnreadThread) {
 	for _, u := range us {
-		t := a.thread(u.Pid, u.TID)
+		k, ok := a.onTID[[2]int{u.Pid, u.TID}]
+		if !ok {
+			k = stack.ThreadKey{Pid: u.Pid, TID: u.TID}
+		}
+		t := a.thread(k)
 		if t.name == "" {
 			t.name = u.Name
 		}
@@ -88,12 +101,12 @@ func (a *activityTally) write(cw *countingWriter) {
 	if !a.known() {
 		return
 	}
-	ids := append([]threadID(nil), a.order...)
-	sort.Slice(ids, func(i, j int) bool {
-		if ids[i].pid != ids[j].pid {
-			return ids[i].pid < ids[j].pid
+	ids := append([]stack.ThreadKey(nil), a.order...)
+	sort.SliceStable(ids, func(i, j int) bool {
+		if ids[i].Pid != ids[j].Pid {
+			return ids[i].Pid < ids[j].Pid
 		}
-		return ids[i].tid < ids[j].tid
+		return a.threads[ids[i]].tid < a.threads[ids[j]].tid
 	})
 	unknown := false
 	unread := 0
@@ -126,6 +139,6 @@ func (a *activityTally) write(cw *countingWriter) {
 		if name == "" {
 			name = "?"
 		}
-		cw.printf("  %s (pid %d tid %d)\n", name, id.pid, id.tid)
+		cw.printf("  %s (pid %d tid %s)\n", name, id.Pid, stack.TIDText(t.tid))
 	}
 }

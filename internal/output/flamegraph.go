@@ -37,7 +37,7 @@ type flamegraph struct {
 	counter
 	root    *fgNode
 	samples []fgSample
-	threads map[threadID]int
+	threads map[stack.ThreadKey]int
 	thList  []fgThread
 	stacks  repeats[[]*fgNode] // each thread's last stack, as its path from the root
 }
@@ -52,8 +52,8 @@ type fgSample struct {
 }
 
 type fgThread struct {
-	id   threadID
-	name string
+	pid, tid int // tid: the latest native thread seen, 0 when none
+	name     string
 }
 
 type fgNode struct {
@@ -65,7 +65,7 @@ type fgNode struct {
 }
 
 func newFlamegraph(o Options) Writer {
-	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}, threads: map[threadID]int{}}
+	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}, threads: map[stack.ThreadKey]int{}}
 }
 
 func (fg *flamegraph) Add(s stack.Sample) {
@@ -98,12 +98,15 @@ func (fg *flamegraph) Add(s stack.Sample) {
 		n = c
 	}
 	n.self++
-	id := threadID{s.Pid, s.TID}
+	id := s.Key()
 	ti, ok := fg.threads[id]
 	if !ok {
 		ti = len(fg.thList)
 		fg.threads[id] = ti
-		fg.thList = append(fg.thList, fgThread{id: id})
+		fg.thList = append(fg.thList, fgThread{pid: s.Pid})
+	}
+	if s.TID != 0 {
+		fg.thList[ti].tid = s.TID
 	}
 	if s.ThreadName != "" {
 		fg.thList[ti].name = s.ThreadName
@@ -158,7 +161,7 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 	d.Root = enc(fg.root)
 	d.Threads = make([][3]any, len(fg.thList))
 	for i, t := range fg.thList {
-		d.Threads[i] = [3]any{t.id.pid, t.id.tid, str(t.name)}
+		d.Threads[i] = [3]any{t.pid, t.tid, str(t.name)}
 	}
 	first := fg.first
 	d.Samples = make([]int64, 0, 4*len(fg.samples))

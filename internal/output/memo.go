@@ -37,7 +37,7 @@ func (c *memo[K, V]) get(k K) V {
 // string. The frames are kept as a private copy: a caller that reuses its
 // slice for another stack cannot make a stale entry match.
 type repeats[V any] struct {
-	last map[threadID]*repeat[V]
+	last map[stack.ThreadKey]*repeat[V]
 }
 
 // maxRepeats bounds the threads whose last stack a format keeps.
@@ -54,9 +54,9 @@ type repeat[V any] struct {
 // holds: nothing else refers to it) and then calls keep.
 func (r *repeats[V]) at(s *stack.Sample) (e *repeat[V], same bool) {
 	if r.last == nil {
-		r.last = make(map[threadID]*repeat[V])
+		r.last = make(map[stack.ThreadKey]*repeat[V])
 	}
-	id := threadID{s.Pid, s.TID}
+	id := s.Key()
 	e = r.last[id]
 	if e == nil {
 		if len(r.last) >= maxRepeats {

@@ -31,7 +31,7 @@ type speedscope struct {
 	frameIdx *memo[stack.Frame, int]
 	frames   []ssFrame
 	byFrame  *memo[ssFrame, int]
-	threads  map[[2]int]*ssThread
+	threads  map[stack.ThreadKey]*ssThread
 	stacks   repeats[[]int] // each thread's last stack, as frame indexes
 }
 
@@ -42,7 +42,8 @@ type ssFrame struct {
 }
 
 type ssThread struct {
-	pid, tid    int
+	pid, tid    int // tid: the latest native thread seen, 0 when none
+	order       int // when first seen
 	name        string
 	first, last time.Time
 	n           int     // samples
@@ -72,7 +73,7 @@ type ssFile struct {
 }
 
 func newSpeedscope(o Options) Writer {
-	s := &speedscope{counter: counter{o: o}, threads: make(map[[2]int]*ssThread)}
+	s := &speedscope{counter: counter{o: o}, threads: make(map[stack.ThreadKey]*ssThread)}
 	s.frameIdx = newMemo(s.frame)
 	s.byFrame = newMemo(func(sf ssFrame) int { // C frames called from different lines share one
 		s.frames = append(s.frames, sf)
@@ -83,7 +84,7 @@ func newSpeedscope(o Options) Writer {
 
 func (s *speedscope) frame(f stack.Frame) int {
 	sf := ssFrame{Name: f.Name}
-	if f.Kind == stack.KindRuby || f.Kind == "" {
+	if (f.Kind == stack.KindRuby || f.Kind == "") && !f.AtCaller() {
 		sf.File, sf.Line = f.Path, f.Line
 	}
 	return s.byFrame.get(sf)
@@ -101,11 +102,14 @@ func (s *speedscope) Add(smp stack.Sample) {
 		}
 		st.keep(&smp)
 	}
-	k := [2]int{smp.Pid, smp.TID}
+	k := smp.Key()
 	t := s.threads[k]
 	if t == nil {
-		t = &ssThread{pid: smp.Pid, tid: smp.TID, first: smp.Time}
+		t = &ssThread{pid: smp.Pid, first: smp.Time, order: len(s.threads)}
 		s.threads[k] = t
+	}
+	if smp.TID != 0 {
+		t.tid = smp.TID
 	}
 	if smp.ThreadName != "" {
 		t.name = smp.ThreadName
@@ -134,7 +138,10 @@ func (s *speedscope) WriteTo(w io.Writer) (int64, error) {
 		if ts[i].pid != ts[j].pid {
 			return ts[i].pid < ts[j].pid
 		}
-		return ts[i].tid < ts[j].tid
+		if ts[i].tid != ts[j].tid {
+			return ts[i].tid < ts[j].tid
+		}
+		return ts[i].order < ts[j].order
 	})
 	start := s.o.Start
 	if start.IsZero() {
@@ -153,7 +160,7 @@ func (s *speedscope) WriteTo(w io.Writer) (int64, error) {
 	}
 	most := 0
 	for i, t := range ts {
-		p := ssProfile{Type: "sampled", Name: strings.TrimSpace(fmt.Sprintf("%d %s", t.tid, t.name)), Samples: t.stacks}
+		p := ssProfile{Type: "sampled", Name: strings.TrimSpace(stack.TIDText(t.tid) + " " + t.name), Samples: t.stacks}
 		if len(s.pids) > 1 {
 			p.Name += fmt.Sprintf(" (pid %d)", t.pid)
 		}

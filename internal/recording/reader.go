@@ -38,6 +38,7 @@ type Reader struct {
 	gz     *gzip.Reader
 
 	h        Header
+	version  uint32 // the file's format version
 	block    []byte
 	pos      int
 	blockNum int
@@ -109,8 +110,9 @@ func NewReader(rd io.Reader) (*Reader, error) {
 	if string(pre[:8]) != Magic {
 		return nil, errors.New("read magic: not an rbscope recording")
 	}
-	if v := binary.LittleEndian.Uint32(pre[8:]); v != FormatVersion {
-		return nil, fmt.Errorf("read header: unsupported format version %d (this rbscope reads %d)", v, FormatVersion)
+	r.version = binary.LittleEndian.Uint32(pre[8:])
+	if r.version < MinFormatVersion || r.version > FormatVersion {
+		return nil, fmt.Errorf("read header: unsupported format version %d (this rbscope reads %d to %d)", r.version, MinFormatVersion, FormatVersion)
 	}
 	if err := r.nextBlock(); err != nil {
 		if err == io.EOF {
@@ -345,6 +347,19 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 		if f.Kind, err = r.strRef(); err != nil {
 			return s, false, err
 		}
+		if r.version >= 2 {
+			if f.InternalPath, err = r.strRef(); err != nil {
+				return s, false, err
+			}
+			line, err := r.uvarint()
+			if err != nil {
+				return s, false, err
+			}
+			if line > 1<<31-1 {
+				return s, false, fmt.Errorf("internal line %d out of range", line)
+			}
+			f.InternalLine = int(line)
+		}
 		r.frames = append(r.frames, f)
 	case recThread:
 		pid, err := r.varint()
@@ -359,7 +374,13 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 		if err != nil {
 			return s, false, err
 		}
-		r.threads = append(r.threads, ThreadInfo{Pid: int(pid), TID: int(tid), Name: name})
+		var id uint64
+		if r.version >= 3 {
+			if id, err = r.uvarint(); err != nil {
+				return s, false, err
+			}
+		}
+		r.threads = append(r.threads, ThreadInfo{Pid: int(pid), TID: int(tid), ThreadID: id, Name: name})
 		r.last = append(r.last, lastStack{})
 	case recSample:
 		d, err := r.varint()
@@ -425,6 +446,7 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 			Time:       time.Unix(0, r.prevNanos),
 			Pid:        t.Pid,
 			TID:        t.TID,
+			ThreadID:   t.ThreadID,
 			ThreadName: t.Name,
 			OnCPU:      flags&flagOnCPU != 0,
 			Activity:   activityOf(flags),

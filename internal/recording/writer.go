@@ -18,8 +18,12 @@ import (
 // Magic starts every raw recording.
 const Magic = "RBSCOPE\x00"
 
-// FormatVersion is the version of the format this package writes.
-const FormatVersion = 1
+// FormatVersion is the version of the format this package writes; the
+// reader reads every version from MinFormatVersion to it.
+const FormatVersion = 3
+
+// MinFormatVersion is the oldest version the reader reads.
+const MinFormatVersion = 1
 
 // Record kinds.
 const (
@@ -91,12 +95,16 @@ type UnreadThread struct {
 
 // ThreadInfo is per-thread metadata, gathered while writing.
 type ThreadInfo struct {
-	Pid     int       `json:"pid"`
-	TID     int       `json:"tid"`
-	Name    string    `json:"name"`
-	Samples int64     `json:"samples"`
-	First   time.Time `json:"first"` // time of its first sample
-	Last    time.Time `json:"last"`  // time of its last sample
+	Pid int `json:"pid"`
+	TID int `json:"tid"`
+	// ThreadID is the Ruby thread's identity (stack.Sample.ThreadID); a
+	// Ruby thread that moves between native threads (M:N) has one
+	// ThreadInfo per tid, all with its ThreadID. 0 before version 3.
+	ThreadID uint64    `json:"thread_id,omitempty"`
+	Name     string    `json:"name"`
+	Samples  int64     `json:"samples"`
+	First    time.Time `json:"first"` // time of its first sample
+	Last     time.Time `json:"last"`  // time of its last sample
 }
 
 type trailer struct {
@@ -106,6 +114,7 @@ type trailer struct {
 
 type threadKey struct {
 	pid, tid int
+	id       uint64
 	name     string
 }
 
@@ -218,6 +227,7 @@ func (w *Writer) frame(f stack.Frame) uint64 {
 		return id
 	}
 	name, path, kind := w.str(f.Name), w.str(f.Path), w.str(f.Kind)
+	ipath := w.str(f.InternalPath)
 	id := uint64(len(w.frames))
 	w.frames[f] = id
 	w.buf = append(w.buf, recFrame)
@@ -229,22 +239,25 @@ func (w *Writer) frame(f stack.Frame) uint64 {
 	}
 	w.buf = binary.AppendUvarint(w.buf, uint64(line))
 	w.buf = binary.AppendUvarint(w.buf, kind)
+	w.buf = binary.AppendUvarint(w.buf, ipath)
+	w.buf = binary.AppendUvarint(w.buf, uint64(max(f.InternalLine, 0)))
 	return id
 }
 
 func (w *Writer) thread(s *stack.Sample) uint64 {
-	k := threadKey{s.Pid, s.TID, s.ThreadName}
+	k := threadKey{s.Pid, s.TID, s.ThreadID, s.ThreadName}
 	id, ok := w.threads[k]
 	if !ok {
 		name := w.str(s.ThreadName)
 		id = uint64(len(w.threads))
 		w.threads[k] = id
-		w.tinfo = append(w.tinfo, ThreadInfo{Pid: s.Pid, TID: s.TID, Name: s.ThreadName, First: s.Time})
+		w.tinfo = append(w.tinfo, ThreadInfo{Pid: s.Pid, TID: s.TID, ThreadID: s.ThreadID, Name: s.ThreadName, First: s.Time})
 		w.prev = append(w.prev, prevStack{})
 		w.buf = append(w.buf, recThread)
 		w.buf = binary.AppendVarint(w.buf, int64(s.Pid))
 		w.buf = binary.AppendVarint(w.buf, int64(s.TID))
 		w.buf = binary.AppendUvarint(w.buf, name)
+		w.buf = binary.AppendUvarint(w.buf, s.ThreadID)
 	}
 	ti := &w.tinfo[id]
 	ti.Samples++

@@ -216,6 +216,7 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	th.Activity, prefix = activity(&th, ownerKnown, ref.waiting, gc)
 	th.State = rubyStatus(internal, o.thToKill.u64(tb) != 0)
 	th.TID = p.refTID(&ref, tb)
+	th.ThreadID = ref.addr
 	if o.thName.ok {
 		if nv := o.thName.u64(tb); isHeapPtr(nv) {
 			th.Name = p.threadName(nv)
@@ -503,7 +504,14 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 			dropSlots(slots, top, len(fds))
 			return nil, ErrTorn
 		}
-		if fr.Kind == stack.KindCFunc {
+		if fr.Kind == stack.KindRuby && strings.HasPrefix(fr.Path, stack.InternalPrefix) {
+			// A method defined inside Ruby (Kernel#loop, Integer#times
+			// on 3.3) is named as Ruby 3.4 names it, as a C function:
+			// at its Ruby caller's path and line.
+			fr.InternalPath, fr.InternalLine = fr.Path, fr.Line
+			fr.Path, fr.Line = "", 0
+		}
+		if fr.AtCaller() {
 			pending = append(pending, len(frames))
 		} else if fr.Kind == stack.KindRuby {
 			for _, i := range pending {
@@ -512,6 +520,13 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 			pending = pending[:0]
 		}
 		frames = append(frames, fr)
+	}
+	for _, i := range pending {
+		// No Ruby caller outside Ruby itself: an internal frame keeps
+		// its own place.
+		if f := &frames[i]; f.InternalPath != "" {
+			f.Path, f.Line = f.InternalPath, f.InternalLine
+		}
 	}
 	p.pendingBuf = pending[:0]
 	if p.envSuspect {

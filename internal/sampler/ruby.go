@@ -173,7 +173,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		if cs := s.cpuStates[i]; th.Error != "" && cs.Known() && cs != oncpu.Running && cs != movedOn {
 			// Off a CPU at the deadline, so dropped by Mode cpu (Run
 			// counts it filtered) whatever its stack: not an error.
-			s.out = append(s.out, stack.Sample{Time: now, Pid: s.pid, TID: th.TID, ThreadName: th.Name, Activity: th.Activity, GVL: th.GVL})
+			s.out = append(s.out, stack.Sample{Time: now, Pid: s.pid, TID: th.TID, ThreadID: th.ThreadID, ThreadName: th.Name, Activity: th.Activity, GVL: th.GVL})
 			continue
 		}
 		if th.Error != "" {
@@ -205,6 +205,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			Time:       now,
 			Pid:        s.pid,
 			TID:        th.TID,
+			ThreadID:   th.ThreadID,
 			ThreadName: th.DisplayName(),
 			OnCPU:      onCPU,
 			Activity:   th.Activity,
@@ -230,7 +231,7 @@ func (s *RubySource) offCPUError(now time.Time, err error) ([]stack.Sample, erro
 	if cs := s.cpuState(se.TID); !cs.Known() || cs == oncpu.Running {
 		return nil, err
 	}
-	s.out = append(s.out[:0], stack.Sample{Time: now, Pid: s.pid, TID: se.TID, ThreadName: se.Name, Activity: se.Activity})
+	s.out = append(s.out[:0], stack.Sample{Time: now, Pid: s.pid, TID: se.TID, ThreadID: se.Addr, ThreadName: se.Name, Activity: se.Activity})
 	return s.out, nil
 }
 

@@ -55,12 +55,13 @@ func tornCheck(fs []stack.Frame) string {
 		partial = partial || fs[0].Kind == stack.KindTorn
 		fs = fs[1:]
 	}
-	caller := ""
+	caller, callerInternal := "", false
 	for i := range fs {
 		f := fs[len(fs)-1-i] // outermost first
 		where := fmt.Sprintf("frame %q (%s:%d) at depth %d", f.Name, f.Path, f.Line, i)
-		if caller == "Integer#times" && strings.HasPrefix(f.Path, "<internal:") {
-			// From 3.3 on, Integer#times is Ruby code that calls C
+		if caller == "Integer#times" && callerInternal && f.Kind == stack.KindCFunc {
+			// From 3.3 on, Integer#times is Ruby code (named at its
+			// caller's place, see stack.Frame.InternalPath) that calls C
 			// methods (block_given?, succ) as well as the block.
 			return ""
 		}
@@ -68,7 +69,8 @@ func tornCheck(fs []stack.Frame) string {
 			return where + fmt.Sprintf(": not called by %q", caller)
 		}
 		caller = f.Name
-		if strings.HasPrefix(f.Path, "<internal:") {
+		callerInternal = f.InternalPath != "" || strings.HasPrefix(f.Path, stack.InternalPrefix)
+		if callerInternal {
 			// Kernel#loop and Integer#times are Ruby code from 3.3 on:
 			// their lines are in Ruby's own sources.
 			continue

@@ -5,6 +5,7 @@ package stack
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -105,21 +106,38 @@ func (m Mode) Keeps(s *Sample) bool {
 // Frame is one stack frame.
 type Frame struct {
 	Name string `json:"name"` // "Outer::Inner#level3", "block in Foo#bar", "Array#each"
-	Path string `json:"path"` // iseq path; a C frame takes its Ruby caller's
+	Path string `json:"path"` // iseq path; a C or internal frame takes its Ruby caller's
 	Line int    `json:"line"` // line being executed; 0 when unknown
 	Kind string `json:"kind"` // KindRuby, KindCFunc or KindGC
+	// InternalPath and InternalLine are where a Ruby frame of a method
+	// defined inside Ruby itself ("<internal:kernel>", as Kernel#loop on
+	// 3.3) is executing. Such a frame is shown as Ruby 3.4's backtraces
+	// show it, like a C frame: Path and Line are its Ruby caller's.
+	// Empty for every other frame.
+	InternalPath string `json:"internal_path,omitempty"`
+	InternalLine int    `json:"internal_line,omitempty"`
 }
 
+// InternalPrefix starts the path of the methods Ruby defines in Ruby
+// inside itself (kernel.rb, numeric.rb, array.rb, ...).
+const InternalPrefix = "<internal:"
+
+// AtCaller reports whether the frame shows its Ruby caller's path and
+// line rather than its own: a C frame, or a frame of a method defined in
+// <internal:...>.
+func (f *Frame) AtCaller() bool { return f.Kind == KindCFunc || f.InternalPath != "" }
+
 // Func is a function's identity: a Ruby frame's function is its name and
-// path; a C or GC frame's function is its name alone, because its path is
-// its caller's (Array#each called from two files is one function).
+// path; a C, internal (see Frame.InternalPath) or GC frame's function is
+// its name alone, because its path is its caller's (Array#each called
+// from two files is one function).
 type Func struct {
 	Name, Path string
 }
 
 // Func returns the function the frame runs in.
 func (f *Frame) Func() Func {
-	if f.Kind == KindRuby || f.Kind == "" {
+	if (f.Kind == KindRuby || f.Kind == "") && f.InternalPath == "" {
 		return Func{f.Name, f.Path}
 	}
 	return Func{Name: f.Name}
@@ -143,8 +161,13 @@ const KernelNameMax = 15
 
 // Thread is one Ruby thread's stack at one moment.
 type Thread struct {
-	TID  int    `json:"tid"`  // Linux thread id, 0 when unknown
-	Name string `json:"name"` // see NameSource
+	TID int `json:"tid"` // Linux thread id, 0 when unknown
+	// ThreadID is the Ruby thread's identity for its whole life (the
+	// address of its rb_thread_t), 0 when unknown. Under M:N threads
+	// (RUBY_MN_THREADS=1) a Ruby thread moves between native threads and
+	// may have none: its TID changes or is 0, its ThreadID stays.
+	ThreadID uint64 `json:"thread_id,omitempty"`
+	Name     string `json:"name"` // see NameSource
 	// NameSource says where Name comes from: NameRuby, NameStart or
 	// NameKernel ("" when the thread has no name).
 	NameSource string `json:"name_source,omitempty"`
@@ -184,7 +207,8 @@ func (t *Thread) DisplayName() string {
 type Sample struct {
 	Time       time.Time
 	Pid        int
-	TID        int
+	TID        int    // the native thread it ran on then, 0 when none or unknown
+	ThreadID   uint64 // see Thread.ThreadID; 0 in recordings that predate it
 	ThreadName string
 	// OnCPU: the thread was on a CPU. In Mode cpu, at the tick's deadline
 	// by the kernel's context-switch records; otherwise its kernel state
@@ -193,4 +217,34 @@ type Sample struct {
 	Activity string  // ActivityRunning, ...; "" in recordings that predate it
 	GVL      bool    // the thread owned the GVL
 	Frames   []Frame // innermost first
+}
+
+// ThreadKey identifies a Ruby thread among samples: its process and its
+// ThreadID, or its TID for samples without a ThreadID (recordings that
+// predate it). Outputs group samples by thread with it, so that a Ruby
+// thread that moves between native threads stays one.
+type ThreadKey struct {
+	Pid int
+	ID  uint64 // Sample.ThreadID
+	TID int    // Sample.TID when ID is 0, else 0
+}
+
+// Key returns the key of s's thread.
+func (s *Sample) Key() ThreadKey {
+	if s.ThreadID != 0 {
+		return ThreadKey{Pid: s.Pid, ID: s.ThreadID}
+	}
+	return ThreadKey{Pid: s.Pid, TID: s.TID}
+}
+
+// NoTID is shown for a thread's tid when it has had no native thread (a
+// Ruby thread under M:N threads waiting for one).
+const NoTID = "no tid"
+
+// TIDText is how outputs show a tid: the number, or NoTID for 0.
+func TIDText(tid int) string {
+	if tid == 0 {
+		return NoTID
+	}
+	return strconv.Itoa(tid)
 }

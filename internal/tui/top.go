@@ -9,7 +9,6 @@ import (
 	"maps"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,8 +39,15 @@ func (k SortKey) String() string {
 }
 
 type rowKey struct {
-	fn  stack.Func
-	tid int // 0 in the all-threads view
+	fn     stack.Func
+	thread stack.ThreadKey // zero in the all-threads view
+}
+
+// topThread is how a thread is shown: its latest name and native thread
+// (a Ruby thread under M:N threads moves between native threads).
+type topThread struct {
+	name string
+	tid  int
 }
 
 type counts struct {
@@ -59,7 +65,7 @@ type Top struct {
 	rate        float64
 	all         map[rowKey]*counts
 	byThread    map[rowKey]*counts
-	threads     map[int]string
+	threads     map[stack.ThreadKey]*topThread
 	samples     int // since the start
 	win         int // in the current interval
 	seen        map[stack.Func]int
@@ -81,7 +87,7 @@ type Top struct {
 // NewTop returns an empty aggregator for samples taken at rate Hz.
 func NewTop(rate float64) *Top {
 	return &Top{rate: rate, all: map[rowKey]*counts{}, byThread: map[rowKey]*counts{},
-		threads: map[int]string{}, seen: map[stack.Func]int{}, start: time.Now(), acts: map[string]int{}}
+		threads: map[stack.ThreadKey]*topThread{}, seen: map[stack.Func]int{}, start: time.Now(), acts: map[string]int{}}
 }
 
 func bump(m map[rowKey]*counts, k rowKey, own bool, total bool, activity string) {
@@ -119,8 +125,17 @@ func (t *Top) Add(samples []stack.Sample) {
 		}
 		t.win++
 		t.lastSamples = s.Time
-		if s.ThreadName != "" || t.threads[s.TID] == "" {
-			t.threads[s.TID] = s.ThreadName
+		tk := s.Key()
+		th := t.threads[tk]
+		if th == nil {
+			th = &topThread{}
+			t.threads[tk] = th
+		}
+		if s.ThreadName != "" {
+			th.name = s.ThreadName
+		}
+		if s.TID != 0 {
+			th.tid = s.TID
 		}
 		// A function counts once per sample in "total" however often it
 		// recurses: mark it with this sample's generation.
@@ -132,7 +147,7 @@ func (t *Top) Add(samples []stack.Sample) {
 			}
 			t.seen[k] = t.gen
 			bump(t.all, rowKey{fn: k}, j == 0, true, s.Activity)
-			bump(t.byThread, rowKey{fn: k, tid: s.TID}, j == 0, true, s.Activity)
+			bump(t.byThread, rowKey{fn: k, thread: tk}, j == 0, true, s.Activity)
 		}
 	}
 }
@@ -170,9 +185,10 @@ func (t *Top) SetTorn(summary string) {
 type Row struct {
 	Function string // "Foo#bar"
 	Path     string // iseq path ("" for C functions)
-	TID      int    // 0 in the all-threads view
+	TID      int    // the thread's latest native thread; 0 in the all-threads view, or when none
 	Thread   string
-	OwnPct   float64 // percent of the interval's samples
+	thread   stack.ThreadKey // the thread's identity (zero in the all-threads view)
+	OwnPct   float64         // percent of the interval's samples
 	// GVLWaitPct and GCPct are the shares of the interval's samples with
 	// the function on the stack while its thread waited for the GVL or
 	// ran GC.
@@ -218,8 +234,11 @@ func (t *Top) Snapshot(sortBy SortKey) View {
 	rows := func(m map[rowKey]*counts) []Row {
 		out := make([]Row, 0, len(m))
 		for k, c := range m {
-			r := Row{Function: k.fn.Name, Path: k.fn.Path, TID: k.tid, Thread: t.threads[k.tid],
-				OwnTime: time.Duration(c.own) * period, TotalTime: time.Duration(c.total) * period}
+			r := Row{Function: k.fn.Name, Path: k.fn.Path}
+			if th := t.threads[k.thread]; th != nil && k.thread != (stack.ThreadKey{}) {
+				r.TID, r.Thread, r.thread = th.tid, th.name, k.thread
+			}
+			r.OwnTime, r.TotalTime = time.Duration(c.own)*period, time.Duration(c.total)*period
 			if t.win > 0 {
 				r.OwnPct = 100 * float64(c.ownWin) / float64(t.win)
 				r.TotalPct = 100 * float64(c.totalWin) / float64(t.win)
@@ -285,7 +304,11 @@ func SortRows(rows []Row, key SortKey) {
 		if rows[i].Function != rows[j].Function {
 			return rows[i].Function < rows[j].Function
 		}
-		return rows[i].TID < rows[j].TID
+		if rows[i].TID != rows[j].TID {
+			return rows[i].TID < rows[j].TID
+		}
+		x, y := rows[i].thread, rows[j].thread
+		return x.Pid < y.Pid || x.Pid == y.Pid && (x.ID < y.ID || x.ID == y.ID && x.TID < y.TID)
 	})
 }
 
@@ -423,7 +446,7 @@ func Render(h Header, v View, perThread bool, width, height int, paused bool) st
 func threadColumn(rows []Row, width int) int {
 	w := utf8.RuneCountInString("Thread (tid)")
 	for _, r := range rows {
-		w = max(w, utf8.RuneCountInString(r.Thread)+len(strconv.Itoa(r.TID))+3)
+		w = max(w, utf8.RuneCountInString(r.Thread)+len(stack.TIDText(r.TID))+3)
 	}
 	return min(w, max(16, width/3))
 }
@@ -433,7 +456,7 @@ func threadColumn(rows []Row, width int) int {
 // and a name too long for the column keeps its start and its end (where
 // a pool numbers its threads) around "…", never cut as if it were whole.
 func threadLabel(name string, tid, width int) string {
-	id := " (" + strconv.Itoa(tid) + ")"
+	id := " (" + stack.TIDText(tid) + ")"
 	if name == "" {
 		name = "?"
 	}

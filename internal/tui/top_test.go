@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -252,5 +253,36 @@ func TestRenderThreadNames(t *testing.T) {
 	out = Render(Header{Pid: 1, Rate: 100}, v, true, 200, 20, false)
 	if !strings.Contains(out, long+" (103)") {
 		t.Errorf("a long name is cut on a wide terminal:\n%s", out)
+	}
+}
+
+// TestTopMNThreads: a Ruby thread that moves between native threads (M:N)
+// or has none for a while is one thread in the per-thread view, shown
+// with its latest native thread.
+func TestTopMNThreads(t *testing.T) {
+	top := NewTop(100)
+	leaf, root := fr("A#leaf", "/app/a.rb"), fr("<main>", "/app/main.rb")
+	var batch []stack.Sample
+	for i := 0; i < 12; i++ {
+		for th := uint64(0); th < 2; th++ {
+			batch = append(batch, stack.Sample{Pid: 9, ThreadID: 0x55d0c8a3b000 + th*0x400, TID: []int{7001, 0, 7002}[i%3],
+				ThreadName: "sp", Frames: []stack.Frame{leaf, root}})
+		}
+	}
+	batch = append(batch, stack.Sample{Pid: 9, ThreadID: 0x55d0c8a3c000, ThreadName: "lonely", Frames: []stack.Frame{leaf, root}})
+	top.Add(batch)
+	v := top.Snapshot(SortTotalPct)
+	if v.Threads != 3 {
+		t.Errorf("%d threads, want 3 Ruby threads", v.Threads)
+	}
+	var leafRows []string
+	for _, r := range v.ThreadRows {
+		if r.Function == "A#leaf" {
+			leafRows = append(leafRows, strings.TrimSpace(threadLabel(r.Thread, r.TID, 20)))
+		}
+	}
+	slices.Sort(leafRows)
+	if got := strings.Join(leafRows, "|"); got != "lonely (no tid)|sp (7002)|sp (7002)" {
+		t.Errorf("per-thread rows of A#leaf: %s, want one per Ruby thread", got)
 	}
 }

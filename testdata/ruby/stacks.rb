@@ -2,7 +2,7 @@
 # point, prints Ruby's own view of their stacks (caller_locations) as JSON,
 # prints "ready" and then stays there (sleeping) until killed.
 #
-#   ruby stacks.rb nested|threads|deep|bench|benchgc|unicode|require|fibers
+#   ruby stacks.rb nested|internal|mn|threads|deep|bench|benchgc|unicode|require|fibers
 require 'json'
 
 $reports = Queue.new
@@ -68,6 +68,18 @@ case ARGV[0]
 when "nested"
   Thread.new { Outer.helper }
   wait_reports(1)
+when "internal"
+  # Methods Ruby defines in Ruby (<internal:kernel>, <internal:numeric>):
+  # Kernel#then on 3.1 and 3.3, Kernel#loop and Integer#times on 3.3.
+  Thread.new { loop { 1.then { Outer.helper } } }
+  wait_reports(1)
+when "mn"
+  # Run with RUBY_MN_THREADS=1 (Ruby 3.3+): more Ruby threads than native
+  # ones. Three sleep at a checkpoint (a sleeping M:N thread gives its
+  # native thread away), four spin, passing their native threads around.
+  3.times { |i| Thread.new { Thread.current.name = "sleeper-#{i}"; Outer.helper } }
+  4.times { |i| Thread.new { Thread.current.name = "spinner-#{i}"; loop { x = 0; 1000.times { x += 1 }; Thread.pass } } }
+  wait_reports(3)
 when "threads"
   Thread.new { Thread.current.name = "alpha-worker"; Outer.helper }
   Thread.new { Thread.current.name = "beta-worker"; Deep.new.recurse(3) }
@@ -114,6 +126,6 @@ when "fibers"
   end
   wait_reports(2)
 else
-  abort "usage: stacks.rb nested|threads|deep|bench|benchgc|unicode|require|fibers"
+  abort "usage: stacks.rb nested|internal|mn|threads|deep|bench|benchgc|unicode|require|fibers"
 end
 sleep
