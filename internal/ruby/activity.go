@@ -164,42 +164,80 @@ func (p *Process) resolveGC(field func(s, name string) fieldOff) error {
 		a.gcSource = fmt.Sprintf("dwarf: rb_vm_struct.objspace at +%d, rb_objspace.flags at +%d (%s)", ptrOff.off, during.off, p.lay.Source)
 		return nil
 	}
-	if p.ver < v(3, 0, 0) || p.ver >= v(3, 4, 0) {
+	if p.ver < v(3, 0, 0) {
 		return fmt.Errorf("no DWARF for rb_objspace and no built-in GC layout for Ruby %s", p.version)
 	}
-	off, os, err := p.scanObjspace(vm)
+	shape := objspaceShapeOf(p.ver)
+	off, os, err := p.scanObjspace(vm, shape)
 	if err != nil {
 		return err
 	}
 	a.objspace = os
-	// gc.c 3.0-3.3: malloc_params {limit, increase}, then the flags
-	// bitfield: mode:2, immediate_sweep, dont_gc, dont_incremental,
-	// during_gc, ...
-	a.flagsOff = 16
+	// The flags bitfield: mode:2, immediate_sweep, dont_gc,
+	// dont_incremental, during_gc, ... (gc.c 3.0-3.3, gc/default/default.c
+	// 3.4+).
+	a.flagsOff = shape.flagsOff
 	a.mode = fieldOff{off: 0, size: 4, ok: true, bf: &layout.Bitfield{BitOffset: 0, BitWidth: 2}}
 	a.duringGC = fieldOff{off: 0, size: 4, ok: true, bf: &layout.Bitfield{BitOffset: 5, BitWidth: 1}}
-	a.gcSource = fmt.Sprintf("scan: rb_vm_struct.objspace found at +%d by its shape, rb_objspace.flags at +16 (gc.c 3.0-3.3)", off)
+	a.gcSource = fmt.Sprintf("scan: rb_vm_struct.objspace found at +%d by its shape, rb_objspace.flags at +%d (%s)", off, shape.flagsOff, shape.source)
 	return nil
 }
 
-// The shape of an rb_objspace header (gc.c 3.0-3.3): malloc_params.limit
-// lies between GC_MALLOC_LIMIT_MIN and GC_MALLOC_LIMIT_MAX (16 and 32 MiB
-// unless RUBY_GC_MALLOC_LIMIT* say otherwise, hence the wide margins); the
-// flags word has no bit set past its dozen bitfields; hook_events (the
-// next 32 bits) holds only internal event bits (0xffff0000); and from 3.1
-// the first size pool's slot_size, sizeof(RVALUE) = 40, follows within a
-// few words (after next_object_id, and total_allocated_objects in 3.1).
+// objspaceShape is what an rb_objspace header looks like in a range of
+// Ruby versions, for finding the objspace pointer without DWARF.
+//
+// 3.0-3.3 (gc.c): malloc_params {limit, increase}, the flags bitfield at
+// +16, hook_events at +20, then (3.1+) next_object_id and, in 3.1,
+// total_allocated_objects before the first size pool, whose slot_size is
+// sizeof(RVALUE) = 40.
+//
+// 3.4+ (gc/default/default.c, the modular GC): malloc_params {limit,
+// increase}, gc_config {bool full_mark} at +16 (the three bytes after it
+// are padding: zero, the objspace is calloc'd), the flags at +20,
+// hook_events at +24, next_object_id at +32, then heaps[0], whose short
+// slot_size is BASE_SLOT_SIZE = 40, at +40.
+type objspaceShape struct {
+	flagsOff uint64
+	source   string
+	// match reports whether a header (hdrLen bytes) has this shape,
+	// besides the malloc limit and the flag bits checked for every shape.
+	match func(hdr []byte) bool
+}
+
+func objspaceShapeOf(ver int) objspaceShape {
+	switch {
+	case ver >= v(3, 4, 0):
+		return objspaceShape{flagsOff: 20, source: "gc/default/default.c 3.4+", match: func(hdr []byte) bool {
+			return hdr[16] <= 1 && hdr[17] == 0 && hdr[18] == 0 && hdr[19] == 0 &&
+				le32(hdr, 24)&0xffff == 0 && le16(hdr, 40) == rvalueSize
+		}}
+	case ver >= v(3, 1, 0):
+		return objspaceShape{flagsOff: 16, source: "gc.c 3.1-3.3", match: func(hdr []byte) bool {
+			return le32(hdr, 20)&0xffff == 0 && (le64(hdr, 32) == rvalueSize || le64(hdr, 40) == rvalueSize)
+		}}
+	}
+	return objspaceShape{flagsOff: 16, source: "gc.c 3.0", match: func(hdr []byte) bool {
+		return le32(hdr, 20)&0xffff == 0
+	}}
+}
+
+// Bounds every objspace header shares: malloc_params.limit lies between
+// GC_MALLOC_LIMIT_MIN and GC_MALLOC_LIMIT_MAX (16 and 32 MiB unless
+// RUBY_GC_MALLOC_LIMIT* say otherwise, hence the wide margins), and the
+// flags word has no bit set past its dozen bitfields; hook_events holds
+// only internal event bits (0xffff0000).
 const (
 	objspaceMinLimit = 1 << 20
 	objspaceMaxLimit = 1 << 36
 	objspaceFlagBits = 14
 	rvalueSize       = 40
+	objspaceHdrLen   = 48
 )
 
 // scanObjspace finds the rb_objspace pointer among the words of the VM
-// struct: the one word that points at a plausible objspace header. More
+// struct: the one word that points at a header of the given shape. More
 // than one candidate is an error, never a guess.
-func (p *Process) scanObjspace(vm uint64) (uint64, uint64, error) {
+func (p *Process) scanObjspace(vm uint64, shape objspaceShape) (uint64, uint64, error) {
 	size := p.o.vmSize
 	if size == 0 || size > 1<<20 {
 		return 0, 0, fmt.Errorf("no rb_vm_struct size in layout %s", p.lay.Source)
@@ -210,7 +248,7 @@ func (p *Process) scanObjspace(vm uint64) (uint64, uint64, error) {
 	}
 	var found []uint64
 	var objspace uint64
-	hdr := make([]byte, 48)
+	hdr := make([]byte, objspaceHdrLen)
 	for off := uint64(0); off+8 <= size; off += 8 {
 		ptr := le64(b, off)
 		if !isHeapPtr(ptr) {
@@ -219,12 +257,9 @@ func (p *Process) scanObjspace(vm uint64) (uint64, uint64, error) {
 		if err := p.t.ReadAt(hdr, ptr); err != nil {
 			continue
 		}
-		limit, increase, flags, hooks := le64(hdr, 0), le64(hdr, 8), le64(hdr, 16)&0xffffffff, le64(hdr, 16)>>32
+		limit, increase, flags := le64(hdr, 0), le64(hdr, 8), uint64(le32(hdr, shape.flagsOff))
 		if limit < objspaceMinLimit || limit > objspaceMaxLimit || increase > objspaceMaxLimit ||
-			flags>>objspaceFlagBits != 0 || hooks&0xffff != 0 {
-			continue
-		}
-		if p.ver >= v(3, 1, 0) && le64(hdr, 32) != rvalueSize && le64(hdr, 40) != rvalueSize {
+			flags>>objspaceFlagBits != 0 || !shape.match(hdr) {
 			continue
 		}
 		found = append(found, off)
@@ -232,7 +267,7 @@ func (p *Process) scanObjspace(vm uint64) (uint64, uint64, error) {
 	}
 	switch len(found) {
 	case 0:
-		return 0, 0, fmt.Errorf("no word of rb_vm_struct points at an rb_objspace")
+		return 0, 0, fmt.Errorf("no word of rb_vm_struct points at an rb_objspace shaped as in %s", shape.source)
 	case 1:
 		return found[0], objspace, nil
 	}

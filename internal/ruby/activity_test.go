@@ -88,7 +88,11 @@ func TestActivitySources(t *testing.T) {
 				if rb.HasDWARF && !noDWARF {
 					// The scan must find what DWARF says.
 					dwarfOS := p.act.objspace
-					off, os, err := p.scanObjspace(p.vmAddr)
+					shape := objspaceShapeOf(p.ver)
+					if shape.flagsOff != p.act.flagsOff {
+						t.Errorf("the scan reads the flags at +%d (%s); DWARF puts them at +%d", shape.flagsOff, shape.source, p.act.flagsOff)
+					}
+					off, os, err := p.scanObjspace(p.vmAddr, shape)
 					if err != nil {
 						t.Errorf("scan for rb_objspace: %v", err)
 					} else if os != dwarfOS || !strings.Contains(src, "objspace at +"+strconv.FormatUint(off, 10)+",") {

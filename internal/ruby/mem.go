@@ -134,6 +134,13 @@ func le32(b []byte, off uint64) uint32 {
 	return binary.LittleEndian.Uint32(b[off:])
 }
 
+func le16(b []byte, off uint64) uint16 {
+	if off+2 > uint64(len(b)) {
+		return 0
+	}
+	return binary.LittleEndian.Uint16(b[off:])
+}
+
 func sanitize(s string) string {
 	if utf8.ValidString(s) {
 		return s
