@@ -98,8 +98,44 @@ func Builtin(v string) (*Layout, error) {
 	}
 	l.Source = "builtin:" + l.RubyVersion
 	if !exact {
-		l.Source += " (nearest to " + v + ")"
+		l.Source += " " + NearestMarker + " " + v + ")"
 	}
+	return l, nil
+}
+
+// NearestMarker is in the Source of a built-in layout that Builtin took
+// from another release of the series ("builtin:3.1.7 (nearest to 3.1.9)").
+const NearestMarker = "(nearest to"
+
+// BuiltinSeries returns the built-in releases of v's major.minor series,
+// newest first: the candidates for a release the tables lack.
+func BuiltinSeries(v string) ([]string, error) {
+	want := parseVersion(v)
+	if len(want) < 2 {
+		return nil, fmt.Errorf("ruby version %q is not of the form X.Y.Z", v)
+	}
+	var out []string
+	all := BuiltinVersions()
+	for i := len(all) - 1; i >= 0; i-- {
+		p := parseVersion(all[i])
+		if len(p) >= 2 && p[0] == want[0] && p[1] == want[1] {
+			out = append(out, all[i])
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no built-in layout for Ruby %s's series %d.%d", v, want[0], want[1])
+	}
+	return out, nil
+}
+
+// BuiltinRelease returns the built-in table of one release, by the name
+// BuiltinVersions or BuiltinSeries gives it.
+func BuiltinRelease(name string) (*Layout, error) {
+	l, err := loadTable(name)
+	if err != nil {
+		return nil, err
+	}
+	l.Source = "builtin:" + l.RubyVersion
 	return l, nil
 }
 

@@ -41,7 +41,7 @@ func hexAddr(t *testing.T, s string) uint64 {
 
 // gunzip decompresses a shared dump into dir (read in place, never copied
 // into the project).
-func gunzip(t *testing.T, src, dir string) string {
+func gunzip(t testing.TB, src, dir string) string {
 	t.Helper()
 	in, err := os.Open(src)
 	if err != nil {

@@ -27,10 +27,11 @@ const (
 
 // imemo types (flags >> FL_USHIFT & 0x0f), stable from 2.3 on.
 const (
-	imemoCref = 1
-	imemoSvar = 2
-	imemoMent = 6
-	imemoIseq = 7
+	imemoCref  = 1
+	imemoSvar  = 2
+	imemoIfunc = 4
+	imemoMent  = 6
+	imemoIseq  = 7
 )
 
 // ErrInvalid reports that memory read from the target did not have the

@@ -36,6 +36,10 @@ type Options struct {
 	NoDWARF bool
 	// Layout, when set, is used instead of looking one up.
 	Layout *layout.Layout
+	// LayoutCandidates, when set, are tried in order instead of looking a
+	// layout up; the first whose reading of the process passes the checks
+	// of validateLayout is used (tests of that choice).
+	LayoutCandidates []*layout.Layout
 
 	// nextInsnLines reports the line of the instruction after the pc
 	// instead of the one being executed. Ruby's own backtraces use the
@@ -141,10 +145,7 @@ func Open(t target.Target, opts Options) (*Process, error) {
 	if err := p.detectVersion(); err != nil {
 		return nil, err
 	}
-	if err := p.loadLayout(); err != nil {
-		return nil, err
-	}
-	if err := p.locate(); err != nil {
+	if err := p.openLayout(); err != nil {
 		return nil, err
 	}
 	p.ensureGCCount()
