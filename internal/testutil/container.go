@@ -1,0 +1,311 @@
+package testutil
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ContainerRuby is the interpreter of the container tests' rootfs, at a
+// path the host does not have (scripts/rootfs.sh moves it there, and its
+// libruby to /opt/ct/lib).
+const ContainerRuby = "/opt/ct/bin/ruby3.1"
+
+// ContainerOptions shape a container started by StartContainerRuby.
+type ContainerOptions struct {
+	// Env is added to the Ruby process's environment, which otherwise
+	// holds only PATH, HOME and LANG.
+	Env []string
+	// Pod puts the container's cgroup where Kubernetes (systemd driver,
+	// containerd) puts a pod's container, in a pod of a new UID:
+	// .../kubepods-besteffort-pod<UID>.slice/cri-containerd-<ID>.scope.
+	// Without it the cgroup is docker's: .../docker-<ID>.scope.
+	Pod bool
+}
+
+// Container is a Ruby process started in a container of its own by
+// StartContainerRuby.
+type Container struct {
+	// Pid is the Ruby process's pid on this host (the test's PID
+	// namespace); it is 1 in its own.
+	Pid int
+	// ID is the container id its cgroup is named with (64 hex digits).
+	ID string
+	// PodUID is the pod's UID with Pod, else "".
+	PodUID string
+	// Cgroup is the process's cgroup in the unified hierarchy, as
+	// /proc/PID/cgroup shows it ("/rbscope-test-....slice/docker-ID.scope").
+	Cgroup string
+	// Rootfs is the host's directory of the root file system it runs in.
+	Rootfs string
+	// Script is the script's path as the container sees it (/app/NAME).
+	Script string
+	// Lines are the lines the script printed before "ready".
+	Lines []string
+}
+
+// RootFS returns the directory of the container tests' Debian rootfs
+// (scripts/rootfs.sh build, which scripts/test.sh runs first), stopping
+// the test (see Missing) when it is not built: tests never build it.
+func RootFS(t testing.TB) string {
+	t.Helper()
+	script := filepath.Join(RepoRoot(t), "scripts", "rootfs.sh")
+	out, err := exec.Command(script, "dir").Output()
+	if err != nil {
+		Missing(t, "the container tests' rootfs (run `scripts/rootfs.sh build`): %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// StartContainerRuby runs the rootfs's Ruby (ContainerRuby) on script
+// (relative to testdata/ruby unless absolute) with args in a container:
+// its own PID namespace (the Ruby is its pid 1) and mount namespace,
+// whose root is the rootfs (pivot_root, the host's tree unmounted, as
+// container runtimes do, so /proc/PID/maps names the container's paths),
+// with the script's directory mounted read-only at /app, /proc its own,
+// and a cgroup of its own named like a container runtime's (with a
+// random container id). It waits until the script prints a line "ready"
+// (up to 30 s), checks that the process runs the rootfs's interpreter
+// (the same file, and no file at its path on the host), and kills the
+// container and removes its cgroup when the test ends. It needs root,
+// util-linux's unshare and a writable cgroup v2 hierarchy.
+func StartContainerRuby(t testing.TB, script string, opts ContainerOptions, args ...string) *Container {
+	t.Helper()
+	NeedRoot(t)
+	rootfs := RootFS(t)
+	if !filepath.IsAbs(script) {
+		script = filepath.Join(RepoRoot(t), "testdata", "ruby", script)
+	}
+	for _, tool := range []string{"unshare", "mount", "pivot_root"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			Missing(t, "%s (util-linux) to start a container", tool)
+		}
+	}
+	// The container's interpreter must be a file the host does not have
+	// at its path, or reading the host's path would go unnoticed.
+	if _, err := os.Stat(filepath.Dir(filepath.Dir(ContainerRuby))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the host has %s (%v): a profiler that read the host's path instead of the container's file would pass unnoticed",
+			filepath.Dir(filepath.Dir(ContainerRuby)), err)
+	}
+	inRootfs, err := os.Stat(filepath.Join(rootfs, ContainerRuby))
+	if err != nil {
+		t.Fatalf("rootfs %s has no %s: %v", rootfs, ContainerRuby, err)
+	}
+	c := &Container{Rootfs: rootfs, Script: "/app/" + filepath.Base(script), ID: randomHex(t, 32)}
+	cg := newTestCgroup(t, c, opts.Pod)
+	// Removed after the container is killed: cleanups run last first.
+	t.Cleanup(cg.remove)
+	fd, err := syscall.Open(cg.dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("open cgroup %s: %v", cg.dir, err)
+	}
+	defer syscall.Close(fd)
+
+	// The container's init, run by the host's sh in the new namespaces:
+	// $1 rootfs, $2 the new root's mount point, $3 the script's
+	// directory, then the command.
+	const initScript = `set -e
+mount --make-rprivate /
+mount --bind "$1" "$2"
+mount -o remount,bind,ro "$2"
+mount --bind "$3" "$2/app"
+mount -o remount,bind,ro "$2/app"
+mount -t proc proc "$2/proc"
+cd "$2"
+pivot_root . mnt
+umount -l /mnt
+shift 3
+exec "$@"`
+	newRoot := t.TempDir()
+	cmdArgs := append([]string{"--mount", "--pid", "--fork", "--", "/bin/sh", "-c", initScript, "rbscope-container",
+		rootfs, newRoot, filepath.Dir(script), ContainerRuby, c.Script}, args...)
+	cmd := exec.Command("unshare", cmdArgs...)
+	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}, opts.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	p := RubyUnderTest{Name: "container"}.StartCmd(t, cmd)
+	c.Lines = p.Lines
+
+	// The Ruby is unshare's child (--fork), the container's pid 1.
+	pid, err := onlyChild(p.Pid)
+	if err != nil {
+		t.Fatalf("find the container's Ruby process: %v", err)
+	}
+	c.Pid = pid
+	if ns, err := nsPid(pid); err != nil || len(ns) < 2 || ns[len(ns)-1] != 1 {
+		t.Fatalf("process %d is not pid 1 of a PID namespace of its own: NSpid %v (%v)", pid, ns, err)
+	}
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != ContainerRuby {
+		t.Fatalf("process %d runs %q (%v), want the container's %s", pid, exe, err, ContainerRuby)
+	}
+	running, err := os.Stat(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil || !os.SameFile(running, inRootfs) {
+		t.Fatalf("process %d does not run %s of %s (%v)", pid, ContainerRuby, rootfs, err)
+	}
+	if got := unifiedCgroup(pid); got != c.Cgroup {
+		t.Fatalf("process %d is in cgroup %q, want %q", pid, got, c.Cgroup)
+	}
+	return c
+}
+
+// testCgroup is a container's cgroup and the directories made for it.
+type testCgroup struct {
+	t    testing.TB
+	dir  string   // the container's cgroup directory
+	made []string // directories made, outermost first
+}
+
+// newTestCgroup makes the container's cgroup in the cgroup v2 hierarchy,
+// in a slice of this test's own, and sets c.Cgroup (and c.PodUID).
+func newTestCgroup(t testing.TB, c *Container, pod bool) *testCgroup {
+	t.Helper()
+	mnt, err := cgroup2Mount()
+	if err != nil {
+		Missing(t, "a cgroup v2 hierarchy to put the container in: %v", err)
+	}
+	parts := []string{"rbscope-test-" + randomHex(t, 4) + ".slice"}
+	if pod {
+		uid := randomHex(t, 16)
+		c.PodUID = uid[0:8] + "-" + uid[8:12] + "-" + uid[12:16] + "-" + uid[16:20] + "-" + uid[20:32]
+		parts = append(parts, "kubepods.slice", "kubepods-besteffort.slice",
+			"kubepods-besteffort-pod"+strings.ReplaceAll(c.PodUID, "-", "_")+".slice",
+			"cri-containerd-"+c.ID+".scope")
+	} else {
+		parts = append(parts, "docker-"+c.ID+".scope")
+	}
+	cg := &testCgroup{t: t, dir: mnt}
+	for _, part := range parts {
+		cg.dir = filepath.Join(cg.dir, part)
+		if err := os.Mkdir(cg.dir, 0o755); err != nil {
+			cg.remove()
+			if errors.Is(err, os.ErrPermission) || errors.Is(err, syscall.EROFS) {
+				Missing(t, "a writable cgroup v2 hierarchy at %s: %v", mnt, err)
+			}
+			t.Fatalf("make cgroup: %v", err)
+		}
+		cg.made = append(cg.made, cg.dir)
+	}
+	// The path the process's /proc/PID/cgroup shows: from the
+	// hierarchy's root, as this test's cgroup namespace sees it.
+	c.Cgroup = "/" + strings.Join(parts, "/")
+	if own := unifiedCgroup(os.Getpid()); own != "/" && own != "" {
+		// The mount shows the hierarchy's root; a test in a cgroup
+		// namespace sees paths from its own cgroup.
+		if rel, err := filepath.Rel(own, c.Cgroup); err == nil && !strings.HasPrefix(rel, "..") {
+			c.Cgroup = "/" + rel
+		}
+	}
+	return cg
+}
+
+// remove removes the directories made, innermost first, waiting (up to
+// 5 s) for the killed container's processes to leave.
+func (cg *testCgroup) remove() {
+	for i := len(cg.made) - 1; i >= 0; i-- {
+		d := cg.made[i]
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			err := syscall.Rmdir(d)
+			if err == nil || errors.Is(err, syscall.ENOENT) {
+				break
+			}
+			if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+				cg.t.Errorf("remove cgroup %s: %v", d, err)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	cg.made = nil
+}
+
+// cgroup2Mount returns where the cgroup v2 hierarchy is mounted
+// (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host).
+func cgroup2Mount() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS... - FSTYPE SOURCE SUPEROPTS
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok || !strings.HasPrefix(post, "cgroup2 ") {
+			continue
+		}
+		if f := strings.Fields(pre); len(f) >= 5 {
+			return f[4], nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	return "", errors.New("no cgroup2 file system is mounted")
+}
+
+// unifiedCgroup is the "0::" path of /proc/PID/cgroup ("" if none).
+func unifiedCgroup(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return p
+		}
+	}
+	return ""
+}
+
+// onlyChild is the one child of process pid.
+func onlyChild(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 1 {
+		return 0, fmt.Errorf("process %d has children %q, want one", pid, f)
+	}
+	return strconv.Atoi(f[0])
+}
+
+// nsPid is the NSpid line of /proc/PID/status.
+func nsPid(pid int) ([]int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "NSpid:"); ok {
+			var out []int
+			for _, s := range strings.Fields(v) {
+				n, err := strconv.Atoi(s)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, n)
+			}
+			return out, nil
+		}
+	}
+	return nil, errors.New("no NSpid line")
+}
+
+func randomHex(t testing.TB, n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,45 @@
+# container.rb: a target the container tests run inside the test rootfs
+# (testutil.StartContainerRuby). Two threads stop at known points; for
+# each, one JSON line with Ruby's own view of it: its name, its tid and
+# the process's pid in the container's PID namespace, and its stack
+# (caller_locations). Then "ready"; a third thread spins in Shop.spin
+# until the process is killed.
+require "json"
+$stdout.sync = true
+
+Reports = Queue.new
+
+def tid = File.readlink("/proc/thread-self").split("/").last.to_i
+
+# checkpoint reports the caller's stack and sleeps on the same line.
+def checkpoint = (Reports << report; sleep)
+
+def report
+  { "thread" => Thread.current.name || "main", "tid" => tid, "pid" => Process.pid,
+    "frames" => caller_locations(1).map { |l| { "label" => l.label, "path" => l.absolute_path || l.path, "line" => l.lineno } } }
+end
+
+module Shop
+  class Cart
+    def total(n)
+      return checkpoint if n.zero?
+      total(n - 1)
+    end
+  end
+
+  def self.checkout = [1].each { Cart.new.total(3) }
+
+  def self.spin
+    x = 0
+    loop { x += 1 }
+  end
+end
+
+Thread.new { Thread.current.name = "cart-worker"; Shop.checkout }
+Thread.new do
+  2.times { puts JSON.generate(Reports.pop) }
+  puts "ready"
+  Thread.current.name = "spinner"
+  Shop.spin
+end
+Shop::Cart.new.total(1)
