@@ -24,6 +24,7 @@ type live struct {
 	pid   int
 	exe   string
 	calls atomic.Uint64
+	ns    nsTIDs
 }
 
 // ReadCounter is implemented by targets that count the system calls their

@@ -1,0 +1,320 @@
+package main
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// containerReport is one line of testdata/ruby/container.rb: Ruby's own
+// view of a thread, inside its container.
+type containerReport struct {
+	Thread string `json:"thread"`
+	TID    int    `json:"tid"` // in the container's PID namespace
+	Pid    int    `json:"pid"`
+	Frames []struct {
+		Label string `json:"label"`
+		Path  string `json:"path"`
+		Line  int    `json:"line"`
+	} `json:"frames"`
+}
+
+func containerReports(t *testing.T, c *testutil.Container) []containerReport {
+	t.Helper()
+	var out []containerReport
+	for _, l := range c.Lines {
+		var r containerReport
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("bad report line %q: %v", l, err)
+		}
+		out = append(out, r)
+	}
+	if len(out) != 2 {
+		t.Fatalf("%d reports, want 2 (main and cart-worker): %q", len(out), c.Lines)
+	}
+	return out
+}
+
+// hostTIDs maps the container's thread ids to the host's, read from each
+// thread's NSpid line (the truth the profiler's ids are checked against).
+func hostTIDs(t *testing.T, pid int) map[int]int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[int]int{}
+	for _, e := range ents {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "NSpid:"); ok {
+				f := strings.Fields(v)
+				host, _ := strconv.Atoi(f[0])
+				ns, _ := strconv.Atoi(f[len(f)-1])
+				if len(f) < 2 || host == ns {
+					t.Fatalf("thread %s of process %d: NSpid %q: not in a PID namespace of its own", e.Name(), pid, v)
+				}
+				m[ns] = host
+			}
+		}
+	}
+	return m
+}
+
+// wantContainerStack checks frames (innermost first, as rbscope gives
+// them) against a report: Kernel#sleep innermost, then exactly the frames
+// caller_locations gave, with the paths the container sees.
+func wantContainerStack(t *testing.T, what string, frames []stack.Frame, r containerReport) {
+	t.Helper()
+	if len(frames) != len(r.Frames)+1 || frames[0].Name != "Kernel#sleep" {
+		t.Errorf("%s: %d frames %v, want Kernel#sleep and the %d frames of caller_locations %+v", what, len(frames), frames, len(r.Frames), r.Frames)
+		return
+	}
+	for i, w := range r.Frames {
+		g := frames[i+1]
+		if unqualified(g.Name) != w.Label || g.Path != w.Path || g.Line != w.Line {
+			t.Errorf("%s: frame %d is %s (%s:%d), caller_locations has %s (%s:%d)", what, i+1, g.Name, g.Path, g.Line, w.Label, w.Path, w.Line)
+		}
+	}
+}
+
+// TestSnapshotContainer runs snapshot from the host on a Ruby in a
+// container (testutil.StartContainerRuby: its own PID and mount
+// namespaces, a root file system whose Ruby binary and libruby are at
+// paths the host does not have): each thread's frames are the ones the
+// script's caller_locations gave inside the container, with the paths it
+// sees, its tid is the host's (not the container's, which names another
+// process here), and the text names the container's interpreter.
+func TestSnapshotContainer(t *testing.T) {
+	c := testutil.StartContainerRuby(t, "container.rb", testutil.ContainerOptions{})
+	reports := containerReports(t, c)
+	tids := hostTIDs(t, c.Pid)
+	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
+	out, stderr, code := run(t, "snapshot", "--pid", strconv.Itoa(c.Pid), "--format", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var doc struct {
+		Pid     int            `json:"pid"`
+		Version string         `json:"ruby_version"`
+		Threads []stack.Thread `json:"threads"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if doc.Pid != c.Pid || doc.Version == "" || len(doc.Threads) != 3 {
+		t.Fatalf("pid %d, version %q, %d threads; want pid %d and 3 threads:\n%s", doc.Pid, doc.Version, len(doc.Threads), c.Pid, out)
+	}
+	byTID := map[int]stack.Thread{}
+	for _, th := range doc.Threads {
+		byTID[th.TID] = th
+	}
+	for _, r := range reports {
+		if r.Pid != 1 {
+			t.Errorf("%s: the script's pid is %d in its container, want 1", r.Thread, r.Pid)
+		}
+		host, ok := tids[r.TID]
+		if !ok {
+			t.Fatalf("%s: no thread of process %d has container tid %d", r.Thread, c.Pid, r.TID)
+		}
+		th, ok := byTID[host]
+		if !ok {
+			t.Errorf("%s: no thread with host tid %d (container tid %d) in the snapshot:\n%s", r.Thread, host, r.TID, out)
+			continue
+		}
+		if (r.Thread == "main") != th.Main || (r.Thread != "main" && th.Name != r.Thread) {
+			t.Errorf("thread %d: name %q main %v, want %q", host, th.Name, th.Main, r.Thread)
+		}
+		if th.KernelState == "" {
+			t.Errorf("%s: no kernel state: the host's /proc was not read for tid %d", r.Thread, host)
+		}
+		wantContainerStack(t, r.Thread, th.Frames, r)
+	}
+	text, stderr, code := run(t, "snapshot", "--pid", strconv.Itoa(c.Pid))
+	if code != 0 {
+		t.Fatalf("text: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"Process " + strconv.Itoa(c.Pid) + ": " + testutil.ContainerRuby + "\n",
+		"Shop::Cart#total (" + c.Script + ":", "block in Shop.checkout (" + c.Script + ":", "Shop.spin (" + c.Script + ":"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text lacks %q:\n%s", want, text)
+		}
+	}
+	// inspect names the binaries by the container's paths, and read them
+	// from the container's files (not from the image in memory, the
+	// fallback when no file can be opened): the same build ids as the
+	// rootfs's files.
+	// As root rbscope opens them through /proc/PID/map_files; without
+	// CAP_SYS_ADMIN (and CAP_CHECKPOINT_RESTORE) through /proc/PID/root,
+	// checked against the mapping's inode and the image's build id.
+	t.Run("map_files", func(t *testing.T) {
+		wantContainerBinaries(t, c, binPath, "inspect", "--pid", strconv.Itoa(c.Pid), "--format", "json")
+	})
+	t.Run("proc_root", func(t *testing.T) {
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			testutil.Missing(t, "setpriv (util-linux) to run rbscope without CAP_SYS_ADMIN")
+		}
+		const drop = "-sys_admin,-checkpoint_restore"
+		wantContainerBinaries(t, c, setpriv, "--bounding-set", drop, "--inh-caps", drop, "--", binPath,
+			"inspect", "--pid", strconv.Itoa(c.Pid), "--format", "json")
+	})
+}
+
+// wantContainerBinaries runs inspect (the command prog args) and checks
+// that it read the container's Ruby binaries from the container's files.
+func wantContainerBinaries(t *testing.T, c *testutil.Container, prog string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(prog, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%v: %v: %s", args, err, stderr.String())
+	}
+	insp := string(out)
+	var idoc struct {
+		Ruby struct {
+			Binaries []struct {
+				Path      string `json:"path"`
+				BuildID   string `json:"build_id"`
+				SymSource string `json:"symbol_source"`
+				FileError string `json:"file_error"`
+			} `json:"binaries"`
+		} `json:"ruby"`
+	}
+	if err := json.Unmarshal([]byte(insp), &idoc); err != nil {
+		t.Fatalf("inspect: not JSON: %v\n%s", err, insp)
+	}
+	paths := map[string]bool{}
+	for _, b := range idoc.Ruby.Binaries {
+		paths[b.Path] = true
+		if _, err := os.Stat(b.Path); err == nil {
+			t.Errorf("binary %s: the host has a file at the container's path, the test cannot tell them apart", b.Path)
+		}
+		want := elfBuildID(t, filepath.Join(c.Rootfs, b.Path))
+		if !strings.HasPrefix(b.SymSource, "file ") || b.FileError != "" || b.BuildID != want {
+			t.Errorf("binary %s: symbols from %q (%s), build id %s; want the container's file, build id %s", b.Path, b.SymSource, b.FileError, b.BuildID, want)
+		}
+	}
+	if !paths[testutil.ContainerRuby] || len(paths) != 2 {
+		t.Errorf("inspect names binaries %v, want %s and the container's libruby", paths, testutil.ContainerRuby)
+	}
+}
+
+// elfBuildID is the GNU build id of the ELF file at path.
+func elfBuildID(t *testing.T, path string) string {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sec := f.Section(".note.gnu.build-id")
+	if sec == nil {
+		t.Fatalf("%s has no build id note", path)
+	}
+	b, err := sec.Data()
+	// namesz, descsz, type, "GNU\x00", then the id.
+	if err != nil || len(b) < 16 {
+		t.Fatalf("%s: build id note: %v", path, err)
+	}
+	return hex.EncodeToString(b[16 : 16+binary.LittleEndian.Uint32(b[4:])])
+}
+
+// TestRecordContainer records the containerised Ruby from the host, in
+// blocking mode (the holder of the GVL is paused by its host tid) and
+// nonblocking: every sample of the sleeping threads is exactly its
+// caller_locations stack, the spinner's samples are in Shop.spin, all
+// under the host's tids.
+func TestRecordContainer(t *testing.T) {
+	c := testutil.StartContainerRuby(t, "container.rb", testutil.ContainerOptions{})
+	reports := containerReports(t, c)
+	tids := hostTIDs(t, c.Pid)
+	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
+	byHost := map[int]containerReport{}
+	for _, r := range reports {
+		byHost[tids[r.TID]] = r
+	}
+	for _, mode := range []string{"blocking", "nonblocking"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			raw := filepath.Join(dir, "rec.raw.gz")
+			args := []string{"record", "--pid", strconv.Itoa(c.Pid), "--duration", "1s", "--raw", raw, "-f", "summary", "-o", filepath.Join(dir, "summary.txt")}
+			if mode == "nonblocking" {
+				args = append(args, "--nonblocking")
+			}
+			if _, stderr, code := run(t, args...); code != 0 {
+				t.Fatalf("record: exit %d: %s", code, stderr)
+			}
+			folded, stderr, code := run(t, "report", "--input", raw, "--format", "collapsed", "--lines", "--threads", "-o", "-")
+			if code != 0 {
+				t.Fatalf("report: exit %d: %s", code, stderr)
+			}
+			spins, samples := 0, 0
+			for _, line := range strings.Split(strings.TrimSpace(folded), "\n") {
+				i := strings.LastIndexByte(line, ' ')
+				n, err := strconv.Atoi(line[i+1:])
+				if i < 0 || err != nil {
+					t.Fatalf("bad collapsed line %q", line)
+				}
+				samples += n
+				frames := strings.Split(line[:i], ";")
+				var tid int
+				if _, err := fmt.Sscanf(frames[0][strings.LastIndexByte(frames[0], '(')+1:], "%d)", &tid); err != nil {
+					t.Fatalf("no tid in %q", frames[0])
+				}
+				if r, ok := byHost[tid]; ok {
+					// Outermost first, after the thread; C functions
+					// (Array#each) have no place of their own.
+					got := frames[1:]
+					ok := len(got) == len(r.Frames)+1 && got[len(got)-1] == "Kernel#sleep"
+					for j := 0; ok && j < len(r.Frames); j++ {
+						w, g := r.Frames[len(r.Frames)-1-j], got[j]
+						ok = unqualified(g) == fmt.Sprintf("%s (%s:%d)", w.Label, w.Path, w.Line) ||
+							!strings.HasSuffix(g, ")") && unqualified(g) == w.Label
+					}
+					if !ok {
+						t.Errorf("%s (host tid %d): %d samples of\n  %s\nwant Kernel#sleep under %+v", r.Thread, tid, n, strings.Join(got, ";"), r.Frames)
+					}
+					continue
+				}
+				if _, ok := hostThread(tids, tid); !ok {
+					t.Errorf("samples under tid %d, which is no host tid of process %d (%v): %q", tid, c.Pid, tids, line)
+					continue
+				}
+				if strings.Contains(line, "Shop.spin ("+c.Script+":") {
+					spins += n
+				}
+			}
+			if samples < 50 || spins < samples/10 {
+				t.Errorf("%d samples, %d in Shop.spin (%s); want at least 50 and a tenth:\n%s", samples, spins, c.Script, folded)
+			}
+		})
+	}
+}
+
+// hostThread reports whether host is one of the host tids in tids.
+func hostThread(tids map[int]int, host int) (int, bool) {
+	for ns, h := range tids {
+		if h == host {
+			return ns, true
+		}
+	}
+	return 0, false
+}
