@@ -89,10 +89,6 @@ type Process struct {
 	info    Info
 
 	syms []symSource
-	// tids translates the thread ids Ruby keeps (its own PID
-	// namespace's) into this host's, for a process in a container (nil
-	// for targets that need none).
-	tids target.TIDTranslator
 
 	vmAddr      uint64 // rb_vm_t* (0 before it is known)
 	vmPtrAddr   uint64 // &ruby_current_vm_ptr
@@ -130,7 +126,6 @@ func parseVer(s string) int {
 // Open locates the Ruby VM in t.
 func Open(t target.Target, opts Options) (*Process, error) {
 	p := &Process{t: t, r: &reader{t: t}, opts: opts}
-	p.tids, _ = t.(target.TIDTranslator)
 	p.info.Addresses = map[string]uint64{}
 	p.info.AddressSources = map[string]string{}
 	p.caches.init()

@@ -339,8 +339,8 @@ func (p *Process) refTID(ref *threadRef, tb []byte) int {
 	} else if tb != nil {
 		tid = p.threadTID(tb)
 	}
-	if tid != 0 && p.tids != nil {
-		tid = p.tids.HostTID(tid)
+	if tid != 0 {
+		tid = p.t.HostTID(tid)
 	}
 	if tid == 0 && ref.main {
 		tid = p.t.Pid()

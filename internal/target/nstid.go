@@ -7,19 +7,6 @@ import (
 	"github.com/rbscope/rbscope/internal/procfs"
 )
 
-// TIDTranslator is implemented by targets whose threads may be known by
-// other ids inside the target than the ones rbscope uses: a live process
-// in another PID namespace (a container) knows its threads by its
-// namespace's ids, which Ruby keeps in its memory, while /proc, ptrace
-// and perf events on this host take this host's.
-type TIDTranslator interface {
-	// HostTID returns the id this host knows the target's thread tid
-	// (an id in the target's own PID namespace) by, 0 when the target
-	// has no such thread. It never returns tid unchanged for a process
-	// in another namespace: that id names another process here.
-	HostTID(tid int) int
-}
-
 // nsTIDs is the live target's map of namespace thread ids to host ids.
 type nsTIDs struct {
 	mu      sync.Mutex
@@ -40,7 +27,7 @@ const (
 )
 
 // HostTID translates thread id tid of the target's PID namespace into
-// this host's (see TIDTranslator). For a process in rbscope's own
+// this host's (see Target.HostTID). For a process in rbscope's own
 // namespace it returns tid.
 func (l *live) HostTID(tid int) int {
 	if tid <= 0 {
