@@ -31,7 +31,16 @@ type ContainerOptions struct {
 	// .../kubepods-besteffort-pod<UID>.slice/cri-containerd-<ID>.scope.
 	// Without it the cgroup is docker's: .../docker-<ID>.scope.
 	Pod bool
+	// Exe is the Ruby to run, as the container sees it; "" runs the
+	// rootfs's (ContainerRuby). Another is brought in with Mounts.
+	Exe string
+	// Mounts are host directories mounted read-only in the container.
+	Mounts []Mount
 }
+
+// Mount is a host directory mounted read-only in a container at At
+// (Host's own path when "").
+type Mount struct{ Host, At string }
 
 // Container is a Ruby process started in a container of its own by
 // StartContainerRuby.
@@ -67,18 +76,20 @@ func RootFS(t testing.TB) string {
 	return strings.TrimSpace(string(out))
 }
 
-// StartContainerRuby runs the rootfs's Ruby (ContainerRuby) on script
-// (relative to testdata/ruby unless absolute) with args in a container:
-// its own PID namespace (the Ruby is its pid 1) and mount namespace,
-// whose root is the rootfs (pivot_root, the host's tree unmounted, as
-// container runtimes do, so /proc/PID/maps names the container's paths),
-// with the script's directory mounted read-only at /app, /proc its own,
-// and a cgroup of its own named like a container runtime's (with a
-// random container id). It waits until the script prints a line "ready"
-// (up to 30 s), checks that the process runs the rootfs's interpreter
-// (the same file, and no file at its path on the host), and kills the
-// container and removes its cgroup when the test ends. It needs root,
-// util-linux's unshare and a writable cgroup v2 hierarchy.
+// StartContainerRuby runs the rootfs's Ruby (ContainerRuby, or
+// opts.Exe) on script (relative to testdata/ruby unless absolute) with
+// args in a container: its own PID namespace (the Ruby is its pid 1) and
+// mount namespace, whose root is an overlay of the rootfs and a
+// directory of the test's, as docker's overlay2 makes it (pivot_root,
+// the host's tree unmounted, as container runtimes do, so that
+// /proc/PID/maps names the container's paths), with the script's
+// directory mounted read-only at /app, opts.Mounts, /proc its own, and a
+// cgroup of its own named like a container runtime's (with a random
+// container id). It waits until the script prints a line "ready" (up to
+// 30 s), checks that the process runs the rootfs's interpreter (the same
+// file, and no file at its path on the host), and kills the container
+// and removes its cgroup when the test ends. It needs root, util-linux's
+// unshare and pivot_root, overlayfs and a writable cgroup v2 hierarchy.
 func StartContainerRuby(t testing.TB, script string, opts ContainerOptions, args ...string) *Container {
 	t.Helper()
 	NeedRoot(t)
@@ -112,23 +123,44 @@ func StartContainerRuby(t testing.TB, script string, opts ContainerOptions, args
 	defer syscall.Close(fd)
 
 	// The container's init, run by the host's sh in the new namespaces:
-	// $1 rootfs, $2 the new root's mount point, $3 the script's
-	// directory, then the command.
+	// the root is an overlay of the rootfs (read-only, below) and a
+	// directory of this test's (the container's writes), as docker's
+	// overlay2 makes it; $1 rootfs, $2 the test's directory, $3 the
+	// script's directory, $4 the mounts ("HOST:AT" lines), then the
+	// command.
 	const initScript = `set -e
 mount --make-rprivate /
-mount --bind "$1" "$2"
-mount -o remount,bind,ro "$2"
-mount --bind "$3" "$2/app"
-mount -o remount,bind,ro "$2/app"
-mount -t proc proc "$2/proc"
-cd "$2"
+mkdir "$2/upper" "$2/work" "$2/root"
+mount -t overlay overlay -o "lowerdir=$1,upperdir=$2/upper,workdir=$2/work" "$2/root"
+mount --bind -o ro "$3" "$2/root/app"
+printf '%s\n' "$4" | while IFS=: read -r host at; do
+  [ -n "$host" ] || continue
+  mkdir -p "$2/root$at"
+  mount --bind -o ro "$host" "$2/root$at"
+done
+mount -t proc proc "$2/root/proc"
+cd "$2/root"
 pivot_root . mnt
 umount -l /mnt
-shift 3
+shift 4
 exec "$@"`
-	newRoot := t.TempDir()
+	var mounts []string
+	for _, m := range opts.Mounts {
+		at := m.At
+		if at == "" {
+			at = m.Host
+		}
+		if strings.ContainsAny(m.Host+at, ":\n") || !filepath.IsAbs(m.Host) || !filepath.IsAbs(at) {
+			t.Fatalf("mount %+v: want absolute paths without ':' or newlines", m)
+		}
+		mounts = append(mounts, m.Host+":"+filepath.Clean(at))
+	}
+	exe := opts.Exe
+	if exe == "" {
+		exe = ContainerRuby
+	}
 	cmdArgs := append([]string{"--mount", "--pid", "--fork", "--", "/bin/sh", "-c", initScript, "rbscope-container",
-		rootfs, newRoot, filepath.Dir(script), ContainerRuby, c.Script}, args...)
+		rootfs, t.TempDir(), filepath.Dir(script), strings.Join(mounts, "\n"), exe, c.Script}, args...)
 	cmd := exec.Command("unshare", cmdArgs...)
 	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}, opts.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
@@ -144,12 +176,16 @@ exec "$@"`
 	if ns, err := nsPid(pid); err != nil || len(ns) < 2 || ns[len(ns)-1] != 1 {
 		t.Fatalf("process %d is not pid 1 of a PID namespace of its own: NSpid %v (%v)", pid, ns, err)
 	}
-	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != ContainerRuby {
-		t.Fatalf("process %d runs %q (%v), want the container's %s", pid, exe, err, ContainerRuby)
+	if got, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || got != exe {
+		t.Fatalf("process %d runs %q (%v), want the container's %s", pid, got, err, exe)
 	}
+	// The rootfs's file, seen through the overlay: the same inode.
 	running, err := os.Stat(fmt.Sprintf("/proc/%d/exe", pid))
-	if err != nil || !os.SameFile(running, inRootfs) {
-		t.Fatalf("process %d does not run %s of %s (%v)", pid, ContainerRuby, rootfs, err)
+	if err == nil && opts.Exe == "" && running.Sys().(*syscall.Stat_t).Ino != inRootfs.Sys().(*syscall.Stat_t).Ino {
+		err = fmt.Errorf("inode %d, the rootfs's is %d", running.Sys().(*syscall.Stat_t).Ino, inRootfs.Sys().(*syscall.Stat_t).Ino)
+	}
+	if err != nil {
+		t.Fatalf("process %d does not run %s of %s: %v", pid, ContainerRuby, rootfs, err)
 	}
 	if got := unifiedCgroup(pid); got != c.Cgroup {
 		t.Fatalf("process %d is in cgroup %q, want %q", pid, got, c.Cgroup)
