@@ -102,9 +102,100 @@ func wantContainerStack(t *testing.T, what string, frames []stack.Frame, r conta
 // process here), and the text names the container's interpreter.
 func TestSnapshotContainer(t *testing.T) {
 	c := testutil.StartContainerRuby(t, "container.rb", testutil.ContainerOptions{})
+	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
+	wantContainerSnapshot(t, c)
+	text, stderr, code := run(t, "snapshot", "--pid", strconv.Itoa(c.Pid))
+	if code != 0 {
+		t.Fatalf("text: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"Process " + strconv.Itoa(c.Pid) + ": " + testutil.ContainerRuby + "\n",
+		"Shop::Cart#total (" + c.Script + ":", "block in Shop.checkout (" + c.Script + ":", "Shop.spin (" + c.Script + ":"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text lacks %q:\n%s", want, text)
+		}
+	}
+	// inspect names the binaries by the container's paths, and read them
+	// from the container's files (not from the image in memory, the
+	// fallback when no file can be opened): the same build ids as the
+	// rootfs's files.
+	// As root rbscope opens them through /proc/PID/map_files; without
+	// CAP_SYS_ADMIN (and CAP_CHECKPOINT_RESTORE) through /proc/PID/root,
+	// checked against the mapping's inode and the image's build id.
+	t.Run("map_files", func(t *testing.T) {
+		wantContainerBinaries(t, c, binPath, "inspect", "--pid", strconv.Itoa(c.Pid), "--format", "json")
+	})
+	t.Run("proc_root", func(t *testing.T) {
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			testutil.Missing(t, "setpriv (util-linux) to run rbscope without CAP_SYS_ADMIN")
+		}
+		const drop = "-sys_admin,-checkpoint_restore"
+		wantContainerBinaries(t, c, setpriv, "--bounding-set", drop, "--inh-caps", drop, "--", binPath,
+			"inspect", "--pid", strconv.Itoa(c.Pid), "--format", "json")
+	})
+}
+
+// TestSnapshotContainerDebugFile runs, in a container, the stripped
+// static Ruby of scripts/rubies.sh (3.3.8-static) whose DWARF is in a
+// separate debug file that only the container has (in its
+// /usr/lib/debug; rbscope is given no debug root): the layout comes from
+// that file, found through /proc/PID/root, and the stacks are right.
+func TestSnapshotContainerDebugFile(t *testing.T) {
+	var rb testutil.RubyUnderTest
+	for _, r := range testutil.Rubies(t) {
+		if r.Build == "3.3.8-static" && r.DebugRoot != "" {
+			rb = r
+		}
+	}
+	if rb.Exe == "" {
+		testutil.Missing(t, "Ruby 3.3.8-static with its debug file (scripts/rubies.sh build 3.3.8-static)")
+	}
+	prefix := filepath.Dir(filepath.Dir(rb.Exe))
+	c := testutil.StartContainerRuby(t, "container.rb", testutil.ContainerOptions{
+		Exe:    rb.Exe,
+		Mounts: []testutil.Mount{{Host: prefix}, {Host: rb.DebugRoot, At: "/usr/lib/debug"}},
+	})
+	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
+	t.Setenv("RBSCOPE_DEBUG_ROOT", "")
+	out, stderr, code := run(t, "inspect", "--pid", strconv.Itoa(c.Pid), "--format", "json")
+	if code != 0 {
+		t.Fatalf("inspect: exit %d: %s", code, stderr)
+	}
+	var doc struct {
+		Ruby struct {
+			LayoutSource string `json:"layout_source"`
+			Binaries     []struct {
+				BuildID string `json:"build_id"`
+			} `json:"binaries"`
+		} `json:"ruby"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc.Ruby.Binaries) == 0 {
+		t.Fatalf("inspect: %v\n%s", err, out)
+	}
+	id := doc.Ruby.Binaries[0].BuildID
+	if len(id) < 3 {
+		t.Fatalf("no build id: %s", out)
+	}
+	rel := filepath.Join(".build-id", id[:2], id[2:]+".debug")
+	if _, err := os.Stat(filepath.Join(rb.DebugRoot, rel)); err != nil {
+		t.Fatalf("the debug root %s lacks %s: %v", rb.DebugRoot, rel, err)
+	}
+	if _, err := os.Stat(filepath.Join("/usr/lib/debug", rel)); err == nil {
+		t.Fatalf("the host has /usr/lib/debug/%s: the test cannot tell where the debug file was found", rel)
+	}
+	if want := "dwarf:" + filepath.Join(fmt.Sprintf("/proc/%d/root/usr/lib/debug", c.Pid), rel); doc.Ruby.LayoutSource != want {
+		t.Errorf("layout source %q, want %q", doc.Ruby.LayoutSource, want)
+	}
+	wantContainerSnapshot(t, c)
+}
+
+// wantContainerSnapshot checks snapshot --format json of container c
+// against container.rb's reports: each reported thread under its host
+// tid, its name, and its frames.
+func wantContainerSnapshot(t *testing.T, c *testutil.Container) {
+	t.Helper()
 	reports := containerReports(t, c)
 	tids := hostTIDs(t, c.Pid)
-	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
 	out, stderr, code := run(t, "snapshot", "--pid", strconv.Itoa(c.Pid), "--format", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -145,35 +236,6 @@ func TestSnapshotContainer(t *testing.T) {
 		}
 		wantContainerStack(t, r.Thread, th.Frames, r)
 	}
-	text, stderr, code := run(t, "snapshot", "--pid", strconv.Itoa(c.Pid))
-	if code != 0 {
-		t.Fatalf("text: exit %d: %s", code, stderr)
-	}
-	for _, want := range []string{"Process " + strconv.Itoa(c.Pid) + ": " + testutil.ContainerRuby + "\n",
-		"Shop::Cart#total (" + c.Script + ":", "block in Shop.checkout (" + c.Script + ":", "Shop.spin (" + c.Script + ":"} {
-		if !strings.Contains(text, want) {
-			t.Errorf("text lacks %q:\n%s", want, text)
-		}
-	}
-	// inspect names the binaries by the container's paths, and read them
-	// from the container's files (not from the image in memory, the
-	// fallback when no file can be opened): the same build ids as the
-	// rootfs's files.
-	// As root rbscope opens them through /proc/PID/map_files; without
-	// CAP_SYS_ADMIN (and CAP_CHECKPOINT_RESTORE) through /proc/PID/root,
-	// checked against the mapping's inode and the image's build id.
-	t.Run("map_files", func(t *testing.T) {
-		wantContainerBinaries(t, c, binPath, "inspect", "--pid", strconv.Itoa(c.Pid), "--format", "json")
-	})
-	t.Run("proc_root", func(t *testing.T) {
-		setpriv, err := exec.LookPath("setpriv")
-		if err != nil {
-			testutil.Missing(t, "setpriv (util-linux) to run rbscope without CAP_SYS_ADMIN")
-		}
-		const drop = "-sys_admin,-checkpoint_restore"
-		wantContainerBinaries(t, c, setpriv, "--bounding-set", drop, "--inh-caps", drop, "--", binPath,
-			"inspect", "--pid", strconv.Itoa(c.Pid), "--format", "json")
-	})
 }
 
 // wantContainerBinaries runs inspect (the command prog args) and checks

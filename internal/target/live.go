@@ -386,6 +386,18 @@ func MapFilesPath(pid int, m Mapping) string {
 	return fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End)
 }
 
+// FileRoot returns /proc/PID/root when the process's root directory is
+// not rbscope's (see Target.FileRoot), else "".
+func (l *live) FileRoot() string {
+	root := fmt.Sprintf("/proc/%d/root", l.pid)
+	theirs, err1 := os.Stat(root)
+	ours, err2 := os.Stat("/")
+	if err1 != nil || err2 != nil || os.SameFile(theirs, ours) {
+		return ""
+	}
+	return root
+}
+
 // HostPath returns the path under which this host can open path of live
 // process pid (through /proc/PID/root).
 func HostPath(pid int, path string) string {

@@ -74,6 +74,13 @@ type Target interface {
 	// container), whose ids name other processes on this host: HostTID
 	// maps them through /proc and never returns such an id unchanged.
 	HostTID(tid int) int
+	// FileRoot is the directory under which this host sees the files of
+	// a live process whose root is not rbscope's (a container's, a
+	// chroot's): its /proc/PID/root; "" when the process sees the host's
+	// tree, and for cores (whose files OpenFile finds under --sysroot).
+	// Files that are not mapped, such as separate debug files, are looked
+	// for under it.
+	FileRoot() string
 	// Close releases the target's resources.
 	Close() error
 }
