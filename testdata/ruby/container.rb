@@ -2,8 +2,8 @@
 # (testutil.StartContainerRuby). Two threads stop at known points; for
 # each, one JSON line with Ruby's own view of it: its name, its tid and
 # the process's pid in the container's PID namespace, and its stack
-# (caller_locations). Then "ready"; a third thread spins in Shop.spin
-# until the process is killed.
+# (caller_locations). Then a third thread prints "ready" from Shop.spin,
+# where it spins until the process is killed.
 require "json"
 $stdout.sync = true
 
@@ -29,8 +29,11 @@ module Shop
 
   def self.checkout = [1].each { Cart.new.total(3) }
 
+  # spin says "ready" from inside itself: a profiler that reads the
+  # process after that line finds this thread here.
   def self.spin
     x = 0
+    puts "ready"
     loop { x += 1 }
   end
 end
@@ -38,7 +41,6 @@ end
 Thread.new { Thread.current.name = "cart-worker"; Shop.checkout }
 Thread.new do
   2.times { puts JSON.generate(Reports.pop) }
-  puts "ready"
   Thread.current.name = "spinner"
   Shop.spin
 end
