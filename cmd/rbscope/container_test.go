@@ -7,12 +7,16 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/testutil"
@@ -379,4 +383,99 @@ func hostThread(tids map[int]int, host int) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// TestAllocContainer counts, from the host in exact mode, the allocations
+// of internal/alloc's workload run by a Ruby in a container: the eBPF
+// probes attach to the container's libruby (a path the host does not
+// have), every Widget and Gadget the workload makes is counted, at the
+// line of the workload's file as the container names it.
+func TestAllocContainer(t *testing.T) {
+	allocNeedRoot(t)
+	const n = 3000
+	c := testutil.StartContainerRuby(t, filepath.Join(testutil.RepoRoot(t), "internal", "alloc", "testdata", "alloc.rb"),
+		testutil.ContainerOptions{}, strconv.Itoa(n))
+	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
+	out := filepath.Join(t.TempDir(), "alloc.json")
+	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(c.Pid), "--exact", "--format", "json", "-o", out)
+	errb := newAttachedWriter()
+	cmd.Stderr = errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	errb.wait(t, 30*time.Second)
+	if _, err := io.WriteString(c.Stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.Expect(t, "done")
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("rbscope alloc: %v\n%s", err, errb.String())
+	}
+	if !strings.Contains(errb.String(), "/opt/ct/lib/libruby") {
+		t.Errorf("rbscope alloc did not say it attached to the container's libruby:\n%s", errb.String())
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		ByClass []struct {
+			Class string `json:"class"`
+			Count int64  `json:"count"`
+		} `json:"by_class"`
+		BySite []struct {
+			Class string `json:"class"`
+			Path  string `json:"path"`
+			Line  int    `json:"line"`
+			Count int64  `json:"count"`
+		} `json:"by_site"`
+		TopStacks []struct {
+			Class  string        `json:"class"`
+			Frames []stack.Frame `json:"frames"`
+		} `json:"top_stacks"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	// The sampled stacks are named by the walker, matched to the
+	// kernel's (host) thread id of each allocation: one in the workload
+	// is its block, Integer#times and work at one line of work.rb, under
+	// the script's main.
+	inWork := regexp.MustCompile(`block in Object#work \(/app/work\.rb:(\d+)\);Integer#times \(/app/work\.rb:(\d+)\);Object#work \(/app/work\.rb:(\d+)\);<main> \(/app/alloc\.rb:\d+\)$`)
+	named := 0
+	for _, st := range doc.TopStacks {
+		var fs []string
+		for _, f := range st.Frames {
+			fs = append(fs, fmt.Sprintf("%s (%s:%d)", f.Name, f.Path, f.Line))
+		}
+		if m := inWork.FindStringSubmatch(strings.Join(fs, ";")); m != nil && m[1] == m[2] && m[2] == m[3] {
+			named++
+		}
+	}
+	if named == 0 {
+		t.Errorf("no sampled stack names work.rb's frames as the container sees them: %+v", doc.TopStacks)
+	}
+	classes := map[string]int64{}
+	for _, cc := range doc.ByClass {
+		classes[cc.Class] = cc.Count
+	}
+	sites := map[string]int64{}
+	for _, s := range doc.BySite {
+		sites[fmt.Sprintf("%s:%d:%s", s.Path, s.Line, s.Class)] = s.Count
+	}
+	// The lines of internal/alloc/testdata/work.rb.
+	for _, w := range []struct {
+		class string
+		line  int
+		want  int64
+	}{{"Widget", 9, n}, {"Gadget", 10, 2 * n}, {"Outer::Inner", 11, n / 2}} {
+		if classes[w.class] != w.want {
+			t.Errorf("class %s: %d allocations, want %d", w.class, classes[w.class], w.want)
+		}
+		if site := fmt.Sprintf("/app/work.rb:%d:%s", w.line, w.class); sites[site] != w.want {
+			t.Errorf("site %s: %d allocations, want %d (sites %v)", site, sites[site], w.want, sites)
+		}
+	}
 }

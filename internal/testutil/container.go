@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,6 +62,30 @@ type Container struct {
 	Script string
 	// Lines are the lines the script printed before "ready".
 	Lines []string
+	// Stdin is the script's standard input.
+	Stdin io.WriteCloser
+	// after holds the lines printed after "ready" (see Expect).
+	after chan string
+}
+
+// Expect waits (up to 60 s) for a line the script prints after "ready"
+// that starts with prefix, skipping the others, and returns it.
+func (c *Container) Expect(t testing.TB, prefix string) string {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case l, ok := <-c.after:
+			if !ok {
+				t.Fatalf("the container's script ended before printing %q", prefix)
+			}
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		case <-deadline:
+			t.Fatalf("timed out waiting for the container's script to print %q", prefix)
+		}
+	}
 }
 
 // RootFS returns the directory of the container tests' Debian rootfs
@@ -164,11 +189,14 @@ exec "$@"`
 	cmd := exec.Command("unshare", cmdArgs...)
 	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}, opts.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
-	p := RubyUnderTest{Name: "container"}.StartCmd(t, cmd)
-	c.Lines = p.Lines
+	c.Stdin, err = cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsharePid := c.start(t, cmd)
 
 	// The Ruby is unshare's child (--fork), the container's pid 1.
-	pid, err := onlyChild(p.Pid)
+	pid, err := onlyChild(unsharePid)
 	if err != nil {
 		t.Fatalf("find the container's Ruby process: %v", err)
 	}
@@ -191,6 +219,59 @@ exec "$@"`
 		t.Fatalf("process %d is in cgroup %q, want %q", pid, got, c.Cgroup)
 	}
 	return c
+}
+
+// start starts cmd in a process group of its own, reads its lines until
+// "ready" (up to 30 s) into c.Lines and the later ones into c.after, and
+// kills the process group when the test ends. It returns cmd's pid.
+func (c *Container) start(t testing.TB, cmd *exec.Cmd) int {
+	t.Helper()
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr.Setpgid = true
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the container: %v", err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+	ready := make(chan error, 1)
+	c.after = make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		isReady := false
+		for sc.Scan() {
+			switch l := sc.Text(); {
+			case isReady:
+				select {
+				case c.after <- l:
+				default: // a test reads only a few lines; never block the script
+				}
+			case l == "ready":
+				isReady = true
+				ready <- nil
+			default:
+				c.Lines = append(c.Lines, l)
+			}
+		}
+		if !isReady {
+			ready <- fmt.Errorf("its output ended (%v)", sc.Err())
+		}
+		close(c.after)
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			t.Fatalf("container %v exited before it was ready: %v", cmd.Args[len(cmd.Args)-2:], err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("container %v did not print ready within 30s", cmd.Args[len(cmd.Args)-2:])
+	}
+	return cmd.Process.Pid
 }
 
 // testCgroup is a container's cgroup and the directories made for it.
