@@ -97,27 +97,60 @@ func wantContainerStack(t *testing.T, what string, frames []stack.Frame, r conta
 	}
 }
 
+// containerOptions runs rb in the container tests: Debian's Ruby is the
+// rootfs's own (the same package, another build, at a path the host does
+// not have); a build of scripts/rubies.sh runs with its prefix mounted at
+// its own path (so its files are also at their paths on the host: the
+// rootfs's Ruby is the one that tells them apart). The profiler's
+// environment for rb is set.
+func containerOptions(t *testing.T, rb testutil.RubyUnderTest) testutil.ContainerOptions {
+	t.Helper()
+	rb.SetProfilerEnv(t)
+	if rb.IsSystem() {
+		return testutil.ContainerOptions{}
+	}
+	return testutil.ContainerOptions{Exe: rb.Exe, Args: rb.Args,
+		Mounts: []testutil.Mount{{Host: filepath.Dir(filepath.Dir(rb.Exe))}}}
+}
+
 // TestSnapshotContainer runs snapshot from the host on a Ruby in a
 // container (testutil.StartContainerRuby: its own PID and mount
 // namespaces, a root file system whose Ruby binary and libruby are at
-// paths the host does not have): each thread's frames are the ones the
-// script's caller_locations gave inside the container, with the paths it
-// sees, its tid is the host's (not the container's, which names another
-// process here), and the text names the container's interpreter.
+// paths the host does not have), on each Ruby under test: each thread's
+// frames are the ones the script's caller_locations gave inside the
+// container, with the paths it sees, its tid is the host's (not the
+// container's, which names another process here), and the text names
+// the container's interpreter. Debian's Ruby, the rootfs's own, must
+// have been read from the container's files.
 func TestSnapshotContainer(t *testing.T) {
-	c := testutil.StartContainerRuby(t, "container.rb", testutil.ContainerOptions{})
-	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
-	wantContainerSnapshot(t, c)
-	text, stderr, code := run(t, "snapshot", "--pid", strconv.Itoa(c.Pid))
-	if code != 0 {
-		t.Fatalf("text: exit %d: %s", code, stderr)
-	}
-	for _, want := range []string{"Process " + strconv.Itoa(c.Pid) + ": " + testutil.ContainerRuby + "\n",
-		"Shop::Cart#total (" + c.Script + ":", "block in Shop.checkout (" + c.Script + ":", "Shop.spin (" + c.Script + ":"} {
-		if !strings.Contains(text, want) {
-			t.Errorf("text lacks %q:\n%s", want, text)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		opts := containerOptions(t, rb)
+		c := testutil.StartContainerRuby(t, "container.rb", opts)
+		wantContainerSnapshot(t, c)
+		exe := opts.Exe
+		if exe == "" {
+			exe = testutil.ContainerRuby
 		}
-	}
+		text, stderr, code := run(t, "snapshot", "--pid", strconv.Itoa(c.Pid))
+		if code != 0 {
+			t.Fatalf("text: exit %d: %s", code, stderr)
+		}
+		for _, want := range []string{"Process " + strconv.Itoa(c.Pid) + ": " + exe + "\n",
+			"Shop::Cart#total (" + c.Script + ":", "block in Shop.checkout (" + c.Script + ":", "Shop.spin (" + c.Script + ":"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("text lacks %q:\n%s", want, text)
+			}
+		}
+		if rb.IsSystem() {
+			wantContainerFiles(t, c)
+		}
+	})
+}
+
+// wantContainerFiles checks that rbscope read the rootfs Ruby's binaries
+// in container c from the container's files.
+func wantContainerFiles(t *testing.T, c *testutil.Container) {
+	t.Helper()
 	// inspect names the binaries by the container's paths, and read them
 	// from the container's files (not from the image in memory, the
 	// fallback when no file can be opened): the same build ids as the
@@ -303,16 +336,19 @@ func elfBuildID(t *testing.T, path string) string {
 	return hex.EncodeToString(b[16 : 16+binary.LittleEndian.Uint32(b[4:])])
 }
 
-// TestRecordContainer records the containerised Ruby from the host, in
-// blocking mode (the holder of the GVL is paused by its host tid) and
-// nonblocking: every sample of the sleeping threads is exactly its
-// caller_locations stack, the spinner's samples are in Shop.spin, all
-// under the host's tids.
+// TestRecordContainer records the containerised Ruby from the host, on
+// each Ruby under test, in blocking mode (the holder of the GVL is paused
+// by its host tid) and nonblocking: every sample of the sleeping threads
+// is exactly its caller_locations stack, the spinner's samples are in
+// Shop.spin, all under the host's tids.
 func TestRecordContainer(t *testing.T) {
-	c := testutil.StartContainerRuby(t, "container.rb", testutil.ContainerOptions{})
+	testutil.EachRuby(t, testRecordContainer)
+}
+
+func testRecordContainer(t *testing.T, rb testutil.RubyUnderTest) {
+	c := testutil.StartContainerRuby(t, "container.rb", containerOptions(t, rb))
 	reports := containerReports(t, c)
 	tids := hostTIDs(t, c.Pid)
-	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
 	byHost := map[int]containerReport{}
 	for _, r := range reports {
 		byHost[tids[r.TID]] = r

@@ -35,6 +35,8 @@ type ContainerOptions struct {
 	// Exe is the Ruby to run, as the container sees it; "" runs the
 	// rootfs's (ContainerRuby). Another is brought in with Mounts.
 	Exe string
+	// Args go to the Ruby before the script (e.g. "--yjit").
+	Args []string
 	// Mounts are host directories mounted read-only in the container.
 	Mounts []Mount
 }
@@ -184,8 +186,9 @@ exec "$@"`
 	if exe == "" {
 		exe = ContainerRuby
 	}
-	cmdArgs := append([]string{"--mount", "--pid", "--fork", "--", "/bin/sh", "-c", initScript, "rbscope-container",
-		rootfs, t.TempDir(), filepath.Dir(script), strings.Join(mounts, "\n"), exe, c.Script}, args...)
+	cmdArgs := []string{"--mount", "--pid", "--fork", "--", "/bin/sh", "-c", initScript, "rbscope-container",
+		rootfs, t.TempDir(), filepath.Dir(script), strings.Join(mounts, "\n"), exe}
+	cmdArgs = append(append(append(cmdArgs, opts.Args...), c.Script), args...)
 	cmd := exec.Command("unshare", cmdArgs...)
 	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}, opts.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
