@@ -49,3 +49,38 @@ func TestHostTIDContainer(t *testing.T) {
 		t.Errorf("own HostTID(%d) = %d", os.Getpid(), got)
 	}
 }
+
+// BenchmarkHostTID is the steady cost of translating a container's
+// thread id (the map read, the task list compared once a second).
+func BenchmarkHostTID(b *testing.B) {
+	c := testutil.StartContainerRuby(b, "container.rb", testutil.ContainerOptions{})
+	tg, err := OpenLive(c.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tg.Close()
+	pid := c.Pid
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if tg.HostTID(1) != pid {
+			b.Fatal("HostTID(1) is not the main thread")
+		}
+	}
+}
+
+// BenchmarkHostTIDSameNamespace is its cost for a process in rbscope's
+// own namespace.
+func BenchmarkHostTIDSameNamespace(b *testing.B) {
+	pid := os.Getpid()
+	tg, err := OpenLive(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tg.Close()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if tg.HostTID(pid) != pid {
+			b.Fatal("HostTID changed an id of this namespace")
+		}
+	}
+}
