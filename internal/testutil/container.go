@@ -129,6 +129,11 @@ func StartContainerRuby(t testing.TB, script string, opts ContainerOptions, args
 			Missing(t, "%s (util-linux) to start a container", tool)
 		}
 	}
+	if fs, err := os.ReadFile("/proc/filesystems"); err == nil && !strings.Contains(string(fs), "\toverlay\n") {
+		if _, err := os.Stat("/sys/module/overlay"); err != nil {
+			Missing(t, "overlayfs (the overlay kernel module) for the container's root")
+		}
+	}
 	// The container's interpreter must be a file the host does not have
 	// at its path, or reading the host's path would go unnoticed.
 	if _, err := os.Stat(filepath.Dir(filepath.Dir(ContainerRuby))); !errors.Is(err, os.ErrNotExist) {
