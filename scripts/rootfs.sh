@@ -49,6 +49,19 @@ key() {
 
 rootfs_dir() { echo "$cache/$(key)"; }
 
+# remove_tree DIR removes a build's directory: first what an interrupted
+# debootstrap left mounted in it (it mounts /proc and /sys in the target
+# and unmounts them only on a clean exit), deepest first, then the files,
+# never crossing into another file system.
+remove_tree() {
+  local d=$1 m
+  [ -e "$d" ] || return 0
+  awk -v p="$d/" 'index($2, p) == 1 { print $2 }' /proc/mounts | sort -r | while read -r m; do
+    $SUDO umount -l "$m" || true
+  done
+  $SUDO rm -rf --one-file-system "$d"
+}
+
 build() {
   local dir
   dir=$(rootfs_dir)
@@ -60,13 +73,14 @@ build() {
   fi
   local start=$SECONDS tmp
   # A directory left by an interrupted build is removed first.
-  rm -rf "$dir" "$cache"/.tmp-*
+  for f in "$dir" "$cache"/.tmp-*; do remove_tree "$f"; done
   tmp=$(mktemp -d "$cache/.tmp-$(key).XXXXXX")
   chmod 755 "$tmp"
   log "building a $suite $variant rootfs with $include into $dir (about a minute or two when cold)"
   if ! $SUDO debootstrap --variant="$variant" --include="$include" "$suite" "$tmp" "$mirror" >"$tmp.log" 2>&1; then
     tail -n 30 "$tmp.log" >&2
-    $SUDO rm -rf "$tmp" "$tmp.log"
+    remove_tree "$tmp"
+    rm -f "$tmp.log"
     exit 1
   fi
   # The container's Ruby at paths the host does not have (see above).
