@@ -26,6 +26,7 @@ packages=(
   strace linux-perf    # system calls and scheduler events: scripts/bench-record.sh, scripts/bench-pause.sh
   ruby-rails ruby-sqlite3 puma # the Rails fixture (scripts/rails-app.sh), built offline from these
   apache2-utils        # ab: the load on the Rails fixture in scripts/bench-record.sh
+  debootstrap          # the Debian rootfs of the container tests (scripts/rootfs.sh)
 )
 
 missing=()

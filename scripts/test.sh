@@ -19,12 +19,17 @@ pyroscope=$!
 # hash of its recipe) alongside.
 ./scripts/rails-app.sh build >"$logs/rails.log" 2>&1 &
 rails=$!
+# The Debian rootfs of the container tests (scripts/rootfs.sh: debootstrap,
+# about 2 minutes cold, cached by a hash of its recipe) alongside.
+./scripts/rootfs.sh build >"$logs/rootfs.log" 2>&1 &
+rootfs=$!
 failed=0
+wait "$rootfs" || { echo "scripts/rootfs.sh build failed:" >&2; tail -n 40 "$logs/rootfs.log" >&2; failed=1; }
 wait "$rails" || { echo "scripts/rails-app.sh build failed:" >&2; tail -n 40 "$logs/rails.log" >&2; failed=1; }
 wait "$rubies" || { echo "scripts/rubies.sh build failed:" >&2; tail -n 40 "$logs/rubies.log" >&2; failed=1; }
 wait "$pyroscope" || { echo "scripts/pyroscope.sh build failed:" >&2; tail -n 40 "$logs/pyroscope.log" >&2; failed=1; }
 [ "$failed" = 0 ] || exit 1
-grep -h '^rubies.sh: Ruby .* installed\|^pyroscope.sh: building\|^rails-app.sh: built' "$logs"/*.log >&2 || true
+grep -h '^rubies.sh: Ruby .* installed\|^pyroscope.sh: building\|^rails-app.sh: built\|^rootfs.sh: built' "$logs"/*.log >&2 || true
 echo "test.sh: set-up took $((SECONDS - start)) s" >&2
 # The rbscope binaries the tests build are static, as the scripts ship them.
 export CGO_ENABLED=0

@@ -3,10 +3,12 @@ package procfs
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Status holds the fields of /proc/PID/status (or of one thread's,
@@ -81,4 +83,71 @@ func Tasks(pid int) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// ReadTaskNSpid returns the NSpid field of /proc/PID/task/TID/status: the
+// thread's id in each PID namespace from the reader's down to the
+// thread's own (one entry when they are the same namespace; nil on a
+// kernel without the field, before 4.1).
+func ReadTaskNSpid(pid, tid int) ([]int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/status")
+	if err != nil {
+		return nil, fmt.Errorf("read status of thread %d of process %d: %w", tid, pid, err)
+	}
+	return ParseNSpid(b)
+}
+
+// ParseNSpid returns the ids of the NSpid line of a status file (nil when
+// it has none).
+func ParseNSpid(b []byte) ([]int, error) {
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		v, ok := strings.CutPrefix(sc.Text(), "NSpid:")
+		if !ok {
+			continue
+		}
+		var ids []int
+		for _, f := range strings.Fields(v) {
+			id, err := strconv.Atoi(f)
+			if err != nil || id <= 0 {
+				return nil, fmt.Errorf("parse status: NSpid %q", strings.TrimSpace(v))
+			}
+			ids = append(ids, id)
+		}
+		if len(ids) == 0 {
+			return nil, fmt.Errorf("parse status: empty NSpid")
+		}
+		return ids, nil
+	}
+	return nil, sc.Err()
+}
+
+// NamespaceTIDs maps the ids process pid's threads have in the process's
+// own PID namespace (what the process, and the thread ids kept in its
+// memory, know them by) to their ids in the reader's (what /proc/PID/task
+// lists). It is nil when the process is in the reader's PID namespace:
+// the ids are the same. A thread that exits while it is read is left out.
+func NamespaceTIDs(pid int) (map[int]int, error) {
+	tids, err := Tasks(pid)
+	if err != nil {
+		return nil, err
+	}
+	var m map[int]int
+	for _, tid := range tids {
+		ns, err := ReadTaskNSpid(pid, tid)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+				continue
+			}
+			return nil, err
+		}
+		if len(ns) < 2 {
+			continue
+		}
+		if m == nil {
+			m = make(map[int]int, len(tids))
+		}
+		m[ns[len(ns)-1]] = tid
+	}
+	return m, nil
 }

@@ -406,13 +406,28 @@ func (p *Process) loadLayout() error {
 // resolveLayout finds the layout for the process: from DWARF in a Ruby
 // binary or its separate debug file when there is one, completed field by
 // field from the built-in table; else the built-in table.
+//
+// For a process in a container, files beside a binary (a debug file by
+// its .gnu_debuglink) are looked for in the container's tree, and the
+// container's /usr/lib/debug is searched after the given roots and
+// before this host's.
 var resolveLayout = func(p *Process) (*layout.Layout, error) {
 	var bins []layout.BinaryInfo
+	roots := p.opts.DebugRoots
+	root := p.t.FileRoot()
+	if root != "" {
+		roots = append(append([]string(nil), roots...), filepath.Join(root, layout.SystemDebugRoot))
+	}
 	for _, b := range p.info.Binaries {
 		b := b
+		host := ""
+		if root != "" {
+			host = filepath.Join(root, filepath.Clean("/"+b.Path))
+		}
 		bins = append(bins, layout.BinaryInfo{
-			Path:    b.Path,
-			BuildID: b.BuildID,
+			Path:     b.Path,
+			HostPath: host,
+			BuildID:  b.BuildID,
 			Open: func() (io.ReaderAt, io.Closer, error) {
 				f, err := p.t.OpenFile(b.Path)
 				if err != nil {
@@ -423,7 +438,7 @@ var resolveLayout = func(p *Process) (*layout.Layout, error) {
 		})
 	}
 	l, err := layout.Resolve(bins, p.version, layout.ResolveOptions{
-		DebugRoots: p.opts.DebugRoots,
+		DebugRoots: roots,
 		NoDWARF:    p.opts.NoDWARF,
 	})
 	if err != nil {

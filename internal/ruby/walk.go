@@ -330,13 +330,18 @@ func (p *Process) tornFrames(stackStart, stackSize, cfpAddr uint64, err error, p
 const glibcPthreadTID = 0x2d0
 
 // refTID is the native thread id of the thread ref (whose struct is tb),
-// 0 when it cannot be read.
+// as this host knows it, 0 when it cannot be read. Ruby keeps the id its
+// own PID namespace gives the thread: in a container, another id than
+// this host's, and one that may name another process here.
 func (p *Process) refTID(ref *threadRef, tb []byte) int {
 	tid := 0
 	if ref.haveTID {
 		tid = int(int32(le32(ref.tid[:], 0)))
 	} else if tb != nil {
 		tid = p.threadTID(tb)
+	}
+	if tid != 0 {
+		tid = p.t.HostTID(tid)
 	}
 	if tid == 0 && ref.main {
 		tid = p.t.Pid()

@@ -327,6 +327,12 @@ func elfTypeName(t uint16) string {
 
 func (c *core) Pid() int { return c.pid }
 
+// HostTID returns tid: a core's thread ids are the ones it recorded.
+func (c *core) HostTID(tid int) int { return tid }
+
+// FileRoot returns "": a core's files are found by OpenFile.
+func (c *core) FileRoot() string { return "" }
+
 // Executable returns the path of the executable as the core's process saw
 // it (from NT_FILE and the auxiliary vector), or CoreOptions.Exe when the
 // core does not say.

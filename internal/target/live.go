@@ -24,6 +24,7 @@ type live struct {
 	pid   int
 	exe   string
 	calls atomic.Uint64
+	ns    nsTIDs
 }
 
 // ReadCounter is implemented by targets that count the system calls their
@@ -383,6 +384,18 @@ func headMapping(maps []Mapping, path string) (Mapping, bool) {
 // on disk (opening it needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE).
 func MapFilesPath(pid int, m Mapping) string {
 	return fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End)
+}
+
+// FileRoot returns /proc/PID/root when the process's root directory is
+// not rbscope's (see Target.FileRoot), else "".
+func (l *live) FileRoot() string {
+	root := fmt.Sprintf("/proc/%d/root", l.pid)
+	theirs, err1 := os.Stat(root)
+	ours, err2 := os.Stat("/")
+	if err1 != nil || err2 != nil || os.SameFile(theirs, ours) {
+		return ""
+	}
+	return root
 }
 
 // HostPath returns the path under which this host can open path of live

@@ -67,6 +67,20 @@ type Target interface {
 	// OpenFile opens a file the target mapped, as the target sees it
 	// (through /proc/PID/root for live processes).
 	OpenFile(path string) (File, error)
+	// HostTID returns the id rbscope knows the target's thread tid by,
+	// tid being the id the target itself knows (the one Ruby keeps in
+	// its memory), 0 when the target has no such thread. They are the
+	// same but for a live process in another PID namespace (a
+	// container), whose ids name other processes on this host: HostTID
+	// maps them through /proc and never returns such an id unchanged.
+	HostTID(tid int) int
+	// FileRoot is the directory under which this host sees the files of
+	// a live process whose root is not rbscope's (a container's, a
+	// chroot's): its /proc/PID/root; "" when the process sees the host's
+	// tree, and for cores (whose files OpenFile finds under --sysroot).
+	// Files that are not mapped, such as separate debug files, are looked
+	// for under it.
+	FileRoot() string
 	// Close releases the target's resources.
 	Close() error
 }
