@@ -2,7 +2,7 @@
 # Builds the Rubies rbscope is tested against (besides Debian's own), from
 # Debian's source package, and caches them under ~/.cache/rbscope/rubies.
 #
-#   scripts/rubies.sh list            names of the Rubies this script builds
+#   scripts/rubies.sh list            names of the suite's Rubies (built by default)
 #   scripts/rubies.sh build [NAME...] build (if not cached) the named, or all
 #   scripts/rubies.sh prefix NAME     build NAME if needed, print its prefix
 #   scripts/rubies.sh debugroot NAME  print NAME's debug-file root ("" if none)
@@ -25,7 +25,11 @@
 # RBSCOPE_RUBIES_DIR overrides the cache directory.
 set -euo pipefail
 
-names=(3.3.8 3.3.8-static 3.4.5 3.4.5-stripped)
+# The suite's Rubies (what `build` makes by default); 3.4.5 builds on
+# demand: the stack walker's tests pass on it, alloc's and heap's do not
+# yet (see the README's "Supported Rubies").
+names=(3.3.8 3.3.8-static)
+known=("${names[@]}" 3.4.5 3.4.5-stripped)
 cache=${RBSCOPE_RUBIES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rbscope/rubies}
 src_cache=$cache/src
 
@@ -122,7 +126,7 @@ build_one() {
     3.3.8 | 3.4.5) conf+=(--enable-shared) ;;
     3.3.8-static) conf+=(--disable-shared) ;;
     3.4.5-stripped) strip_copy "$name" 3.4.5; return ;;
-    *) log "unknown Ruby '$name' (known: ${names[*]})"; exit 2 ;;
+    *) log "unknown Ruby '$name' (known: ${known[*]})"; exit 2 ;;
   esac
   local version tarball
   version=$(version_of "$name")
