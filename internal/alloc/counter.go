@@ -43,7 +43,9 @@ func (c *rubyCounter) read() (uint64, error) {
 }
 
 // counterStructs are the structs the counter's offsets come from.
-var counterStructs = []string{"rb_vm_struct", "rb_objspace", "rb_size_pool_struct"}
+// Ruby 3.4's modular GC renamed the size pools heaps (rb_heap_struct) and
+// put the objspace pointer in the VM's gc struct.
+var counterStructs = []string{"rb_vm_struct", "rb_objspace", "rb_size_pool_struct", "rb_heap_struct"}
 
 // counterFromDWARF locates the counter with offsets from the DWARF of one
 // of the process's Ruby binaries (or its separate debug file).
@@ -80,7 +82,10 @@ func counterLayout(t target.Target, path string) (*layout.Layout, error) {
 func counterFromLayout(t target.Target, l *layout.Layout, vm uint64) (*rubyCounter, error) {
 	objOff, err := l.Offset("rb_vm_struct", "objspace")
 	if err != nil {
-		return nil, err
+		var err2 error
+		if objOff, err2 = l.Offset("rb_vm_struct", "gc.objspace"); err2 != nil {
+			return nil, err
+		}
 	}
 	var ptr [8]byte
 	if err := t.ReadAt(ptr[:], vm+objOff); err != nil {
@@ -95,15 +100,19 @@ func counterFromLayout(t target.Target, l *layout.Layout, vm uint64) (*rubyCount
 		c.addrs = []uint64{objspace + off}
 		return c, nil
 	}
-	pools, err := l.Field("rb_objspace", "size_pools")
+	poolsField, poolStruct := "size_pools", "rb_size_pool_struct"
+	if !l.Has("rb_objspace", poolsField) && l.Has("rb_objspace", "heaps") {
+		poolsField, poolStruct = "heaps", "rb_heap_struct" // 3.4+
+	}
+	pools, err := l.Field("rb_objspace", poolsField)
 	if err != nil {
 		return nil, fmt.Errorf("no total_allocated_objects in rb_objspace nor size pools: %w", err)
 	}
-	poolSize, err := l.Size("rb_size_pool_struct")
+	poolSize, err := l.Size(poolStruct)
 	if err != nil {
 		return nil, err
 	}
-	inPool, err := l.Offset("rb_size_pool_struct", "total_allocated_objects")
+	inPool, err := l.Offset(poolStruct, "total_allocated_objects")
 	if err != nil {
 		return nil, err
 	}

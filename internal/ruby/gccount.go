@@ -33,7 +33,26 @@ func (p *Process) findGCCount() (uint64, error) {
 	if err := p.t.ReadAt(code, fn); err != nil {
 		return 0, fmt.Errorf("read rb_gc_count code: %w", err)
 	}
-	addr, err := lastLoad(code, fn, func(a uint64) (uint64, error) { return p.r.u64(a) })
+	load := func(a uint64) (uint64, error) { return p.r.u64(a) }
+	// From 3.4 (the modular GC), rb_gc_count calls rb_gc_get_objspace
+	// (GET_VM()->gc.objspace, itself a chain of loads) and loads the
+	// count from what it returns.
+	call := func() (uint64, error) {
+		getter, ok := p.codeSymbol("rb_gc_get_objspace")
+		if !ok {
+			return 0, fmt.Errorf("a call, and no rb_gc_get_objspace symbol")
+		}
+		gcode := make([]byte, maxGCCodeBytes)
+		if err := p.t.ReadAt(gcode, getter); err != nil {
+			return 0, fmt.Errorf("read rb_gc_get_objspace code: %w", err)
+		}
+		a, err := lastLoad(gcode, getter, load, nil)
+		if err != nil {
+			return 0, fmt.Errorf("decode rb_gc_get_objspace: %w", err)
+		}
+		return p.r.u64(a)
+	}
+	addr, err := lastLoad(code, fn, load, call)
 	if err != nil {
 		return 0, fmt.Errorf("decode rb_gc_count: %w", err)
 	}
@@ -54,8 +73,10 @@ func (p *Process) codeSymbol(name string) (uint64, bool) {
 // returns a value read through a chain of pointers (start of code at pc),
 // reading memory with load, and returns the address of the last load
 // before ret. It accepts only what such a function is made of (endbr64,
-// frame pointer set-up, lea and mov r64 loads, ret) and fails on anything else.
-func lastLoad(code []byte, pc uint64, load func(uint64) (uint64, error)) (uint64, error) {
+// frame pointer set-up, stack alignment, lea and mov r64 loads, ret, and a
+// call when call is given: it stands for the callee and returns its rax)
+// and fails on anything else.
+func lastLoad(code []byte, pc uint64, load func(uint64) (uint64, error), call func() (uint64, error)) (uint64, error) {
 	var regs [16]uint64
 	var known [16]bool
 	last := uint64(0)
@@ -70,6 +91,23 @@ func lastLoad(code []byte, pc uint64, load func(uint64) (uint64, error)) (uint64
 			continue
 		case i+3 <= len(code) && code[i] == 0x48 && code[i+1] == 0x89 && code[i+2] == 0xe5: // mov rbp, rsp
 			i += 3
+			continue
+		case i+4 <= len(code) && code[i] == 0x48 && code[i+1] == 0x83 && (code[i+2] == 0xec || code[i+2] == 0xc4): // sub/add rsp, imm8
+			i += 4
+			continue
+		case i+5 <= len(code) && code[i] == 0xe8: // call rel32
+			if call == nil {
+				return 0, fmt.Errorf("call at +%d", i)
+			}
+			v, err := call()
+			if err != nil {
+				return 0, err
+			}
+			for r := range known {
+				known[r] = false // the callee may clobber them
+			}
+			regs[0], known[0] = v, true
+			i += 5
 			continue
 		case code[i] == 0xc3: // ret
 			if last == 0 {

@@ -99,7 +99,7 @@ func TestLastLoad(t *testing.T) {
 		0x48, 0x8b, 0x80, 0xb8, 0x01, 0x00, 0x00, // mov rax, [rax+0x1b8]
 		0xc3,
 	}
-	if a, err := lastLoad(shared, 0x1000, load); err != nil || a != 0xa000+0x1b8 {
+	if a, err := lastLoad(shared, 0x1000, load, nil); err != nil || a != 0xa000+0x1b8 {
 		t.Errorf("shared: 0x%x, %v", a, err)
 	}
 	mem[0x1000+4+7+0x100] = 0x9000
@@ -110,7 +110,7 @@ func TestLastLoad(t *testing.T) {
 		0x48, 0x8b, 0x82, 0xb8, 0x01, 0x00, 0x00, // mov rax, [rdx+0x1b8]
 		0xc3,
 	}
-	if a, err := lastLoad(static, 0x1000, load); err != nil || a != 0xa000+0x1b8 {
+	if a, err := lastLoad(static, 0x1000, load, nil); err != nil || a != 0xa000+0x1b8 {
 		t.Errorf("static: 0x%x, %v", a, err)
 	}
 	lea := []byte{
@@ -120,8 +120,29 @@ func TestLastLoad(t *testing.T) {
 		0x48, 0x8b, 0x80, 0xb8, 0x01, 0x00, 0x00, // mov rax, [rax+0x1b8]
 		0xc3,
 	}
-	if a, err := lastLoad(lea, 0x4000-7-0xff1+0x1000, load); err != nil || a != 0xa000+0x1b8 {
+	if a, err := lastLoad(lea, 0x4000-7-0xff1+0x1000, load, nil); err != nil || a != 0xa000+0x1b8 {
 		t.Errorf("lea: 0x%x, %v", a, err)
+	}
+	// 3.4.5's: the objspace from a call to rb_gc_get_objspace.
+	modular := []byte{
+		0x48, 0x83, 0xec, 0x08, // sub rsp, 8
+		0xe8, 0xc7, 0x17, 0xf0, 0xff, // call rb_gc_get_objspace@plt
+		0x48, 0x8b, 0x80, 0xb8, 0x01, 0x00, 0x00, // mov rax, [rax+0x1b8]
+		0x48, 0x83, 0xc4, 0x08, // add rsp, 8
+		0xc3,
+	}
+	getObjspace := func() (uint64, error) { return 0xa000, nil }
+	if a, err := lastLoad(modular, 0x1000, load, getObjspace); err != nil || a != 0xa000+0x1b8 {
+		t.Errorf("modular: 0x%x, %v", a, err)
+	}
+	clobbered := []byte{
+		0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, // mov rax, [rip+0x100]
+		0xe8, 0, 0, 0, 0, // call
+		0x48, 0x8b, 0x43, 0x08, // mov rax, [rbx+8]: rbx unknown after the call
+		0xc3,
+	}
+	if a, err := lastLoad(clobbered, 0x1000, load, getObjspace); err == nil {
+		t.Errorf("a register the call clobbered: decoded to 0x%x", a)
 	}
 	for name, code := range map[string][]byte{
 		"call":          {0xe8, 0, 0, 0, 0, 0xc3},
@@ -131,7 +152,7 @@ func TestLastLoad(t *testing.T) {
 		"truncated":     {0x48, 0x8b, 0x05, 0x00},
 		"register move": {0x48, 0x8b, 0xc1, 0xc3},
 	} {
-		if a, err := lastLoad(code, 0x1000, load); err == nil {
+		if a, err := lastLoad(code, 0x1000, load, nil); err == nil {
 			t.Errorf("%s: decoded to 0x%x", name, a)
 		}
 	}

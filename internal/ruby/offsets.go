@@ -82,8 +82,9 @@ type offsets struct {
 // tables lack (bindgen leaves bitfields it does not need out), from the
 // status bitfield it follows, in the series where that order is known:
 // 3.1 (status:2, to_kill:1, checked against Thread#status on Debian's
-// 3.1.2) and 3.3 (status:2, has_dedicated_nt:1, to_kill:1, in 3.3.8's
-// vm_core.h, checked against its DWARF). Elsewhere without DWARF a thread
+// 3.1.2) and 3.3-3.4 (status:2, has_dedicated_nt:1, to_kill:1, in 3.3.8's
+// and 3.4.5's vm_core.h, checked against their DWARF). Elsewhere without
+// DWARF a thread
 // being killed reads as running (run, not aborting).
 func toKillBeside(status fieldOff, version string) fieldOff {
 	if !status.ok || status.bf == nil || status.bf.BitWidth != 2 {
@@ -93,7 +94,7 @@ func toKillBeside(status fieldOff, version string) fieldOff {
 	switch ver := parseVer(version); {
 	case ver >= v(3, 1, 0) && ver < v(3, 2, 0):
 		skip = 2
-	case ver >= v(3, 3, 0) && ver < v(3, 4, 0):
+	case ver >= v(3, 3, 0) && ver < v(3, 5, 0):
 		skip = 3
 	default:
 		return fieldOff{}

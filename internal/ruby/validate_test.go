@@ -66,34 +66,38 @@ func TestLayoutCandidatesLive(t *testing.T) {
 		}
 		t.Cleanup(func() { tg.Close() })
 
-		_, err = Open(tg, Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{wrong}})
-		if err == nil {
-			t.Fatalf("Ruby %s read with Ruby %s's table alone: accepted", rb.Version, wrong.RubyVersion)
-		}
-		if !errors.Is(err, ErrNoLayout) {
+		// The previous series' table: refused, or, where the walker's
+		// structs did not change between the series (3.3 to 3.4), taken
+		// and reading Ruby's own stacks.
+		if p, err := Open(tg, Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{wrong}}); err == nil {
+			t.Logf("Ruby %s's table reads Ruby %s: %s", wrong.RubyVersion, rb.Version, p.Info().LayoutSource)
+			checkMainStacks(t, p, want)
+		} else if !errors.Is(err, ErrNoLayout) {
 			t.Errorf("with Ruby %s's table alone: %v, want ErrNoLayout", wrong.RubyVersion, err)
+		} else {
+			t.Logf("refused: %v", err)
+		}
+
+		// Its own table with the execution context's fields moved by 8
+		// bytes, as a patch release that inserts a field moves them
+		// (4.0.6 did so to rb_vm_t): always refused.
+		shifted := shiftStruct(t, own, "rb_execution_context_struct", 8)
+		_, err = Open(tg, Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{shifted}})
+		if !errors.Is(err, ErrNoLayout) {
+			t.Fatalf("with a table whose execution context moved 8 bytes: %v, want ErrNoLayout", err)
 		}
 		t.Logf("refused: %v", err)
 
-		wrong = previousSeries(t, rb.Version)
-		p, err := Open(tg, Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{wrong, own}})
+		p, err := Open(tg, Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{shifted, own}})
 		if err != nil {
-			t.Fatalf("open with candidates %s, %s: %v", wrong.RubyVersion, own.RubyVersion, err)
+			t.Fatalf("open with candidates shifted %s, %s: %v", own.RubyVersion, own.RubyVersion, err)
 		}
 		src := p.Info().LayoutSource
 		t.Logf("chosen: %s", src)
 		if !strings.HasPrefix(src, "builtin:"+rb.Version+" (checked on the process)") {
 			t.Errorf("layout source %q, want Ruby %s's own table, checked", src, rb.Version)
 		}
-		ths, err := p.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, th := range ths {
-			if !th.Main {
-				checkAgainstRuby(t, th, want["main"])
-			}
-		}
+		checkMainStacks(t, p, want)
 
 		// A patch release the tables lack (as 4.0.7 is): its series'
 		// tables are tried, newest first, and one that reads it right is
@@ -108,15 +112,46 @@ func TestLayoutCandidatesLive(t *testing.T) {
 		if !strings.HasPrefix(src, "builtin:"+mm+".") || !strings.Contains(src, "checked on the process; the tables lack Ruby "+mm+".99") {
 			t.Errorf("layout source %q, want a %s table checked on the process", src, mm)
 		}
-		if ths, err = p.Snapshot(); err != nil {
-			t.Fatal(err)
-		}
-		for _, th := range ths {
-			if !th.Main {
-				checkAgainstRuby(t, th, want["main"])
-			}
-		}
+		checkMainStacks(t, p, want)
 	})
+}
+
+// checkMainStacks checks stacks.rb's sleeping threads against Ruby's report.
+func checkMainStacks(t *testing.T, p *Process, want map[string]rubyReport) {
+	t.Helper()
+	ths, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, th := range ths {
+		if !th.Main {
+			checkAgainstRuby(t, th, want["main"])
+		}
+	}
+}
+
+// shiftStruct returns a copy of l with every field of struct name moved by
+// delta bytes.
+func shiftStruct(t *testing.T, l *layout.Layout, name string, delta uint64) *layout.Layout {
+	t.Helper()
+	st, ok := l.Structs[name]
+	if !ok {
+		t.Fatalf("layout %s has no %s", l.Source, name)
+	}
+	out := *l
+	out.Structs = map[string]layout.Struct{}
+	for k, v := range l.Structs {
+		out.Structs[k] = v
+	}
+	moved := st
+	moved.Fields = map[string]layout.Field{}
+	for k, f := range st.Fields {
+		f.Offset += delta
+		moved.Fields[k] = f
+	}
+	out.Structs[name] = moved
+	out.Source = "shifted " + l.Source
+	return &out
 }
 
 // TestLayoutCandidatesCore: the 3.3.0 core, read with its series' table
