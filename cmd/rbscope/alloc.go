@@ -41,6 +41,7 @@ type allocFlags struct {
 	noStacks     bool
 	noSites      bool
 	perSite      bool
+	retained     bool
 	upload       uploadOpts
 }
 
@@ -83,6 +84,7 @@ Examples:
   rbscope alloc --pid 1234 --format pprof -o alloc.pb.gz
   rbscope alloc --pid 1234 --format flamegraph -o alloc.html   where allocations come from
   rbscope alloc --pid 1234 --exact --duration 5s      every allocation (slow!)
+  rbscope alloc --pid 1234 --retained --duration 60s  objects created and still alive at the end
   rbscope alloc --pid 1234 --duration 60s --upload http://pyroscope:4040`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runAlloc(cmd, f) },
@@ -103,6 +105,7 @@ Examples:
 	_ = fl.MarkHidden("symbols")
 	fl.BoolVar(&f.noStacks, "no-stacks", false, "do not copy the Ruby stacks of sampled allocations")
 	fl.BoolVar(&f.noSites, "no-sites", false, "count by class only, without each allocation's file:line (the cheapest --exact: Ruby passes the line on its stack, and reading it costs more than the rest of the probe)")
+	fl.BoolVar(&f.retained, "retained", false, "report the objects created while attached and still alive at the end (memprof's view), by file:line:Class and by stack, with their bytes; pprof as inuse_objects/inuse_space")
 	fl.BoolVar(&f.perSite, "per-site", false, "one perf-event uprobe per probe site instead of one uprobe_multi link (cost comparisons)")
 	_ = fl.MarkHidden("per-site")
 	f.upload.register(fl)
@@ -137,6 +140,7 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 			NoStacks:     f.noStacks,
 			NoSites:      f.noSites,
 			PerSite:      f.perSite,
+			Retained:     f.retained,
 			SamplePeriod: f.samplePeriod,
 			DutyCycle:    f.dutyCycle,
 			ForceSymbols: f.forceSymbols,
@@ -252,6 +256,12 @@ func (f *allocFlags) validate() error {
 	}
 	if f.exact && f.dutyCycle != alloc.DefaultDutyCycle {
 		return errors.New("--exact and --duty-cycle exclude each other")
+	}
+	if f.retained && f.noSites {
+		return errors.New("--retained reports by file:line: it excludes --no-sites")
+	}
+	if f.retained && f.upload.url != "" {
+		return errors.New("--retained cannot --upload yet: write a pprof file (--format pprof) instead")
 	}
 	return nil
 }

@@ -73,6 +73,15 @@ type allocLastSite struct {
 	Seq uint64
 }
 
+type allocPending struct {
+	_     structs.HostLayout
+	Key   allocSiteKey
+	Bytes uint64
+	Id    uint64
+	Site  uint32
+	Pad   uint32
+}
+
 type allocProbeSpec struct {
 	_    structs.HostLayout
 	Args [3]allocArgSpec
@@ -96,6 +105,7 @@ type allocStackEvent struct {
 	Cls    uint64
 	File   uint64
 	Bytes  uint64
+	Id     uint64
 	Line   uint32
 	Kind   uint32
 	Tid    uint32
@@ -105,6 +115,18 @@ type allocStackEvent struct {
 	EcData [512]uint8
 	Cf     [8192]uint8
 	Vsd    [16384]uint8
+}
+
+type allocTrackedObj struct {
+	_        structs.HostLayout
+	Key      allocSiteKey
+	Klass    uint64
+	Bytes    uint64
+	Id       uint64
+	EndFlags uint64
+	EndKlass uint64
+	Ended    uint32
+	Pad      uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -120,14 +142,20 @@ const (
 	allocMapGate             = "gate"
 	allocMapGcStart          = "gc_start"
 	allocMapLastSite         = "last_site"
+	allocMapMarkPending      = "mark_pending"
+	allocMapPending          = "pending"
 	allocMapPendingNew       = "pending_new"
 	allocMapProbeSpecs       = "probe_specs"
 	allocMapSites            = "sites"
 	allocMapStackCountdown   = "stack_countdown"
 	allocMapStacks           = "stacks"
 	allocMapStats            = "stats"
+	allocMapTracked          = "tracked"
 	allocProgRubyAlloc       = "ruby_alloc"
 	allocProgRubyAllocMulti  = "ruby_alloc_multi"
+	allocVarHeapAlign        = "heap_align"
+	allocVarMarkBitsOff      = "mark_bits_off"
+	allocVarRetained         = "retained"
 	allocVarSamplePeriod     = "sample_period"
 	allocVarStackPeriod      = "stack_period"
 	allocVarStkCfpSp         = "stk_cfp_sp"
@@ -141,6 +169,7 @@ const (
 	allocVarUnusedExitRange  = "unused_exit_range"
 	allocVarUnusedExitState  = "unused_exit_state"
 	allocVarUnusedStackEvent = "unused_stack_event"
+	allocVarUnusedTracked    = "unused_tracked"
 	allocVarWantSites        = "want_sites"
 )
 
@@ -203,18 +232,24 @@ type allocMapSpecs struct {
 	Gate           *ebpf.MapSpec `ebpf:"gate"`
 	GcStart        *ebpf.MapSpec `ebpf:"gc_start"`
 	LastSite       *ebpf.MapSpec `ebpf:"last_site"`
+	MarkPending    *ebpf.MapSpec `ebpf:"mark_pending"`
+	Pending        *ebpf.MapSpec `ebpf:"pending"`
 	PendingNew     *ebpf.MapSpec `ebpf:"pending_new"`
 	ProbeSpecs     *ebpf.MapSpec `ebpf:"probe_specs"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	StackCountdown *ebpf.MapSpec `ebpf:"stack_countdown"`
 	Stacks         *ebpf.MapSpec `ebpf:"stacks"`
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
+	Tracked        *ebpf.MapSpec `ebpf:"tracked"`
 }
 
 // allocVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocVariableSpecs struct {
+	HeapAlign        *ebpf.VariableSpec `ebpf:"heap_align"`
+	MarkBitsOff      *ebpf.VariableSpec `ebpf:"mark_bits_off"`
+	Retained         *ebpf.VariableSpec `ebpf:"retained"`
 	SamplePeriod     *ebpf.VariableSpec `ebpf:"sample_period"`
 	StackPeriod      *ebpf.VariableSpec `ebpf:"stack_period"`
 	StkCfpSp         *ebpf.VariableSpec `ebpf:"stk_cfp_sp"`
@@ -228,6 +263,7 @@ type allocVariableSpecs struct {
 	UnusedExitRange  *ebpf.VariableSpec `ebpf:"unused_exit_range"`
 	UnusedExitState  *ebpf.VariableSpec `ebpf:"unused_exit_state"`
 	UnusedStackEvent *ebpf.VariableSpec `ebpf:"unused_stack_event"`
+	UnusedTracked    *ebpf.VariableSpec `ebpf:"unused_tracked"`
 	WantSites        *ebpf.VariableSpec `ebpf:"want_sites"`
 }
 
@@ -260,12 +296,15 @@ type allocMaps struct {
 	Gate           *ebpf.Map `ebpf:"gate"`
 	GcStart        *ebpf.Map `ebpf:"gc_start"`
 	LastSite       *ebpf.Map `ebpf:"last_site"`
+	MarkPending    *ebpf.Map `ebpf:"mark_pending"`
+	Pending        *ebpf.Map `ebpf:"pending"`
 	PendingNew     *ebpf.Map `ebpf:"pending_new"`
 	ProbeSpecs     *ebpf.Map `ebpf:"probe_specs"`
 	Sites          *ebpf.Map `ebpf:"sites"`
 	StackCountdown *ebpf.Map `ebpf:"stack_countdown"`
 	Stacks         *ebpf.Map `ebpf:"stacks"`
 	Stats          *ebpf.Map `ebpf:"stats"`
+	Tracked        *ebpf.Map `ebpf:"tracked"`
 }
 
 func (m *allocMaps) Close() error {
@@ -279,12 +318,15 @@ func (m *allocMaps) Close() error {
 		m.Gate,
 		m.GcStart,
 		m.LastSite,
+		m.MarkPending,
+		m.Pending,
 		m.PendingNew,
 		m.ProbeSpecs,
 		m.Sites,
 		m.StackCountdown,
 		m.Stacks,
 		m.Stats,
+		m.Tracked,
 	)
 }
 
@@ -292,6 +334,9 @@ func (m *allocMaps) Close() error {
 //
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocVariables struct {
+	HeapAlign        *ebpf.Variable `ebpf:"heap_align"`
+	MarkBitsOff      *ebpf.Variable `ebpf:"mark_bits_off"`
+	Retained         *ebpf.Variable `ebpf:"retained"`
 	SamplePeriod     *ebpf.Variable `ebpf:"sample_period"`
 	StackPeriod      *ebpf.Variable `ebpf:"stack_period"`
 	StkCfpSp         *ebpf.Variable `ebpf:"stk_cfp_sp"`
@@ -305,6 +350,7 @@ type allocVariables struct {
 	UnusedExitRange  *ebpf.Variable `ebpf:"unused_exit_range"`
 	UnusedExitState  *ebpf.Variable `ebpf:"unused_exit_state"`
 	UnusedStackEvent *ebpf.Variable `ebpf:"unused_stack_event"`
+	UnusedTracked    *ebpf.Variable `ebpf:"unused_tracked"`
 	WantSites        *ebpf.Variable `ebpf:"want_sites"`
 }
 
