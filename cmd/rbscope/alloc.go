@@ -142,7 +142,7 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 			PerSite:      f.perSite,
 			Retained:     f.retained,
 			SamplePeriod: f.samplePeriod,
-			DutyCycle:    f.dutyCycle,
+			DutyCycle:    dutyCycle(cmd, f),
 			ForceSymbols: f.forceSymbols,
 		},
 	}
@@ -239,6 +239,14 @@ func (a *allocPusher) finish(o uploadOpts) error {
 		return fmt.Errorf("upload allocation profiles to %s: %w", o.url, err)
 	}
 	return nil
+}
+
+// dutyCycle is --duty-cycle, or retained mode's default when not given.
+func dutyCycle(cmd *cobra.Command, f allocFlags) float64 {
+	if f.retained && !cmd.Flags().Changed("duty-cycle") {
+		return alloc.DefaultRetainedDutyCycle
+	}
+	return f.dutyCycle
 }
 
 func (f *allocFlags) validate() error {

@@ -66,6 +66,8 @@ type RetainedInfo struct {
 	// found (see Plan.RetSkipped); Full those the tracked map had no
 	// room for.
 	Unpaired uint64 `json:"unpaired"`
+	// BadReturn are those whose return value was no object of the kind.
+	BadReturn uint64 `json:"bad_return,omitempty"`
 	Full     uint64 `json:"untracked_map_full,omitempty"`
 	// Checks is how many GC sweeps checked the tracked objects.
 	Checks uint64 `json:"gc_checks"`
@@ -179,7 +181,7 @@ func (tr *Tracker) collectRetained(exited bool) {
 	v.info.MarkBits = tr.ret.marks.Source
 	if st, err := readStats(tr.maps.Stats); err == nil {
 		v.info.Died, v.info.Checks, v.info.Full = st[statDied], st[statChecks], st[statTrackFull]
-		v.info.Tracked = st[statTracked] - 0
+		v.info.Tracked, v.info.BadReturn = st[statTracked], st[statRetBad]
 		if p := st[statPending]; p > st[statTracked]+st[statTrackFull] {
 			v.info.Unpaired = p - st[statTracked] - st[statTrackFull]
 		}

@@ -41,6 +41,12 @@ var (
 const (
 	DefaultDutyCycle  = 0.03
 	DefaultDutyWindow = 100 * time.Millisecond
+	// DefaultRetainedDutyCycle is the duty cycle of retained mode: its
+	// counts are those of the objects tracked, a sample that must be
+	// large enough for the few that live (a leak among churn). Windows
+	// still shorten to about windowEvents events, which bounds the cost
+	// on allocation-bound loops.
+	DefaultRetainedDutyCycle = 0.2
 )
 
 // Options tunes Attach.
@@ -205,6 +211,9 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	}
 	if opts.DutyCycle <= 0 {
 		opts.DutyCycle = DefaultDutyCycle
+		if opts.Retained {
+			opts.DutyCycle = DefaultRetainedDutyCycle
+		}
 	}
 	if opts.DutyCycle >= 1 {
 		opts.Exact = true
@@ -389,7 +398,7 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 	}
 }
 
-const maxSpecs = 256
+const maxSpecs = 1024
 
 // attachAll attaches the probes that stay for the whole session (GC, exit)
 // and opens the first counting window. Called before the tracker is

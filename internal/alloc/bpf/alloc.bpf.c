@@ -11,7 +11,7 @@
  * distinct pointer once from the target's memory. */
 #include "minbpf.h"
 
-#define MAX_SPECS 256
+#define MAX_SPECS 1024
 #define ANON_CLASS 1 /* class "pointer" of anonymous classes' objects */
 #define MAX_SITES 65536
 #define MAX_CLASSES 16384
@@ -59,7 +59,8 @@ enum stat {
 				  space reads the maps for new names only when
 				  this grew */
 	STAT_TRACKED = 13,     /* retained mode: objects whose address was paired */
-	STAT_RET_BAD = 14,     /* ... paired with a value that is no object of the kind */
+	STAT_RET_BAD = 14,     /* return sites whose value was no object of the kind
+				  (a helper called before the allocation) */
 	STAT_TRACK_FULL = 15,  /* ... that the tracked map had no room for */
 	STAT_DIED = 16,        /* tracked objects found unmarked when a sweep began */
 	STAT_CHECKS = 17,      /* sweeps that checked the tracked objects */
@@ -718,7 +719,6 @@ static __attribute__((noinline)) void on_return(struct pt_regs *ctx, const struc
 	if (s != (__u64)spec->args[0].val && s != (__u64)spec->args[1].val && s != (__u64)spec->args[2].val)
 		return;
 	struct tracked_obj t = {.key = p->key, .bytes = p->bytes, .id = p->id};
-	bpf_map_delete_elem(&pending, &tid);
 	__u64 obj = 0;
 	asm volatile("%0 = *(u64 *)(%1 + 80)" : "=r"(obj) : "r"(ctx)); /* rax */
 	__u64 hdr[2] = {};
@@ -743,6 +743,10 @@ static __attribute__((noinline)) void on_return(struct pt_regs *ctx, const struc
 		stat_add(STAT_RET_BAD, 1);
 		return;
 	}
+	/* Paired: later calls on the probe's path find nothing pending. A
+	 * call that returned something else (a helper's flag) left the event
+	 * pending for the allocation that follows. */
+	bpf_map_delete_elem(&pending, &tid);
 	t.klass = hdr[1];
 	if (bpf_map_update_elem(&tracked, &obj, &t, BPF_ANY)) {
 		stat_add(STAT_TRACK_FULL, 1);
