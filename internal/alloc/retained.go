@@ -68,7 +68,7 @@ type RetainedInfo struct {
 	Unpaired uint64 `json:"unpaired"`
 	// BadReturn are those whose return value was no object of the kind.
 	BadReturn uint64 `json:"bad_return,omitempty"`
-	Full     uint64 `json:"untracked_map_full,omitempty"`
+	Full      uint64 `json:"untracked_map_full,omitempty"`
 	// Checks is how many GC sweeps checked the tracked objects.
 	Checks uint64 `json:"gc_checks"`
 	// CutShort: the process exited before the window's end; the view is
