@@ -4,8 +4,10 @@
 # from another chain (Churn#spin -> Churn#make). Prints "ready" (with the
 # leak's file:line), waits for a line on stdin, runs for SECONDS, then
 # runs a GC (so that what is garbage is gone, here and in the profiler's
-# view), prints its own truth as JSON and waits for another line (or,
-# with EXIT=1, exits at once: a target that exits mid-window).
+# view) and prints "stopped"; it waits for a line (the profiler's window
+# has ended: the truth's own allocations are outside it), prints its own
+# truth as JSON and waits for another line. With EXIT=1 it prints the
+# truth at once and exits: a target that exits mid-window.
 #
 # Truth: the nodes it keeps, and what ObjectSpace.trace_object_allocations
 # says about every live Leaky::Node created while it ran.
@@ -79,6 +81,8 @@ loop do
 end
 ObjectSpace.trace_object_allocations_stop
 GC.start
+puts "stopped"
+STDIN.gets unless ENV["EXIT"] == "1"
 leak_traced = 0
 churn_traced = 0
 ObjectSpace.each_object(Leaky::Node) do |o|
@@ -92,6 +96,8 @@ ObjectSpace.each_object(Leaky::Node) do |o|
   end
 end
 puts JSON.generate(kept: KEPT.size, leak_traced: leak_traced, other_traced: churn_traced,
-                   leak_file: LEAK_FILE, leak_line: LEAK_LINE, slot_size: GC::INTERNAL_CONSTANTS[:RVALUE_SIZE] || GC::INTERNAL_CONSTANTS[:BASE_SLOT_SIZE])
+                   leak_file: LEAK_FILE, leak_line: LEAK_LINE,
+                   node_memsize: ObjectSpace.memsize_of(KEPT[0]),
+                   payload_memsize: ObjectSpace.memsize_of(KEPT[0].instance_variable_get(:@payload)))
 exit 0 if ENV["EXIT"] == "1"
 STDIN.gets
