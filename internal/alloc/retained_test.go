@@ -3,14 +3,22 @@ package alloc
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/rbscope/rbscope/internal/elfx"
+	"github.com/rbscope/rbscope/internal/heap"
+	"github.com/rbscope/rbscope/internal/ruby"
+	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -281,4 +289,156 @@ func errorsMissing(t *testing.T, err error) bool {
 		return true
 	}
 	return false
+}
+
+// TestRetainedReturnSites: on every Ruby under test, every create probe
+// (object, string, array, hash) has return sites, and object__create's
+// follow an indirect call (the allocator, through rb_alloc_func_t).
+func TestRetainedReturnSites(t *testing.T) {
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startRuby(t, rb, "-e", "$stdout.sync = true; puts 'ready'; STDIN.gets")
+		p.expect(t, "ready")
+		tg, err := target.OpenLive(p.cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tg.Close()
+		plan, err := PlanFor(tg, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := tg.OpenFile(plan.Binary)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		b, err := elfx.Open(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := len(plan.Sites)
+		addReturnSites(plan, b.ELF())
+		if len(plan.RetSkipped) > 0 {
+			t.Errorf("probes without return sites: %v", plan.RetSkipped)
+		}
+		rets := map[int]int{}
+		for _, s := range plan.Sites[n:] {
+			if s.Kind != KindReturn || len(s.Origins) == 0 {
+				t.Errorf("site %+v", s)
+			}
+			for _, o := range s.Origins {
+				rets[o]++
+				if plan.Sites[o].Kind == KindObject && !afterIndirectCall(t, b.ELF(), s.Offset) {
+					t.Errorf("object__create's return site 0x%x does not follow an indirect call", s.Offset)
+				}
+			}
+		}
+		for i, s := range plan.Sites[:n] {
+			switch s.Kind {
+			case KindObject, KindString, KindArray, KindHash:
+				if rets[i] == 0 {
+					t.Errorf("%s at 0x%x has no return site", s.Name, s.Offset)
+				}
+			}
+		}
+		t.Logf("%s: %d probe sites, %d return sites", rb.Name, n, len(plan.Sites)-n)
+		p.send(t)
+	})
+}
+
+// afterIndirectCall reports whether the instruction that ends at file
+// offset off is an indirect call.
+func afterIndirectCall(t *testing.T, f *elf.File, off uint64) bool {
+	vaddr, sec, err := offsetToVaddr(f, off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := make([]byte, 16)
+	if _, err := sec.ReadAt(code, int64(vaddr-sec.Addr-8)); err != nil {
+		t.Fatal(err)
+	}
+	for k := 2; k <= 7; k++ {
+		inst, err := x86asm.Decode(code[8-k:], 64)
+		if err == nil && inst.Len == k && inst.Op == x86asm.CALL {
+			if _, rel := inst.Args[0].(x86asm.Rel); !rel {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestRetainedReturnSitesCode follows hand-made code: the probe's block
+// jumps back to the hot path, past a helper call (a flag) to the
+// allocation; a branch to an error path ends in a noreturn trap.
+func TestRetainedReturnSitesCode(t *testing.T) {
+	code := []byte{
+		0xe8, 0x00, 0x00, 0x00, 0x00, // 0x1000: call helper (0x1005): a return site, path goes on
+		0x85, 0xc0, // 0x1005: test eax, eax
+		0x74, 0x05, // 0x1007: je 0x100e (error path)
+		0xff, 0xd5, // 0x1009: call *rbp: the allocation, path stops
+		0x48, 0x89, 0xc7, // 0x100b: mov rdi, rax
+		0x0f, 0x0b, // 0x100e: ud2
+		0x90,       // 0x1010: the probe's nop
+		0xeb, 0xed, // 0x1011: jmp 0x1000
+	}
+	got, err := returnSites(code, 0x1000, 0x1010, func(uint64) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint64{0x1005, 0x100b}; !slices.Equal(got, want) {
+		t.Errorf("return sites %#x, want %#x", got, want)
+	}
+	// A call to gc.c's allocator stops the path at once.
+	got, err = returnSites(code, 0x1000, 0x1010, func(a uint64) string {
+		if a == 0x1005 {
+			return "rb_wb_protected_newobj_of"
+		}
+		return ""
+	})
+	if err != nil || !slices.Equal(got, []uint64{0x1005}) {
+		t.Errorf("return sites %#x (%v), want [0x1005]", got, err)
+	}
+	// A path that returns without calling anything has nothing to pair.
+	if _, err := returnSites([]byte{0x90, 0xc3}, 0, 0, func(uint64) string { return "" }); !errors.Is(err, errNoCall) {
+		t.Errorf("err %v, want errNoCall", err)
+	}
+}
+
+// TestRetainedMarkBits: where DWARF says where heap_page.mark_bits is,
+// gc.c's layout (what stripped Rubies use) says the same.
+func TestRetainedMarkBits(t *testing.T) {
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startRuby(t, rb, "-e", "$stdout.sync = true; GC.start; puts 'ready'; STDIN.gets")
+		p.expect(t, "ready")
+		tg, err := target.OpenLive(p.cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tg.Close()
+		rp, err := ruby.Open(tg, ruby.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := heap.Open(rp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := h.MarkBits()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tab, err := h.MarkBitsTable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s; table: %s", rb.Name, m.Source, tab.Source)
+		if m.Offset != tab.Offset || m.Align != tab.Align {
+			t.Errorf("mark bits at +%d (align %d), gc.c's layout says +%d (%d)", m.Offset, m.Align, tab.Offset, tab.Align)
+		}
+		if rb.HasDWARF && !strings.HasPrefix(m.Source, "dwarf") {
+			t.Errorf("%s has DWARF, mark bits from %s", rb.Name, m.Source)
+		}
+		p.send(t)
+	})
 }

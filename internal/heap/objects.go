@@ -98,14 +98,24 @@ type MarkBits struct {
 // it), checked on the heap's first pages: no free slot is marked, and
 // the classes (old objects, marked between GCs) are.
 func (h *Heap) MarkBits() (MarkBits, error) {
-	m := MarkBits{Align: h.o.align, BaseSlot: baseSlot}
 	l := h.p.Layout()
-	if f, err := l.Field("heap_page", "mark_bits"); err == nil && f.Source == "" {
-		m.Offset, m.Source = f.Offset, "dwarf: heap_page.mark_bits at +"+fmt.Sprint(f.Offset)
-	} else {
-		m.Offset = h.o.start + 32 + 8*bitmapLimit(h.o.align, h.o.ver)
-		m.Source = fmt.Sprintf("gc.c: heap_page.mark_bits at +%d (start at +%d, %d-word bitmaps)", m.Offset, h.o.start, bitmapLimit(h.o.align, h.o.ver))
+	f, err := l.Field("heap_page", "mark_bits")
+	if err != nil || f.Source != "" {
+		return h.MarkBitsTable()
 	}
+	m := MarkBits{Align: h.o.align, BaseSlot: baseSlot, Offset: f.Offset, Source: "dwarf: heap_page.mark_bits at +" + fmt.Sprint(f.Offset)}
+	if err := h.checkMarkBits(m); err != nil {
+		return MarkBits{}, fmt.Errorf("mark bits (%s): %w", m.Source, err)
+	}
+	return m, nil
+}
+
+// MarkBitsTable is MarkBits from gc.c's layout alone, even where DWARF
+// has it (the tests prove one against the other).
+func (h *Heap) MarkBitsTable() (MarkBits, error) {
+	m := MarkBits{Align: h.o.align, BaseSlot: baseSlot}
+	m.Offset = h.o.start + 32 + 8*bitmapLimit(h.o.align, h.o.ver)
+	m.Source = fmt.Sprintf("gc.c: heap_page.mark_bits at +%d (start at +%d, %d-word bitmaps)", m.Offset, h.o.start, bitmapLimit(h.o.align, h.o.ver))
 	if err := h.checkMarkBits(m); err != nil {
 		return MarkBits{}, fmt.Errorf("mark bits (%s): %w", m.Source, err)
 	}
