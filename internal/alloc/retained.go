@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -291,14 +292,17 @@ func (tr *Tracker) fillRetained(r *Report) {
 		c.Count++
 		c.Bytes += o.bytes
 		if frames := tr.ret.stacks[o.id]; o.id != 0 && len(frames) > 0 {
+			// Each object's site is known: a site's count is split
+			// over the stacks copied at that site (not over all of
+			// its class's: a site with one object keeps one).
 			var b strings.Builder
-			b.WriteString(class)
+			b.WriteString(retSiteKey(class, path, int(o.key.Line)))
 			for _, f := range frames {
 				fmt.Fprintf(&b, "\x00%s\x01%s\x01%d", f.Name, f.Path, f.Line)
 			}
 			st := stacks[b.String()]
 			if st == nil {
-				st = &StackCount{Class: class, Frames: frames}
+				st = &StackCount{Class: retSiteKey(class, path, int(o.key.Line)), Frames: frames}
 				stacks[b.String()] = st
 			}
 			st.Samples++
@@ -315,7 +319,29 @@ func (tr *Tracker) fillRetained(r *Report) {
 		r.BySite = append(r.BySite, *s)
 	}
 	sortReport(r)
-	r.Stacks = splitStacks(stacks, r.ByClass)
+	sites := make([]ClassCount, 0, len(r.BySite))
+	for _, s := range r.BySite {
+		sites = append(sites, ClassCount{Class: retSiteKey(s.Class, s.Path, s.Line), Count: s.Count, Bytes: s.Bytes})
+	}
+	r.Stacks = splitStacks(stacks, sites)
+	// A site none of whose objects had its stack copied keeps its count
+	// under the site alone, so that the stack views add up to the
+	// report (pprof's total is the text's).
+	stacked := map[string]bool{}
+	for _, st := range r.Stacks {
+		stacked[st.Class] = true
+	}
+	for i, s := range sites {
+		if !stacked[s.Class] && s.Count > 0 {
+			site := r.BySite[i]
+			r.Stacks = append(r.Stacks, StackCount{Class: s.Class, Count: s.Count, Bytes: s.Bytes,
+				Frames: []stack.Frame{{Name: "(stack not sampled)", Path: site.Path, Line: site.Line, Kind: stack.KindRuby}}})
+		}
+	}
+	sortStacks(r.Stacks)
+	for i := range r.Stacks {
+		r.Stacks[i].Class, _, _ = strings.Cut(r.Stacks[i].Class, "\x00")
+	}
 	r.StackSamples = 0
 	for _, s := range stacks {
 		r.StackSamples += s.Samples
@@ -323,4 +349,9 @@ func (tr *Tracker) fillRetained(r *Report) {
 	if len(r.Stacks) == 0 && r.StackError == "" {
 		r.StackError = fmt.Sprintf("no retained object had its stack copied (one tracked object in %d has)", tr.stackPeriod)
 	}
+}
+
+// retSiteKey identifies a site among the retained stacks: the class first.
+func retSiteKey(class, path string, line int) string {
+	return class + "\x00" + path + "\x00" + strconv.Itoa(line)
 }
