@@ -163,7 +163,13 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 			return err
 		}
 		push = &allocPusher{up: up, iv: alloc.NewIntervals(), stderr: stderr}
-		cfg.PushInterval, cfg.OnPush = f.upload.interval, push.push
+		if f.retained {
+			// What is retained is known at the end: one memory
+			// profile (inuse_objects, inuse_space) for the window.
+			push.what = "retained-object profiles"
+		} else {
+			cfg.PushInterval, cfg.OnPush = f.upload.interval, push.push
+		}
 	}
 	r, err := alloc.Run(ctx, cfg)
 	// Counting is over: from here on SIGINT and SIGTERM end rbscope the
@@ -184,7 +190,11 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 	}
 	werr := writeAllocReport(cmd, f, r)
 	if push != nil {
-		push.push(r)
+		if f.retained {
+			push.pushRetained(r)
+		} else {
+			push.push(r)
+		}
 		if err := push.finish(f.upload); err != nil {
 			return errors.Join(werr, err)
 		}
@@ -202,6 +212,26 @@ type allocPusher struct {
 	stderr io.Writer
 	from   time.Time // end of the last pushed interval
 	total  uint64    // allocations given to the uploader
+	what   string    // what the profiles are ("" allocation profiles)
+}
+
+// pushRetained pushes the retained view of r (alloc --retained) as one
+// memory profile covering the window.
+func (a *allocPusher) pushRetained(r *alloc.Report) {
+	now := time.Now()
+	var n uint64
+	for _, c := range r.ByClass {
+		n += c.Count
+	}
+	p, err := r.Profile()
+	if err == nil {
+		err = a.up.AddProfile(now.Add(-r.Duration), now, p, int(min(n, math.MaxInt32)))
+	}
+	if err != nil {
+		fmt.Fprintf(a.stderr, "rbscope alloc: upload: dropping the retained profile: %v\n", err)
+		return
+	}
+	a.total += n
 }
 
 func (a *allocPusher) push(r *alloc.Report) {
@@ -233,8 +263,12 @@ func (a *allocPusher) finish(o uploadOpts) error {
 	defer cancel()
 	err := a.up.Close(ctx)
 	st := a.up.Stats()
-	fmt.Fprintf(a.stderr, "rbscope alloc: pushed %d allocation profiles (%d allocations) to %s as %s\n",
-		st.Pushed, st.PushedSamples, o.url, a.up.SeriesName())
+	what, unit := "allocation profiles", "allocations"
+	if a.what != "" {
+		what, unit = a.what, "objects"
+	}
+	fmt.Fprintf(a.stderr, "rbscope alloc: pushed %d %s (%d %s) to %s as %s\n",
+		st.Pushed, what, st.PushedSamples, unit, o.url, a.up.SeriesName())
 	if err != nil {
 		return fmt.Errorf("upload allocation profiles to %s: %w", o.url, err)
 	}
@@ -267,9 +301,6 @@ func (f *allocFlags) validate() error {
 	}
 	if f.retained && f.noSites {
 		return errors.New("--retained reports by file:line: it excludes --no-sites")
-	}
-	if f.retained && f.upload.url != "" {
-		return errors.New("--retained cannot --upload yet: write a pprof file (--format pprof) instead")
 	}
 	return nil
 }

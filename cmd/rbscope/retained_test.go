@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/pprof/profile"
 
+	"github.com/rbscope/rbscope/internal/pyroscopetest"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -127,5 +129,99 @@ func checkRetainedOutput(t *testing.T, format string, b []byte, where string, ke
 		if !strings.Contains(string(b), want) || !strings.Contains(string(b), "created in it and still alive at its end") {
 			t.Errorf("no line %q in:\n%s", want, b)
 		}
+	}
+}
+
+// TestRetainedUpload: `alloc --retained --upload` pushes the window's
+// retained objects as one memory profile (inuse_objects, inuse_space):
+// the server holds what the local report says, the leak's nodes under
+// A#outer;B#middle;C#leak.
+func TestRetainedUpload(t *testing.T) {
+	allocNeedRoot(t)
+	srv := pyroscopetest.Start(t)
+	rb := testutil.SystemRuby(t)
+	p := startAllocRuby(t, rb, nil, "leaky.rb", "1")
+	select {
+	case <-p.lines:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no ready line")
+	}
+	app := "ci-retained"
+	local := filepath.Join(t.TempDir(), "retained.json")
+	start := time.Now()
+	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.cmd.Process.Pid), "--retained", "--exact",
+		"--format", "json", "-o", local, "--upload", srv.URL(), "--app-name", app)
+	cmd.Env = rb.ProfilerEnv(t)
+	errb := newAttachedWriter()
+	cmd.Stderr = errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	errb.wait(t, 30*time.Second)
+	p.stdin.Write([]byte("go\n"))
+	p.expect(t, "stopped")
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("rbscope alloc --retained --upload: %v\n%s", err, errb.String())
+	}
+	if !strings.Contains(errb.String(), "pushed 1 retained-object profiles") {
+		t.Errorf("stderr does not say one retained profile was pushed:\n%s", errb.String())
+	}
+	b, err := os.ReadFile(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		ByClass []struct {
+			Class string `json:"class"`
+			Count int64  `json:"count"`
+		} `json:"by_class"`
+		Retained *struct {
+			Alive int64 `json:"alive"`
+		} `json:"retained"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil || doc.Retained == nil {
+		t.Fatalf("local report (%v):\n%s", err, b)
+	}
+	var total, nodes int64
+	for _, c := range doc.ByClass {
+		total += c.Count
+		if c.Class == "Leaky::Node" {
+			nodes = c.Count
+		}
+	}
+	ctx := context.Background()
+	from, until := start.Add(-time.Minute), time.Now().Add(time.Minute)
+	var typeID string
+	var got pyroscopetest.Counts
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		types, err := srv.ProfileTypes(ctx, from, until)
+		for _, id := range types {
+			if strings.Contains(id, "inuse_objects") {
+				typeID = id
+			}
+		}
+		if typeID != "" {
+			got, err = srv.QueryType(ctx, typeID, pyroscopetest.AppSelector(app), from, until)
+			if err == nil && got.Total >= total {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server: types %v, %q total %d (err %v), want %d", types, typeID, got.Total, err, total)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	var chained int64
+	for st, v := range got.Stacks {
+		if strings.Contains(st, "A#outer;B#middle;C#leak;Class#new;Leaky::Node") {
+			chained += v
+		}
+	}
+	t.Logf("server %s: %d objects, %d nodes under the leak's chain; local %d objects, %d nodes", typeID, got.Total, chained, total, nodes)
+	if got.Total != total || nodes == 0 || chained != nodes {
+		t.Errorf("server holds %d objects (%d nodes under the leak's chain), the local report %d (%d nodes)", got.Total, chained, total, nodes)
 	}
 }
