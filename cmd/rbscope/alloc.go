@@ -71,6 +71,13 @@ allocations (one in 4096 with --exact) also has its Ruby stack copied:
 --format flamegraph, speedscope, collapsed and pprof show where
 allocations come from.
 
+--retained reports instead the objects created while rbscope watched and
+still alive at the end (memprof's view): count file:line:Class with their
+bytes, and by stack (pprof inuse_objects/inuse_space, flame graph). It
+tracks each object from its creation (a second probe where the
+allocation returns) until a GC finds it unmarked; by default 20% of the
+time, scaled like the counts (estimates), every object with --exact.
+
 --upload pushes one allocation profile (alloc_objects, alloc_space) per
 --upload-interval to a Pyroscope server while counting, as record
 --upload pushes CPU profiles, and the last partial interval at the end.
