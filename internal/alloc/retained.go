@@ -208,7 +208,7 @@ func (tr *Tracker) collectRetained(exited bool) {
 		v.info.CutShort = true
 		v.info.EndRead = "slots copied when Ruby's teardown began (the process exited)"
 	}
-	for i, a := range addrs {
+	for i := range addrs {
 		t := vals[i]
 		var typ uint8
 		var klass, bytes uint64
@@ -229,7 +229,6 @@ func (tr *Tracker) collectRetained(exited bool) {
 			v.info.Unresolved++
 			continue
 		}
-		_ = a
 		if typ == 0 || klass != t.Klass {
 			v.info.Gone++
 			continue
