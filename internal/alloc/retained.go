@@ -87,7 +87,12 @@ type RetainedInfo struct {
 type retState struct {
 	heap   *heap.Heap
 	marks  heap.MarkBits
-	stacks map[uint64][]stack.Frame // stack id -> frames (nil: not walked)
+	// stacks maps a stack id to its frames' index in frames; equal
+	// stacks are kept once (a long window copies thousands of the
+	// same few).
+	stacks   map[uint64]int32
+	frames   [][]stack.Frame
+	frameIdx map[string]int32
 	// final is the retained view taken at Stop.
 	final *retainedView
 }
@@ -145,7 +150,7 @@ func (tr *Tracker) setupRetained(spec *ebpf.CollectionSpec) error {
 	if err != nil {
 		return fmt.Errorf("--retained: %w", err)
 	}
-	tr.ret = &retState{heap: h, marks: m, stacks: map[uint64][]stack.Frame{}}
+	tr.ret = &retState{heap: h, marks: m, stacks: map[uint64]int32{}, frameIdx: map[string]int32{}}
 	for name, v := range map[string]any{
 		allocVarRetained:    uint32(1),
 		allocVarHeapAlign:   m.Align,
@@ -170,7 +175,17 @@ func retProbeSpec(s Site, ps *allocProbeSpec) {
 // addRetainedStack keeps a tracked object's stack. Called with mu held.
 func (tr *Tracker) addRetainedStack(id uint64, frames []stack.Frame) {
 	if tr.ret != nil && id != 0 {
-		tr.ret.stacks[id] = frames
+		var b strings.Builder
+		for _, f := range frames {
+			fmt.Fprintf(&b, "%s\x01%s\x01%d\x00", f.Name, f.Path, f.Line)
+		}
+		i, ok := tr.ret.frameIdx[b.String()]
+		if !ok {
+			i = int32(len(tr.ret.frames))
+			tr.ret.frames = append(tr.ret.frames, frames)
+			tr.ret.frameIdx[b.String()] = i
+		}
+		tr.ret.stacks[id] = i
 	}
 }
 
@@ -290,7 +305,8 @@ func (tr *Tracker) fillRetained(r *Report) {
 		}
 		c.Count++
 		c.Bytes += o.bytes
-		if frames := tr.ret.stacks[o.id]; o.id != 0 && len(frames) > 0 {
+		if fi, ok := tr.ret.stacks[o.id]; o.id != 0 && ok && len(tr.ret.frames[fi]) > 0 {
+			frames := tr.ret.frames[fi]
 			// Each object's site is known: a site's count is split
 			// over the stacks copied at that site (not over all of
 			// its class's: a site with one object keeps one).
