@@ -26,6 +26,12 @@ type allocArgSpec struct {
 	Val      int64
 }
 
+type allocCheckCtx struct {
+	_    structs.HostLayout
+	Kept uint32
+	Died uint32
+}
+
 type allocClassKey struct {
 	_    structs.HostLayout
 	Cls  uint64
@@ -120,6 +126,7 @@ type allocStackEvent struct {
 type allocTrackedObj struct {
 	_        structs.HostLayout
 	Key      allocSiteKey
+	Addr     uint64
 	Klass    uint64
 	Bytes    uint64
 	Id       uint64
@@ -133,6 +140,7 @@ type allocTrackedObj struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	allocMapCheckState       = "check_state"
 	allocMapClasses          = "classes"
 	allocMapExitCopy         = "exit_copy"
 	allocMapExitEvents       = "exit_events"
@@ -151,6 +159,7 @@ const (
 	allocMapStacks           = "stacks"
 	allocMapStats            = "stats"
 	allocMapTracked          = "tracked"
+	allocMapTrackedLen       = "tracked_len"
 	allocProgRubyAlloc       = "ruby_alloc"
 	allocProgRubyAllocMulti  = "ruby_alloc_multi"
 	allocVarHeapAlign        = "heap_align"
@@ -166,6 +175,7 @@ const (
 	allocVarStkRunningEc     = "stk_running_ec"
 	allocVarStkVm            = "stk_vm"
 	allocVarTargetTgid       = "target_tgid"
+	allocVarTrackedMax       = "tracked_max"
 	allocVarUnusedExitRange  = "unused_exit_range"
 	allocVarUnusedExitState  = "unused_exit_state"
 	allocVarUnusedStackEvent = "unused_stack_event"
@@ -223,6 +233,7 @@ type allocProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocMapSpecs struct {
+	CheckState     *ebpf.MapSpec `ebpf:"check_state"`
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
 	ExitCopy       *ebpf.MapSpec `ebpf:"exit_copy"`
 	ExitEvents     *ebpf.MapSpec `ebpf:"exit_events"`
@@ -241,6 +252,7 @@ type allocMapSpecs struct {
 	Stacks         *ebpf.MapSpec `ebpf:"stacks"`
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
 	Tracked        *ebpf.MapSpec `ebpf:"tracked"`
+	TrackedLen     *ebpf.MapSpec `ebpf:"tracked_len"`
 }
 
 // allocVariableSpecs contains global variables before they are loaded into the kernel.
@@ -260,6 +272,7 @@ type allocVariableSpecs struct {
 	StkRunningEc     *ebpf.VariableSpec `ebpf:"stk_running_ec"`
 	StkVm            *ebpf.VariableSpec `ebpf:"stk_vm"`
 	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
+	TrackedMax       *ebpf.VariableSpec `ebpf:"tracked_max"`
 	UnusedExitRange  *ebpf.VariableSpec `ebpf:"unused_exit_range"`
 	UnusedExitState  *ebpf.VariableSpec `ebpf:"unused_exit_state"`
 	UnusedStackEvent *ebpf.VariableSpec `ebpf:"unused_stack_event"`
@@ -287,6 +300,7 @@ func (o *allocObjects) Close() error {
 //
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocMaps struct {
+	CheckState     *ebpf.Map `ebpf:"check_state"`
 	Classes        *ebpf.Map `ebpf:"classes"`
 	ExitCopy       *ebpf.Map `ebpf:"exit_copy"`
 	ExitEvents     *ebpf.Map `ebpf:"exit_events"`
@@ -305,10 +319,12 @@ type allocMaps struct {
 	Stacks         *ebpf.Map `ebpf:"stacks"`
 	Stats          *ebpf.Map `ebpf:"stats"`
 	Tracked        *ebpf.Map `ebpf:"tracked"`
+	TrackedLen     *ebpf.Map `ebpf:"tracked_len"`
 }
 
 func (m *allocMaps) Close() error {
 	return _AllocClose(
+		m.CheckState,
 		m.Classes,
 		m.ExitCopy,
 		m.ExitEvents,
@@ -327,6 +343,7 @@ func (m *allocMaps) Close() error {
 		m.Stacks,
 		m.Stats,
 		m.Tracked,
+		m.TrackedLen,
 	)
 }
 
@@ -347,6 +364,7 @@ type allocVariables struct {
 	StkRunningEc     *ebpf.Variable `ebpf:"stk_running_ec"`
 	StkVm            *ebpf.Variable `ebpf:"stk_vm"`
 	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`
+	TrackedMax       *ebpf.Variable `ebpf:"tracked_max"`
 	UnusedExitRange  *ebpf.Variable `ebpf:"unused_exit_range"`
 	UnusedExitState  *ebpf.Variable `ebpf:"unused_exit_state"`
 	UnusedStackEvent *ebpf.Variable `ebpf:"unused_stack_event"`

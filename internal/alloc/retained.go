@@ -48,6 +48,14 @@ const (
 	DefaultRetainedExactStackPeriod = 64
 )
 
+// How many objects retained mode tracks at once (alive, or dead since the
+// last GC's marking), at most: 80 bytes of kernel memory each. Objects
+// past it are not tracked (RetainedInfo.Full counts them).
+const (
+	DefaultRetainedMax      = 1 << 16
+	DefaultRetainedExactMax = 1 << 18
+)
+
 // ErrRetainedNoProbes: retained mode needs the create probes.
 var ErrRetainedNoProbes = errors.New("--retained needs Ruby's USDT create probes (this Ruby has none): it follows each probe to the allocation it precedes")
 
@@ -151,7 +159,13 @@ func (tr *Tracker) setupRetained(spec *ebpf.CollectionSpec) error {
 		return fmt.Errorf("--retained: %w", err)
 	}
 	tr.ret = &retState{heap: h, marks: m, stacks: map[uint64]int32{}, frameIdx: map[string]int32{}}
+	max := uint32(DefaultRetainedMax)
+	if tr.opts.Exact {
+		max = DefaultRetainedExactMax
+	}
+	spec.Maps[allocMapTracked].MaxEntries = max
 	for name, v := range map[string]any{
+		allocVarTrackedMax:  max,
 		allocVarRetained:    uint32(1),
 		allocVarHeapAlign:   m.Align,
 		allocVarMarkBitsOff: uint32(m.Offset),
@@ -204,11 +218,16 @@ func (tr *Tracker) collectRetained(exited bool) {
 	}
 	var addrs []uint64
 	var vals []allocTrackedObj
-	var k uint64
-	var val allocTrackedObj
-	it := tr.maps.Tracked.Iterate()
-	for it.Next(&k, &val) {
-		addrs = append(addrs, k)
+	var n uint32
+	if err := tr.maps.TrackedLen.Lookup(uint32(0), &n); err != nil {
+		v.info.EndRead = fmt.Sprintf("unreadable: %v", err)
+	}
+	for i := uint32(0); i < n; i++ {
+		var val allocTrackedObj
+		if err := tr.maps.Tracked.Lookup(i, &val); err != nil {
+			break
+		}
+		addrs = append(addrs, val.Addr)
 		vals = append(vals, val)
 	}
 	var objs []heap.Object

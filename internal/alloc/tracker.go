@@ -393,6 +393,8 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapExitEvents:     tr.maps.ExitEvents,
 		allocMapPending:        tr.maps.Pending,
 		allocMapTracked:        tr.maps.Tracked,
+		allocMapTrackedLen:     tr.maps.TrackedLen,
+		allocMapCheckState:     tr.maps.CheckState,
 		allocMapMarkPending:    tr.maps.MarkPending,
 		allocMapPendingNew:     tr.maps.PendingNew,
 	}

@@ -157,7 +157,14 @@ const volatile __u64 heap_align = 0;
 const volatile __u32 mark_bits_off = 0;
 
 #define BASE_SLOT 40
-#define MAX_TRACKED (1 << 20)
+/* The tracked objects are an array (tracked[0, tracked_len)), which the
+ * check at each sweep compacts: its cost is the objects', not the map's
+ * size (a hash map's for_each walks every bucket: a million-entry map
+ * cost 2 ms per GC, 8x a tight loop's time). User space sizes it before
+ * loading (tracked_max). It is written without atomics: a process's
+ * allocations and its GC run under Ruby's GVL, one thread at a time
+ * (several ractors would break this; rbscope reads the main ractor's). */
+const volatile __u32 tracked_max = 1;
 
 struct pending {
 	struct site_key key;
@@ -169,6 +176,7 @@ struct pending {
 
 struct tracked_obj {
 	struct site_key key;
+	__u64 addr;  /* the object (its slot) */
 	__u64 klass; /* RBasic.klass when allocated */
 	__u64 bytes; /* the probe's payload bytes */
 	__u64 id;    /* stack id, 0: no stack copied */
@@ -191,12 +199,18 @@ struct {
 } pending SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_TRACKED);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* set by user space: tracked_max */
+	__type(key, __u32);
 	__type(value, struct tracked_obj);
 } tracked SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} tracked_len SEC(".maps");
 
 /* [0] != 0: a GC's marking began and its sweep has not: check the
  * tracked objects when it does. */
@@ -467,27 +481,71 @@ static __always_inline int read_arg(struct pt_regs *ctx, const struct arg_spec *
 }
 
 
-/* check_one drops a tracked object whose mark bit is clear. */
-static long check_one(void *map, __u64 *key, struct tracked_obj *v, void *ctx)
+/* marked reports whether the object at addr has its mark bit set (1 when
+ * the bits cannot be read: kept). */
+static __always_inline int marked(__u64 addr)
 {
-	__u64 addr = *key;
 	__u64 body = addr & ~(heap_align - 1);
 	__u64 n = (addr - body) / BASE_SLOT;
 	__u64 page = 0, w = 0;
 	if (bpf_probe_read_user(&page, sizeof(page), (void *)body) || !page)
-		return 0;
+		return 1;
 	if (bpf_probe_read_user(&w, sizeof(w), (void *)(page + mark_bits_off + (n / 64) * 8)))
+		return 1;
+	return (w >> (n % 64)) & 1;
+}
+
+struct check_ctx {
+	__u32 kept; /* objects kept so far: where the next one goes */
+	__u32 died;
+};
+
+/* The check's running state (a map value, not the caller's stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct check_ctx);
+} check_state SEC(".maps");
+
+/* check_at keeps tracked[i] (moved down to tracked[kept]) if marked. */
+static long check_at(__u64 i, void *unused)
+{
+	__u32 idx = (__u32)i, z = 0;
+	struct check_ctx *c = bpf_map_lookup_elem(&check_state, &z);
+	if (!c)
+		return 1;
+	struct tracked_obj *v = bpf_map_lookup_elem(&tracked, &idx);
+	if (!v)
+		return 1;
+	if (!marked(v->addr)) {
+		c->died++;
 		return 0;
-	if (!(w & (1ULL << (n % 64)))) {
-		bpf_map_delete_elem(map, key);
-		stat_add(STAT_DIED, 1);
 	}
+	if (c->kept != idx) {
+		__u32 k = c->kept;
+		struct tracked_obj *d = bpf_map_lookup_elem(&tracked, &k);
+		if (d)
+			__builtin_memcpy(d, v, sizeof(*d));
+	}
+	c->kept++;
 	return 0;
 }
 
 static __attribute__((noinline)) void check_tracked(void)
 {
-	bpf_for_each_map_elem(&tracked, check_one, 0, 0);
+	__u32 z = 0;
+	__u32 *len = bpf_map_lookup_elem(&tracked_len, &z);
+	if (!len)
+		return;
+	struct check_ctx *c = bpf_map_lookup_elem(&check_state, &z);
+	if (!c)
+		return;
+	c->kept = 0;
+	c->died = 0;
+	bpf_loop(*len, check_at, 0, 0);
+	*len = c->kept;
+	stat_add(STAT_DIED, c->died);
 	stat_add(STAT_CHECKS, 1);
 }
 
@@ -748,18 +806,31 @@ static __attribute__((noinline)) void on_return(struct pt_regs *ctx, const struc
 	 * pending for the allocation that follows. */
 	bpf_map_delete_elem(&pending, &tid);
 	t.klass = hdr[1];
-	if (bpf_map_update_elem(&tracked, &obj, &t, BPF_ANY)) {
+	t.addr = obj;
+	__u32 z = 0;
+	__u32 *len = bpf_map_lookup_elem(&tracked_len, &z);
+	if (!len)
+		return;
+	__u32 i = *len;
+	struct tracked_obj *slot = i < tracked_max ? bpf_map_lookup_elem(&tracked, &i) : 0;
+	if (!slot) {
 		stat_add(STAT_TRACK_FULL, 1);
 		return;
 	}
+	__builtin_memcpy(slot, &t, sizeof(t));
+	*len = i + 1;
 	stat_add(STAT_TRACKED, 1);
 }
 
-/* snap_one copies a tracked object's slot header at exit. */
-static long snap_one(void *map, __u64 *key, struct tracked_obj *v, void *ctx)
+/* snap_at copies tracked[i]'s slot header at exit. */
+static long snap_at(__u64 i, void *ctx)
 {
+	__u32 idx = (__u32)i;
+	struct tracked_obj *v = bpf_map_lookup_elem(&tracked, &idx);
+	if (!v)
+		return 1;
 	__u64 hdr[2] = {};
-	if (bpf_probe_read_user(hdr, sizeof(hdr), (void *)*key))
+	if (bpf_probe_read_user(hdr, sizeof(hdr), (void *)v->addr))
 		return 0;
 	v->end_flags = hdr[0];
 	v->end_klass = hdr[1];
@@ -801,8 +872,9 @@ static __attribute__((noinline)) void copy_at_exit(void)
 		    bpf_probe_read_user_str(st->file_name, sizeof(st->file_name), (void *)ls->key.file) > 0)
 			st->last_file = ls->key.file;
 	}
-	if (retained)
-		bpf_for_each_map_elem(&tracked, snap_one, 0, 0);
+	__u32 *len = bpf_map_lookup_elem(&tracked_len, &zero);
+	if (retained && len)
+		bpf_loop(*len, snap_at, 0, 0);
 	st->gen_before = before;
 	st->gen_after = *gen;
 	st->ns = bpf_ktime_get_ns();
