@@ -93,8 +93,8 @@ type RetainedInfo struct {
 
 // retState is the tracker's retained-mode state; guarded by Tracker.mu.
 type retState struct {
-	heap   *heap.Heap
-	marks  heap.MarkBits
+	heap  *heap.Heap
+	marks heap.MarkBits
 	// stacks maps a stack id to its frames' index in frames; equal
 	// stacks are kept once (a long window copies thousands of the
 	// same few).
