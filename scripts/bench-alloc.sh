@@ -7,7 +7,11 @@
 #     (internal/alloc/testdata/bench.rb)
 #   - modes: none (untraced), default (rbscope alloc: counting windows
 #     scaled by Ruby's own allocation counter), exact (rbscope alloc
-#     --exact), bcc (uobjnew, if it can run here)
+#     --exact), retained (rbscope alloc --retained: objects tracked from
+#     their creation to their death, in windows), retained_exact
+#     (--retained --exact: every object tracked), bcc (uobjnew, if it can
+#     run here); the retained modes have no count error (the loops keep
+#     nothing)
 #   - "prog ns": what the tracer's BPF program itself cost per run (the
 #     kernel's run-time statistics, kernel.bpf_stats_enabled on for the
 #     run, tools/bpfprogs), apart from the uprobe trap every tracer pays
@@ -21,7 +25,7 @@
 #     fall, which the best run hides).
 # Needs root. Not part of CI. Usage: scripts/bench-alloc.sh [RUNS]
 # Environment: N_OBJ, N_ARY, N_PACED, N_BURSTY (sizes), KINDS ("objects
-# arrays paced bursty"), MODES ("none default exact bcc"; also exact_nostacks,
+# arrays paced bursty"), MODES ("none default exact retained retained_exact bcc"; also exact_nostacks,
 # exact_persite, exact_nosites), BASELINE_REV (a git revision, e.g. the
 # commit before a change: its rbscope is built too, and every rbscope mode
 # also runs with it as MODE-before, in the same run), RUBY (the Ruby to
@@ -89,6 +93,8 @@ run_one() {
     none) ;;
     default) "$rbscope" alloc --pid $rpid --format json --interval 1h -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     exact) "$rbscope" alloc --pid $rpid --format json --interval 1h --exact -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    retained) "$rbscope" alloc --pid $rpid --format json --interval 1h --retained -o "$rep" >"$log" 2>&1 & tpid=$! ;;
+    retained_exact) "$rbscope" alloc --pid $rpid --format json --interval 1h --retained --exact -o "$rep" >"$log" 2>&1 & tpid=$! ;;
     # Where --exact's cost goes: without stack copies, with one perf-event
     # uprobe per site instead of one uprobe_multi link.
     exact_nostacks) "$rbscope" alloc --pid $rpid --format json --interval 1h --exact --no-stacks -o "$rep" >"$log" 2>&1 & tpid=$! ;;
@@ -122,6 +128,8 @@ run_one() {
       # uobjnew prints names as Python bytes (b'Object'), builtins in
       # lower case (array).
       counted=$(awk -v c="$class" '{ k = $1; gsub(/^b\x27|\x27$/, "", k) } tolower(k) == tolower(c) { n = $2 } END { print n + 0 }' "$log")
+    elif [[ $mode == retained* ]]; then
+      counted="-"
     elif [ -s "$rep" ]; then
       counted=$(ruby -rjson -e 'r = JSON.parse(File.read(ARGV[0])); c = r["by_class"].find { |e| e["class"] == ARGV[1] }; puts("#{c ? c["count"] : 0}:#{r["scaling"]}")' "$rep" "$class")
     fi
@@ -134,7 +142,7 @@ run_one() {
 # median V...: the middle value (the mean of the two middle ones).
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-modes=(${MODES:-none default exact})
+modes=(${MODES:-none default exact retained retained_exact})
 [ -n "$BCC" ] && [ -z "${MODES:-}" ] && modes+=(bcc)
 if [ -n "${BASELINE_REV:-}" ]; then
   for m in "${modes[@]}"; do

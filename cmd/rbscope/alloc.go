@@ -41,6 +41,7 @@ type allocFlags struct {
 	noStacks     bool
 	noSites      bool
 	perSite      bool
+	retained     bool
 	upload       uploadOpts
 }
 
@@ -70,6 +71,13 @@ allocations (one in 4096 with --exact) also has its Ruby stack copied:
 --format flamegraph, speedscope, collapsed and pprof show where
 allocations come from.
 
+--retained reports instead the objects created while rbscope watched and
+still alive at the end (memprof's view): count file:line:Class with their
+bytes, and by stack (pprof inuse_objects/inuse_space, flame graph). It
+tracks each object from its creation (a second probe where the
+allocation returns) until a GC finds it unmarked; by default 20% of the
+time, scaled like the counts (estimates), every object with --exact.
+
 --upload pushes one allocation profile (alloc_objects, alloc_space) per
 --upload-interval to a Pyroscope server while counting, as record
 --upload pushes CPU profiles, and the last partial interval at the end.
@@ -83,6 +91,7 @@ Examples:
   rbscope alloc --pid 1234 --format pprof -o alloc.pb.gz
   rbscope alloc --pid 1234 --format flamegraph -o alloc.html   where allocations come from
   rbscope alloc --pid 1234 --exact --duration 5s      every allocation (slow!)
+  rbscope alloc --pid 1234 --retained --duration 60s  objects created and still alive at the end
   rbscope alloc --pid 1234 --duration 60s --upload http://pyroscope:4040`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runAlloc(cmd, f) },
@@ -103,6 +112,7 @@ Examples:
 	_ = fl.MarkHidden("symbols")
 	fl.BoolVar(&f.noStacks, "no-stacks", false, "do not copy the Ruby stacks of sampled allocations")
 	fl.BoolVar(&f.noSites, "no-sites", false, "count by class only, without each allocation's file:line (the cheapest --exact: Ruby passes the line on its stack, and reading it costs more than the rest of the probe)")
+	fl.BoolVar(&f.retained, "retained", false, "report the objects created while attached and still alive at the end (memprof's view), by file:line:Class and by stack, with their bytes; pprof as inuse_objects/inuse_space")
 	fl.BoolVar(&f.perSite, "per-site", false, "one perf-event uprobe per probe site instead of one uprobe_multi link (cost comparisons)")
 	_ = fl.MarkHidden("per-site")
 	f.upload.register(fl)
@@ -137,8 +147,9 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 			NoStacks:     f.noStacks,
 			NoSites:      f.noSites,
 			PerSite:      f.perSite,
+			Retained:     f.retained,
 			SamplePeriod: f.samplePeriod,
-			DutyCycle:    f.dutyCycle,
+			DutyCycle:    dutyCycle(cmd, f),
 			ForceSymbols: f.forceSymbols,
 		},
 	}
@@ -159,7 +170,13 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 			return err
 		}
 		push = &allocPusher{up: up, iv: alloc.NewIntervals(), stderr: stderr}
-		cfg.PushInterval, cfg.OnPush = f.upload.interval, push.push
+		if f.retained {
+			// What is retained is known at the end: one memory
+			// profile (inuse_objects, inuse_space) for the window.
+			push.what = "retained-object profiles"
+		} else {
+			cfg.PushInterval, cfg.OnPush = f.upload.interval, push.push
+		}
 	}
 	r, err := alloc.Run(ctx, cfg)
 	// Counting is over: from here on SIGINT and SIGTERM end rbscope the
@@ -180,7 +197,11 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 	}
 	werr := writeAllocReport(cmd, f, r)
 	if push != nil {
-		push.push(r)
+		if f.retained {
+			push.pushRetained(r)
+		} else {
+			push.push(r)
+		}
 		if err := push.finish(f.upload); err != nil {
 			return errors.Join(werr, err)
 		}
@@ -198,6 +219,26 @@ type allocPusher struct {
 	stderr io.Writer
 	from   time.Time // end of the last pushed interval
 	total  uint64    // allocations given to the uploader
+	what   string    // what the profiles are ("" allocation profiles)
+}
+
+// pushRetained pushes the retained view of r (alloc --retained) as one
+// memory profile covering the window.
+func (a *allocPusher) pushRetained(r *alloc.Report) {
+	now := time.Now()
+	var n uint64
+	for _, c := range r.ByClass {
+		n += c.Count
+	}
+	p, err := r.Profile()
+	if err == nil {
+		err = a.up.AddProfile(now.Add(-r.Duration), now, p, int(min(n, math.MaxInt32)))
+	}
+	if err != nil {
+		fmt.Fprintf(a.stderr, "rbscope alloc: upload: dropping the retained profile: %v\n", err)
+		return
+	}
+	a.total += n
 }
 
 func (a *allocPusher) push(r *alloc.Report) {
@@ -229,12 +270,24 @@ func (a *allocPusher) finish(o uploadOpts) error {
 	defer cancel()
 	err := a.up.Close(ctx)
 	st := a.up.Stats()
-	fmt.Fprintf(a.stderr, "rbscope alloc: pushed %d allocation profiles (%d allocations) to %s as %s\n",
-		st.Pushed, st.PushedSamples, o.url, a.up.SeriesName())
+	what, unit := "allocation profiles", "allocations"
+	if a.what != "" {
+		what, unit = a.what, "objects"
+	}
+	fmt.Fprintf(a.stderr, "rbscope alloc: pushed %d %s (%d %s) to %s as %s\n",
+		st.Pushed, what, st.PushedSamples, unit, o.url, a.up.SeriesName())
 	if err != nil {
 		return fmt.Errorf("upload allocation profiles to %s: %w", o.url, err)
 	}
 	return nil
+}
+
+// dutyCycle is --duty-cycle, or retained mode's default when not given.
+func dutyCycle(cmd *cobra.Command, f allocFlags) float64 {
+	if f.retained && !cmd.Flags().Changed("duty-cycle") {
+		return alloc.DefaultRetainedDutyCycle
+	}
+	return f.dutyCycle
 }
 
 func (f *allocFlags) validate() error {
@@ -252,6 +305,9 @@ func (f *allocFlags) validate() error {
 	}
 	if f.exact && f.dutyCycle != alloc.DefaultDutyCycle {
 		return errors.New("--exact and --duty-cycle exclude each other")
+	}
+	if f.retained && f.noSites {
+		return errors.New("--retained reports by file:line: it excludes --no-sites")
 	}
 	return nil
 }

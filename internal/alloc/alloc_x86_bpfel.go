@@ -26,6 +26,12 @@ type allocArgSpec struct {
 	Val      int64
 }
 
+type allocCheckCtx struct {
+	_    structs.HostLayout
+	Kept uint32
+	Died uint32
+}
+
 type allocClassKey struct {
 	_    structs.HostLayout
 	Cls  uint64
@@ -73,6 +79,15 @@ type allocLastSite struct {
 	Seq uint64
 }
 
+type allocPending struct {
+	_     structs.HostLayout
+	Key   allocSiteKey
+	Bytes uint64
+	Id    uint64
+	Site  uint32
+	Pad   uint32
+}
+
 type allocProbeSpec struct {
 	_    structs.HostLayout
 	Args [3]allocArgSpec
@@ -96,6 +111,7 @@ type allocStackEvent struct {
 	Cls    uint64
 	File   uint64
 	Bytes  uint64
+	Id     uint64
 	Line   uint32
 	Kind   uint32
 	Tid    uint32
@@ -107,10 +123,24 @@ type allocStackEvent struct {
 	Vsd    [16384]uint8
 }
 
+type allocTrackedObj struct {
+	_        structs.HostLayout
+	Key      allocSiteKey
+	Addr     uint64
+	Klass    uint64
+	Bytes    uint64
+	Id       uint64
+	EndFlags uint64
+	EndKlass uint64
+	Ended    uint32
+	Pad      uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	allocMapCheckState       = "check_state"
 	allocMapClasses          = "classes"
 	allocMapExitCopy         = "exit_copy"
 	allocMapExitEvents       = "exit_events"
@@ -120,14 +150,21 @@ const (
 	allocMapGate             = "gate"
 	allocMapGcStart          = "gc_start"
 	allocMapLastSite         = "last_site"
+	allocMapMarkPending      = "mark_pending"
+	allocMapPending          = "pending"
 	allocMapPendingNew       = "pending_new"
 	allocMapProbeSpecs       = "probe_specs"
 	allocMapSites            = "sites"
 	allocMapStackCountdown   = "stack_countdown"
 	allocMapStacks           = "stacks"
 	allocMapStats            = "stats"
+	allocMapTracked          = "tracked"
+	allocMapTrackedLen       = "tracked_len"
 	allocProgRubyAlloc       = "ruby_alloc"
 	allocProgRubyAllocMulti  = "ruby_alloc_multi"
+	allocVarHeapAlign        = "heap_align"
+	allocVarMarkBitsOff      = "mark_bits_off"
+	allocVarRetained         = "retained"
 	allocVarSamplePeriod     = "sample_period"
 	allocVarStackPeriod      = "stack_period"
 	allocVarStkCfpSp         = "stk_cfp_sp"
@@ -138,9 +175,11 @@ const (
 	allocVarStkRunningEc     = "stk_running_ec"
 	allocVarStkVm            = "stk_vm"
 	allocVarTargetTgid       = "target_tgid"
+	allocVarTrackedMax       = "tracked_max"
 	allocVarUnusedExitRange  = "unused_exit_range"
 	allocVarUnusedExitState  = "unused_exit_state"
 	allocVarUnusedStackEvent = "unused_stack_event"
+	allocVarUnusedTracked    = "unused_tracked"
 	allocVarWantSites        = "want_sites"
 )
 
@@ -194,6 +233,7 @@ type allocProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocMapSpecs struct {
+	CheckState     *ebpf.MapSpec `ebpf:"check_state"`
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
 	ExitCopy       *ebpf.MapSpec `ebpf:"exit_copy"`
 	ExitEvents     *ebpf.MapSpec `ebpf:"exit_events"`
@@ -203,18 +243,25 @@ type allocMapSpecs struct {
 	Gate           *ebpf.MapSpec `ebpf:"gate"`
 	GcStart        *ebpf.MapSpec `ebpf:"gc_start"`
 	LastSite       *ebpf.MapSpec `ebpf:"last_site"`
+	MarkPending    *ebpf.MapSpec `ebpf:"mark_pending"`
+	Pending        *ebpf.MapSpec `ebpf:"pending"`
 	PendingNew     *ebpf.MapSpec `ebpf:"pending_new"`
 	ProbeSpecs     *ebpf.MapSpec `ebpf:"probe_specs"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	StackCountdown *ebpf.MapSpec `ebpf:"stack_countdown"`
 	Stacks         *ebpf.MapSpec `ebpf:"stacks"`
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
+	Tracked        *ebpf.MapSpec `ebpf:"tracked"`
+	TrackedLen     *ebpf.MapSpec `ebpf:"tracked_len"`
 }
 
 // allocVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type allocVariableSpecs struct {
+	HeapAlign        *ebpf.VariableSpec `ebpf:"heap_align"`
+	MarkBitsOff      *ebpf.VariableSpec `ebpf:"mark_bits_off"`
+	Retained         *ebpf.VariableSpec `ebpf:"retained"`
 	SamplePeriod     *ebpf.VariableSpec `ebpf:"sample_period"`
 	StackPeriod      *ebpf.VariableSpec `ebpf:"stack_period"`
 	StkCfpSp         *ebpf.VariableSpec `ebpf:"stk_cfp_sp"`
@@ -225,9 +272,11 @@ type allocVariableSpecs struct {
 	StkRunningEc     *ebpf.VariableSpec `ebpf:"stk_running_ec"`
 	StkVm            *ebpf.VariableSpec `ebpf:"stk_vm"`
 	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
+	TrackedMax       *ebpf.VariableSpec `ebpf:"tracked_max"`
 	UnusedExitRange  *ebpf.VariableSpec `ebpf:"unused_exit_range"`
 	UnusedExitState  *ebpf.VariableSpec `ebpf:"unused_exit_state"`
 	UnusedStackEvent *ebpf.VariableSpec `ebpf:"unused_stack_event"`
+	UnusedTracked    *ebpf.VariableSpec `ebpf:"unused_tracked"`
 	WantSites        *ebpf.VariableSpec `ebpf:"want_sites"`
 }
 
@@ -251,6 +300,7 @@ func (o *allocObjects) Close() error {
 //
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocMaps struct {
+	CheckState     *ebpf.Map `ebpf:"check_state"`
 	Classes        *ebpf.Map `ebpf:"classes"`
 	ExitCopy       *ebpf.Map `ebpf:"exit_copy"`
 	ExitEvents     *ebpf.Map `ebpf:"exit_events"`
@@ -260,16 +310,21 @@ type allocMaps struct {
 	Gate           *ebpf.Map `ebpf:"gate"`
 	GcStart        *ebpf.Map `ebpf:"gc_start"`
 	LastSite       *ebpf.Map `ebpf:"last_site"`
+	MarkPending    *ebpf.Map `ebpf:"mark_pending"`
+	Pending        *ebpf.Map `ebpf:"pending"`
 	PendingNew     *ebpf.Map `ebpf:"pending_new"`
 	ProbeSpecs     *ebpf.Map `ebpf:"probe_specs"`
 	Sites          *ebpf.Map `ebpf:"sites"`
 	StackCountdown *ebpf.Map `ebpf:"stack_countdown"`
 	Stacks         *ebpf.Map `ebpf:"stacks"`
 	Stats          *ebpf.Map `ebpf:"stats"`
+	Tracked        *ebpf.Map `ebpf:"tracked"`
+	TrackedLen     *ebpf.Map `ebpf:"tracked_len"`
 }
 
 func (m *allocMaps) Close() error {
 	return _AllocClose(
+		m.CheckState,
 		m.Classes,
 		m.ExitCopy,
 		m.ExitEvents,
@@ -279,12 +334,16 @@ func (m *allocMaps) Close() error {
 		m.Gate,
 		m.GcStart,
 		m.LastSite,
+		m.MarkPending,
+		m.Pending,
 		m.PendingNew,
 		m.ProbeSpecs,
 		m.Sites,
 		m.StackCountdown,
 		m.Stacks,
 		m.Stats,
+		m.Tracked,
+		m.TrackedLen,
 	)
 }
 
@@ -292,6 +351,9 @@ func (m *allocMaps) Close() error {
 //
 // It can be passed to loadAllocObjects or ebpf.CollectionSpec.LoadAndAssign.
 type allocVariables struct {
+	HeapAlign        *ebpf.Variable `ebpf:"heap_align"`
+	MarkBitsOff      *ebpf.Variable `ebpf:"mark_bits_off"`
+	Retained         *ebpf.Variable `ebpf:"retained"`
 	SamplePeriod     *ebpf.Variable `ebpf:"sample_period"`
 	StackPeriod      *ebpf.Variable `ebpf:"stack_period"`
 	StkCfpSp         *ebpf.Variable `ebpf:"stk_cfp_sp"`
@@ -302,9 +364,11 @@ type allocVariables struct {
 	StkRunningEc     *ebpf.Variable `ebpf:"stk_running_ec"`
 	StkVm            *ebpf.Variable `ebpf:"stk_vm"`
 	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`
+	TrackedMax       *ebpf.Variable `ebpf:"tracked_max"`
 	UnusedExitRange  *ebpf.Variable `ebpf:"unused_exit_range"`
 	UnusedExitState  *ebpf.Variable `ebpf:"unused_exit_state"`
 	UnusedStackEvent *ebpf.Variable `ebpf:"unused_stack_event"`
+	UnusedTracked    *ebpf.Variable `ebpf:"unused_tracked"`
 	WantSites        *ebpf.Variable `ebpf:"want_sites"`
 }
 

@@ -70,4 +70,11 @@
 // serves the copied ranges and reads everything else (iseqs, method
 // entries, names) live. Each class's estimated count is split over its
 // sampled stacks.
+//
+// # Retained objects
+//
+// Options.Retained (`rbscope alloc --retained`) tracks each counted
+// object from its creation until a GC finds it dead, and reports those
+// still alive at the end: see retained.go (how) and retsite.go (where the
+// allocation a create probe precedes returns its object).
 package alloc

@@ -19,13 +19,16 @@ type Kind uint32
 
 // Probe kinds.
 const (
-	KindObject      Kind = 1 // ruby:object__create(classname, file, line)
-	KindArray       Kind = 2 // ruby:array__create(length, file, line)
-	KindHash        Kind = 3 // ruby:hash__create(length, file, line)
-	KindString      Kind = 4 // ruby:string__create(length, file, line)
-	KindSymbol      Kind = 5 // ruby:symbol__create(str, file, line)
-	KindNewobj      Kind = 6 // entry of an allocation function: klass VALUE
-	KindClassNew    Kind = 7 // entry of Class#new (counted as KindNewobj)
+	KindObject   Kind = 1 // ruby:object__create(classname, file, line)
+	KindArray    Kind = 2 // ruby:array__create(length, file, line)
+	KindHash     Kind = 3 // ruby:hash__create(length, file, line)
+	KindString   Kind = 4 // ruby:string__create(length, file, line)
+	KindSymbol   Kind = 5 // ruby:symbol__create(str, file, line)
+	KindNewobj   Kind = 6 // entry of an allocation function: klass VALUE
+	KindClassNew Kind = 7 // entry of Class#new (counted as KindNewobj)
+	// KindReturn is the instruction after the allocation call that
+	// follows a create probe (retained mode): rax is the new object.
+	KindReturn      Kind = 8
 	KindGCMarkBegin Kind = 16
 	KindGCMarkEnd   Kind = 17
 	KindGCSwpBegin  Kind = 18
@@ -80,6 +83,9 @@ type Site struct {
 	// semaphore (0: none) in Binary.
 	Offset, RefCtrOffset uint64
 	Args                 []usdt.Arg
+	// Origins are, for a KindReturn site, the indexes in Plan.Sites of
+	// the create probes whose allocation returns here.
+	Origins []int
 }
 
 // Plan is what Attach will attach to in one process.
@@ -96,6 +102,9 @@ type Plan struct {
 	Sites []Site
 	// Skipped lists probe sites left out, with the reason.
 	Skipped []string
+	// RetSkipped lists create probes whose allocation call could not be
+	// found (retained mode does not track their objects), with the reason.
+	RetSkipped []string
 }
 
 // ErrNoProbes means the Ruby binary has neither USDT probes nor symbols

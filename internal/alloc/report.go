@@ -27,6 +27,18 @@ type jsonReport struct {
 	ByClass       []ClassCount `json:"by_class"`
 	BySite        []SiteCount  `json:"by_site"`
 	TopStacks     []StackCount `json:"top_stacks,omitempty"`
+	// Retained mode: how the view was made, and the sites with bytes.
+	Retained      *RetainedInfo  `json:"retained,omitempty"`
+	RetainedSites []retainedSite `json:"retained_by_site,omitempty"`
+}
+
+// retainedSite is a site of the retained view in JSON, with its bytes.
+type retainedSite struct {
+	Class string `json:"class"`
+	Path  string `json:"path"`
+	Line  int    `json:"line"`
+	Count uint64 `json:"count"`
+	Bytes uint64 `json:"bytes"`
 }
 
 // WriteJSON writes r as
@@ -52,6 +64,12 @@ func (r *Report) WriteJSON(w io.Writer, top int) error {
 	}
 	if j.ByClass == nil {
 		j.ByClass = []ClassCount{}
+	}
+	if r.Retained {
+		j.Retained = r.RetainedInfo
+		for _, s := range limit(r.BySite, top) {
+			j.RetainedSites = append(j.RetainedSites, retainedSite{s.Class, s.Path, s.Line, s.Count, s.Bytes})
+		}
 	}
 	if j.BySite == nil {
 		j.BySite = []SiteCount{}
@@ -95,6 +113,9 @@ func limit[T any](s []T, top int) []T {
 // style "count file:line:Class" lines; by "class" prints count, bytes and
 // class. A "#" header says what was measured.
 func (r *Report) WriteText(w io.Writer, by string, top int) error {
+	if r.Retained {
+		return r.writeRetainedText(w, by, top)
+	}
 	var b strings.Builder
 	var total uint64
 	for _, c := range r.ByClass {
@@ -163,18 +184,28 @@ func sitePath(p string) string {
 // (count) and alloc_space (bytes, where the probes give sizes); one
 // location per file:line and class, whose function is the class.
 func (r *Report) Profile() (*profile.Profile, error) {
+	objects, space := "alloc_objects", "alloc_space"
+	if r.Retained {
+		objects, space = "inuse_objects", "inuse_space"
+	}
 	p := &profile.Profile{
 		SampleType: []*profile.ValueType{
-			{Type: "alloc_objects", Unit: "count"},
-			{Type: "alloc_space", Unit: "bytes"},
+			{Type: objects, Unit: "count"},
+			{Type: space, Unit: "bytes"},
 		},
-		DefaultSampleType: "alloc_objects",
+		DefaultSampleType: objects,
 		PeriodType:        &profile.ValueType{Type: "objects", Unit: "count"},
 		Period:            1,
 		DurationNanos:     int64(r.Duration),
 	}
 	if r.Estimated {
 		p.Comments = append(p.Comments, fmt.Sprintf("estimated: counts scaled by %.3g", r.Scale))
+	}
+	if r.Retained {
+		p.Comments = append(p.Comments, "retained: objects created during the window and still alive at its end")
+		if r.RetainedInfo != nil && r.RetainedInfo.CutShort {
+			p.Comments = append(p.Comments, "the window was cut short: the process exited")
+		}
 	}
 	if len(r.Stacks) > 0 {
 		return r.stackProfile(p)
@@ -290,4 +321,67 @@ func (r *Report) StackSamplesList() []stack.Sample {
 		}
 	}
 	return out
+}
+
+// writeRetainedText writes the retained view: a "#" header saying what was
+// measured and how, memprof's "count file:line:Class" lines (with the
+// bytes), or by class, then the top stacks.
+func (r *Report) writeRetainedText(w io.Writer, by string, top int) error {
+	var b strings.Builder
+	var total, bytes uint64
+	for _, c := range r.ByClass {
+		total += c.Count
+		bytes += c.Bytes
+	}
+	est := ""
+	if r.Estimated {
+		est = fmt.Sprintf(" (estimated: the objects tracked in the counting windows, scaled by %.3g)", r.Scale)
+	}
+	fmt.Fprintf(&b, "# rbscope alloc --retained: pid %d, %.1fs window, %d objects (%d bytes) created in it and still alive at its end%s\n",
+		r.Pid, r.Duration.Seconds(), total, bytes, est)
+	if ri := r.RetainedInfo; ri != nil {
+		if ri.CutShort {
+			fmt.Fprintf(&b, "# the window was cut short: the process exited after %.1fs; retained as of its exit (%s)\n", r.Duration.Seconds(), ri.EndRead)
+		}
+		fmt.Fprintf(&b, "# tracked %d objects: %d died at a GC, %d were gone at the end, %d alive", ri.Tracked, ri.Died, ri.Gone, ri.Alive)
+		if ri.Unpaired > 0 {
+			fmt.Fprintf(&b, "; %d create events not paired with an object", ri.Unpaired)
+		}
+		if ri.Full > 0 {
+			fmt.Fprintf(&b, "; %d not tracked (table full)", ri.Full)
+		}
+		if ri.Unresolved > 0 {
+			fmt.Fprintf(&b, "; %d unverified", ri.Unresolved)
+		}
+		b.WriteString("\n")
+	}
+	if r.Scaling == "counter" {
+		fmt.Fprintf(&b, "# tracked %.1f%% of the time, scaled by Ruby's own allocation counter (%d objects allocated in all)\n", 100*r.Attached, r.RubyAllocated)
+	}
+	switch by {
+	case "class":
+		fmt.Fprintf(&b, "%10s %12s  %s\n", "COUNT", "BYTES", "CLASS")
+		for _, c := range limit(r.ByClass, top) {
+			fmt.Fprintf(&b, "%10d %12d  %s\n", c.Count, c.Bytes, c.Class)
+		}
+	case "line", "":
+		for _, s := range limit(r.BySite, top) {
+			fmt.Fprintf(&b, "%10d %s:%d:%s  (%d bytes)\n", s.Count, sitePath(s.Path), s.Line, s.Class, s.Bytes)
+		}
+	default:
+		return fmt.Errorf("unknown grouping %q (want class or line)", by)
+	}
+	if len(r.Stacks) > 0 {
+		fmt.Fprintf(&b, "# top retained stacks (%d retained objects had their stack copied, innermost first)\n", r.StackSamples)
+		for _, st := range limit(r.Stacks, topStacks(top)) {
+			fmt.Fprintf(&b, "%10d %s  (%d bytes)\n", st.Count, st.Class, st.Bytes)
+			for _, f := range st.Frames {
+				fmt.Fprintf(&b, "%10s   %s (%s:%d)\n", "", f.Name, sitePath(f.Path), f.Line)
+			}
+		}
+	} else if r.StackError != "" {
+		fmt.Fprintf(&b, "# %s\n", r.StackError)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }

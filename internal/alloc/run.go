@@ -159,6 +159,9 @@ func (r *Report) NoStacks(format string) string {
 		return ""
 	}
 	why := "one counted allocation in 64 has its stack copied, and none was"
+	if r.Retained {
+		why = "no retained object had its stack copied"
+	}
 	if r.StackError != "" {
 		why = r.StackError
 	}

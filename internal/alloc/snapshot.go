@@ -25,6 +25,13 @@ const (
 	statStacks     // stacks copied to the ring buffer
 	statStacksLost // stacks the ring buffer had no room for
 	statKeys       // keys added to the site and class maps
+	statTracked    // retained mode: objects whose address was paired
+	statRetBad     // ... paired with a value that is no object of the kind
+	statTrackFull  // ... that the tracked map had no room for
+	statDied       // tracked objects unmarked when a sweep began
+	statChecks     // sweeps that checked the tracked objects
+	statPending    // create events left for their allocation to return
+	statMax        = 24
 )
 
 // AnonymousClass names the objects of anonymous classes (Class.new),
@@ -117,6 +124,13 @@ type Report struct {
 	Stacks                    []StackCount `json:"-"`
 	StackSamples, StackErrors uint64       `json:"-"`
 	StackError                string       `json:"-"`
+	// Retained: the report is the retained view (Options.Retained):
+	// ByClass, BySite and Stacks count the objects created while
+	// rbscope watched and still alive at the end, with their bytes
+	// (slot and malloc'd), scaled by Scale; RetainedInfo says how it
+	// was made.
+	Retained     bool          `json:"-"`
+	RetainedInfo *RetainedInfo `json:"-"`
 }
 
 // Snapshot reads the kernel's counters and returns the cumulative report.
@@ -227,6 +241,9 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	sortReport(r)
 	r.Stacks = tr.scaledStacks(r.ByClass)
 	r.StackSamples, r.StackErrors, r.StackError = tr.stacks.total, tr.stacks.walkErrors, tr.stacks.lastErr
+	if tr.ret != nil {
+		tr.fillRetained(r)
+	}
 	return r, nil
 }
 
@@ -331,7 +348,7 @@ func (tr *Tracker) className(k Kind, cls uint64, r *Report) string {
 }
 
 func readStats(m *ebpf.Map) ([]uint64, error) {
-	out := make([]uint64, 16)
+	out := make([]uint64, statMax)
 	for i := range out {
 		var per []uint64
 		if err := m.Lookup(uint32(i), &per); err != nil {

@@ -109,6 +109,9 @@ func (tr *Tracker) readStacks(rd *ringbuf.Reader, done chan<- struct{}) {
 		key := siteKeyOf(e)
 		tr.mu.Lock()
 		tr.addStack(key, e.Bytes, frames, err)
+		if err == nil {
+			tr.addRetainedStack(e.Id, frames)
+		}
 		tr.mu.Unlock()
 	}
 }
@@ -168,8 +171,14 @@ func (tr *Tracker) addStack(k allocSiteKey, bytes uint64, frames []stack.Frame, 
 // their samples, rounded so that they add up to it exactly. Sorted by
 // count, descending. Called with mu held.
 func (tr *Tracker) scaledStacks(byClass []ClassCount) []StackCount {
+	return splitStacks(tr.stacks.byKey, byClass)
+}
+
+// splitStacks splits each class's count (and bytes) over its stacks in
+// byKey in proportion to their samples (and bytes).
+func splitStacks(byKey map[string]*StackCount, byClass []ClassCount) []StackCount {
 	byCls := map[string][]*StackCount{}
-	for _, s := range tr.stacks.byKey {
+	for _, s := range byKey {
 		byCls[s.Class] = append(byCls[s.Class], s)
 	}
 	var out []StackCount

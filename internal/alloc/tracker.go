@@ -41,6 +41,12 @@ var (
 const (
 	DefaultDutyCycle  = 0.03
 	DefaultDutyWindow = 100 * time.Millisecond
+	// DefaultRetainedDutyCycle is the duty cycle of retained mode: its
+	// counts are those of the objects tracked, a sample that must be
+	// large enough for the few that live (a leak among churn). Windows
+	// still shorten to about windowEvents events, which bounds the cost
+	// on allocation-bound loops.
+	DefaultRetainedDutyCycle = 0.2
 )
 
 // Options tunes Attach.
@@ -75,6 +81,10 @@ type Options struct {
 	// PerSite attaches one perf-event uprobe per site even where the
 	// kernel has uprobe_multi links (to compare their costs).
 	PerSite bool
+	// Retained tracks the objects created (in the counting windows, or
+	// all of them when Exact) until they die, and the report is the
+	// retained view: those still alive at the end (see retained.go).
+	Retained bool
 	// ClassName resolves a klass VALUE to its name (the fallback mode
 	// counts klass pointers). Nil: names are shown as addresses.
 	ClassName func(klass uint64) (string, error)
@@ -161,6 +171,10 @@ type Tracker struct {
 	// targetExited: the duty cycle found the process gone (or in Ruby's
 	// teardown) and stopped.
 	targetExited bool
+	// stackPeriod is the program's stack period (0: no stacks).
+	stackPeriod uint32
+	// ret is retained mode's state (nil otherwise).
+	ret *retState
 }
 
 // Attach loads the program and attaches it to the Ruby process pid.
@@ -197,6 +211,9 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	}
 	if opts.DutyCycle <= 0 {
 		opts.DutyCycle = DefaultDutyCycle
+		if opts.Retained {
+			opts.DutyCycle = DefaultRetainedDutyCycle
+		}
 	}
 	if opts.DutyCycle >= 1 {
 		opts.Exact = true
@@ -221,6 +238,14 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	}
 	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts}
 	tr.findCounter()
+	if opts.Retained {
+		if err := tr.setupRetained(spec); err != nil {
+			return nil, err
+		}
+		if len(plan.Sites) > maxSpecs {
+			return nil, fmt.Errorf("%d probe and return sites (at most %d)", len(plan.Sites), maxSpecs)
+		}
+	}
 	stackPeriod := uint32(0)
 	if tr.rb != nil && !opts.NoStacks {
 		stackPeriod = opts.StackPeriod
@@ -229,6 +254,12 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 			if opts.Exact {
 				stackPeriod = DefaultExactStackPeriod
 			}
+			if opts.Retained {
+				stackPeriod = DefaultRetainedStackPeriod
+				if opts.Exact {
+					stackPeriod = DefaultRetainedExactStackPeriod
+				}
+			}
 		}
 		if err := tr.stackVars(spec, stackPeriod); err != nil {
 			tr.stacks.lastErr = fmt.Sprintf("no allocation stacks: %v", err)
@@ -236,6 +267,7 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 			spec.Variables[allocVarStackPeriod].Set(uint32(0))
 		}
 	}
+	tr.stackPeriod = stackPeriod
 	cn := opts.ClassName
 	if cn == nil && plan.Mode == "symbols" {
 		cn = tr.rubyClassNames()
@@ -256,6 +288,9 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 			if a.Signed {
 				ps.Args[j].IsSigned = 1
 			}
+		}
+		if s.Kind == KindReturn {
+			retProbeSpec(s, &ps)
 		}
 		if err := tr.maps.ProbeSpecs.Put(uint32(i), &ps); err != nil {
 			tr.maps.Close()
@@ -356,10 +391,16 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapExitCopy:       tr.maps.ExitCopy,
 		allocMapExitInfo:       tr.maps.ExitInfo,
 		allocMapExitEvents:     tr.maps.ExitEvents,
+		allocMapPending:        tr.maps.Pending,
+		allocMapTracked:        tr.maps.Tracked,
+		allocMapTrackedLen:     tr.maps.TrackedLen,
+		allocMapCheckState:     tr.maps.CheckState,
+		allocMapMarkPending:    tr.maps.MarkPending,
+		allocMapPendingNew:     tr.maps.PendingNew,
 	}
 }
 
-const maxSpecs = 256
+const maxSpecs = 1024
 
 // attachAll attaches the probes that stay for the whole session (GC, exit)
 // and opens the first counting window. Called before the tracker is
@@ -648,6 +689,11 @@ func (tr *Tracker) Stop() {
 	}
 	tr.mu.Unlock()
 	tr.drainStacks()
+	if tr.ret != nil {
+		tr.mu.Lock()
+		tr.collectRetained(tr.targetExited || tr.exitFired() || !tr.Alive())
+		tr.mu.Unlock()
+	}
 }
 
 // drainStacks waits (at most stackDrainTimeout) until the stack reader

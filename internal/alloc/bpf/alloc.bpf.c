@@ -11,7 +11,7 @@
  * distinct pointer once from the target's memory. */
 #include "minbpf.h"
 
-#define MAX_SPECS 256
+#define MAX_SPECS 1024
 #define ANON_CLASS 1 /* class "pointer" of anonymous classes' objects */
 #define MAX_SITES 65536
 #define MAX_CLASSES 16384
@@ -31,6 +31,8 @@ enum kind {
 	KIND_SYMBOL = 5, /* symbol__create(const char *str, file, line) */
 	KIND_NEWOBJ = 6, /* newobj function entry: arg 0 is the klass VALUE */
 	KIND_CLASS_NEW = 7, /* Class#new entry (rb_class_new_instance*): klass */
+	KIND_RETURN = 8, /* after the allocation call a create probe precedes:
+			    rax is the new object (retained mode) */
 	KIND_GC_MARK_BEGIN = 16,
 	KIND_GC_MARK_END = 17,
 	KIND_GC_SWEEP_BEGIN = 18,
@@ -56,7 +58,14 @@ enum stat {
 	STAT_KEYS = 12,        /* keys added to the site and class maps: user
 				  space reads the maps for new names only when
 				  this grew */
-	STAT_MAX = 16,
+	STAT_TRACKED = 13,     /* retained mode: objects whose address was paired */
+	STAT_RET_BAD = 14,     /* return sites whose value was no object of the kind
+				  (a helper called before the allocation) */
+	STAT_TRACK_FULL = 15,  /* ... that the tracked map had no room for */
+	STAT_DIED = 16,        /* tracked objects found unmarked when a sweep began */
+	STAT_CHECKS = 17,      /* sweeps that checked the tracked objects */
+	STAT_PENDING = 18,     /* create events left pending for their return */
+	STAT_MAX = 24,
 };
 
 struct arg_spec {
@@ -132,6 +141,86 @@ const volatile __u32 stk_ec_vm_stack_size = 8;
 const volatile __u32 stk_ec_cfp = 16;
 const volatile __u32 stk_cfp_sp = 8;
 
+/* Retained mode (objects created and still alive): every counted create
+ * event of a heap object is left pending for its thread; the probe after
+ * the allocation call (KIND_RETURN) pairs it with the new object's address
+ * (rax) and tracks the object. When a GC's sweep begins (the first
+ * gc__sweep__begin after gc__mark__begin: marking is over and its mark
+ * bits decide what the sweep frees), every tracked object whose mark bit
+ * is clear is dropped: it is garbage, and its slot may be reused by an
+ * object nobody tracked. heap_align is HEAP_PAGE_ALIGN (0: no check),
+ * mark_bits_off the offset of mark_bits in struct heap_page; a page
+ * body's first word points at its struct heap_page, and an object's bit
+ * is its offset in the body divided by the base slot size (40). */
+const volatile __u32 retained = 0;
+const volatile __u64 heap_align = 0;
+const volatile __u32 mark_bits_off = 0;
+
+#define BASE_SLOT 40
+/* The tracked objects are an array (tracked[0, tracked_len)), which the
+ * check at each sweep compacts: its cost is the objects', not the map's
+ * size (a hash map's for_each walks every bucket: a million-entry map
+ * cost 2 ms per GC, 8x a tight loop's time). User space sizes it before
+ * loading (tracked_max). It is written without atomics: a process's
+ * allocations and its GC run under Ruby's GVL, one thread at a time
+ * (several ractors would break this; rbscope reads the main ractor's). */
+const volatile __u32 tracked_max = 1;
+
+struct pending {
+	struct site_key key;
+	__u64 bytes;
+	__u64 id;
+	__u32 site; /* the create probe's spec index */
+	__u32 pad;
+};
+
+struct tracked_obj {
+	struct site_key key;
+	__u64 addr;  /* the object (its slot) */
+	__u64 klass; /* RBasic.klass when allocated */
+	__u64 bytes; /* the probe's payload bytes */
+	__u64 id;    /* stack id, 0: no stack copied */
+	/* The slot's flags and klass when Ruby's teardown began (the exit
+	 * probe copies them: the process's memory goes with it). */
+	__u64 end_flags;
+	__u64 end_klass;
+	__u32 ended; /* the two above are set */
+	__u32 pad;
+};
+
+/* Keeps the types in BTF for bpf2go. */
+const struct tracked_obj *unused_tracked __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct pending);
+} pending SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* set by user space: tracked_max */
+	__type(key, __u32);
+	__type(value, struct tracked_obj);
+} tracked SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} tracked_len SEC(".maps");
+
+/* [0] != 0: a GC's marking began and its sweep has not: check the
+ * tracked objects when it does. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} mark_pending SEC(".maps");
+
 #define EC_MAX 512
 #define CF_MAX 8192
 #define VS_MAX 16384
@@ -143,6 +232,7 @@ struct stack_event {
 	__u64 cls;  /* as in site_key */
 	__u64 file;
 	__u64 bytes;
+	__u64 id;   /* retained mode: the tracked object's stack id (0: none) */
 	__u32 line;
 	__u32 kind;
 	__u32 tid;
@@ -390,8 +480,90 @@ static __always_inline int read_arg(struct pt_regs *ctx, const struct arg_spec *
 	return 0;
 }
 
+
+/* marked reports whether the object at addr has its mark bit set (1 when
+ * the bits cannot be read: kept). */
+static __always_inline int marked(__u64 addr)
+{
+	__u64 body = addr & ~(heap_align - 1);
+	__u64 n = (addr - body) / BASE_SLOT;
+	__u64 page = 0, w = 0;
+	if (bpf_probe_read_user(&page, sizeof(page), (void *)body) || !page)
+		return 1;
+	if (bpf_probe_read_user(&w, sizeof(w), (void *)(page + mark_bits_off + (n / 64) * 8)))
+		return 1;
+	return (w >> (n % 64)) & 1;
+}
+
+struct check_ctx {
+	__u32 kept; /* objects kept so far: where the next one goes */
+	__u32 died;
+};
+
+/* The check's running state (a map value, not the caller's stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct check_ctx);
+} check_state SEC(".maps");
+
+/* check_at keeps tracked[i] (moved down to tracked[kept]) if marked. */
+static long check_at(__u64 i, void *unused)
+{
+	__u32 idx = (__u32)i, z = 0;
+	struct check_ctx *c = bpf_map_lookup_elem(&check_state, &z);
+	if (!c)
+		return 1;
+	struct tracked_obj *v = bpf_map_lookup_elem(&tracked, &idx);
+	if (!v)
+		return 1;
+	if (!marked(v->addr)) {
+		c->died++;
+		return 0;
+	}
+	if (c->kept != idx) {
+		__u32 k = c->kept;
+		struct tracked_obj *d = bpf_map_lookup_elem(&tracked, &k);
+		if (d)
+			__builtin_memcpy(d, v, sizeof(*d));
+	}
+	c->kept++;
+	return 0;
+}
+
+static __attribute__((noinline)) void check_tracked(void)
+{
+	__u32 z = 0;
+	__u32 *len = bpf_map_lookup_elem(&tracked_len, &z);
+	if (!len)
+		return;
+	struct check_ctx *c = bpf_map_lookup_elem(&check_state, &z);
+	if (!c)
+		return;
+	c->kept = 0;
+	c->died = 0;
+	bpf_loop(*len, check_at, 0, 0);
+	*len = c->kept;
+	stat_add(STAT_DIED, c->died);
+	stat_add(STAT_CHECKS, 1);
+}
+
 static __always_inline void gc_phase(__u32 kind)
 {
+	if (retained && heap_align) {
+		__u32 z = 0;
+		__u32 *mp = bpf_map_lookup_elem(&mark_pending, &z);
+		if (mp) {
+			if (kind == KIND_GC_MARK_BEGIN)
+				*mp = 1;
+			else if (kind == KIND_GC_SWEEP_BEGIN && *mp) {
+				*mp = 0;
+				check_tracked();
+			}
+		}
+	}
+
 	__u32 slot = (kind == KIND_GC_MARK_BEGIN || kind == KIND_GC_MARK_END) ? 0 : 1;
 	__u64 *start = bpf_map_lookup_elem(&gc_start, &slot);
 	__u64 now = bpf_ktime_get_ns();
@@ -469,7 +641,7 @@ static __always_inline __u64 read_u64(__u64 addr)
 }
 
 /* capture copies the allocating thread's Ruby stack into the ring buffer. */
-static __always_inline void capture(const struct site_key *sk, __u64 bytes)
+static __always_inline void capture(const struct site_key *sk, __u64 bytes, __u64 id)
 {
 	__u64 ractor = read_u64(stk_vm + stk_main_ractor);
 	__u64 ec = read_u64(ractor + stk_running_ec);
@@ -486,6 +658,7 @@ static __always_inline void capture(const struct site_key *sk, __u64 bytes)
 	e->line = sk->line;
 	e->kind = sk->kind;
 	e->bytes = bytes;
+	e->id = id;
 	e->tid = (__u32)bpf_get_current_pid_tgid();
 	bpf_probe_read_user(e->ec_data, EC_MAX, (void *)ec);
 	__u64 vm_stack = read_u64(ec + stk_ec_vm_stack);
@@ -562,19 +735,107 @@ static __attribute__((noinline)) void new_site(struct last_site *ls, __u64 cls, 
 
 /* count_down copies the stack of one in stack_period counted events,
  * attributed to the CPU's last site (the event's). */
-static __attribute__((noinline)) void count_down(struct last_site *ls, __u64 bytes)
+static __attribute__((noinline)) __u64 count_down(struct last_site *ls, __u64 bytes)
 {
 	__u32 zero = 0;
 	__u32 *left = bpf_map_lookup_elem(&stack_countdown, &zero);
 	if (!left)
-		return;
+		return 0;
 	if (*left > 1) {
 		(*left)--;
-		return;
+		return 0;
 	}
 	/* The next gap: uniform in [1, 2*stack_period-1]. */
 	*left = 1 + bpf_get_prandom_u32() % (2 * stack_period - 1);
-	capture(&ls->key, bytes);
+	/* A stack id for the retained view: unique per event (the time,
+	 * and the CPU in the low byte). */
+	__u64 id = bpf_ktime_get_ns() << 8 | (bpf_get_smp_processor_id() & 0xff);
+	capture(&ls->key, bytes, id);
+	return id;
+}
+
+/* set_pending leaves the create event for the thread's allocation call
+ * to return (retained mode). */
+static __attribute__((noinline)) void set_pending(const struct last_site *ls, __u32 site, __u64 bytes, __u64 id)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct pending p = {.key = ls->key, .bytes = bytes, .id = id, .site = site};
+	bpf_map_update_elem(&pending, &tid, &p, BPF_ANY);
+	stat_add(STAT_PENDING, 1);
+}
+
+/* on_return pairs the thread's pending create event with the object its
+ * allocation call returned (rax), if it comes from one of this return
+ * site's probes (spec args' val: index + 1, 0 unused), and tracks it. */
+static __attribute__((noinline)) void on_return(struct pt_regs *ctx, const struct probe_spec *spec)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct pending *p = bpf_map_lookup_elem(&pending, &tid);
+	if (!p)
+		return;
+	__u64 s = (__u64)p->site + 1;
+	if (s != (__u64)spec->args[0].val && s != (__u64)spec->args[1].val && s != (__u64)spec->args[2].val)
+		return;
+	struct tracked_obj t = {.key = p->key, .bytes = p->bytes, .id = p->id};
+	__u64 obj = 0;
+	asm volatile("%0 = *(u64 *)(%1 + 80)" : "=r"(obj) : "r"(ctx)); /* rax */
+	__u64 hdr[2] = {};
+	if (!obj || (obj & 7) || bpf_probe_read_user(hdr, sizeof(hdr), (void *)obj)) {
+		stat_add(STAT_RET_BAD, 1);
+		return;
+	}
+	__u32 typ = hdr[0] & 0x1f;
+	__u32 want = 0;
+	switch (t.key.kind) {
+	case KIND_STRING:
+		want = 0x05;
+		break;
+	case KIND_ARRAY:
+		want = 0x07;
+		break;
+	case KIND_HASH:
+		want = 0x08;
+		break;
+	}
+	if (typ == 0 || !hdr[1] || (want && typ != want)) {
+		stat_add(STAT_RET_BAD, 1);
+		return;
+	}
+	/* Paired: later calls on the probe's path find nothing pending. A
+	 * call that returned something else (a helper's flag) left the event
+	 * pending for the allocation that follows. */
+	bpf_map_delete_elem(&pending, &tid);
+	t.klass = hdr[1];
+	t.addr = obj;
+	__u32 z = 0;
+	__u32 *len = bpf_map_lookup_elem(&tracked_len, &z);
+	if (!len)
+		return;
+	__u32 i = *len;
+	struct tracked_obj *slot = i < tracked_max ? bpf_map_lookup_elem(&tracked, &i) : 0;
+	if (!slot) {
+		stat_add(STAT_TRACK_FULL, 1);
+		return;
+	}
+	__builtin_memcpy(slot, &t, sizeof(t));
+	*len = i + 1;
+	stat_add(STAT_TRACKED, 1);
+}
+
+/* snap_at copies tracked[i]'s slot header at exit. */
+static long snap_at(__u64 i, void *ctx)
+{
+	__u32 idx = (__u32)i;
+	struct tracked_obj *v = bpf_map_lookup_elem(&tracked, &idx);
+	if (!v)
+		return 1;
+	__u64 hdr[2] = {};
+	if (bpf_probe_read_user(hdr, sizeof(hdr), (void *)v->addr))
+		return 0;
+	v->end_flags = hdr[0];
+	v->end_klass = hdr[1];
+	v->ended = 1;
+	return 0;
 }
 
 /* copy_at_exit copies exit_ranges into exit_copy (see exit_info). */
@@ -611,6 +872,9 @@ static __attribute__((noinline)) void copy_at_exit(void)
 		    bpf_probe_read_user_str(st->file_name, sizeof(st->file_name), (void *)ls->key.file) > 0)
 			st->last_file = ls->key.file;
 	}
+	__u32 *len = bpf_map_lookup_elem(&tracked_len, &zero);
+	if (retained && len)
+		bpf_loop(*len, snap_at, 0, 0);
 	st->gen_before = before;
 	st->gen_after = *gen;
 	st->ns = bpf_ktime_get_ns();
@@ -638,6 +902,10 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 	if (!spec)
 		return 0;
 	__u32 kind = spec->kind;
+	if (kind == KIND_RETURN) {
+		on_return(ctx, spec);
+		return 0;
+	}
 	if (kind >= KIND_GC_MARK_BEGIN) {
 		if (kind == KIND_EXIT) {
 			/* Another process running the same binary may reach
@@ -712,8 +980,11 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 	} else {
 		new_site(ls, cls, a1, (__u64)kind << 32 | (__u32)a2, bytes);
 	}
+	__u64 id = 0;
 	if (stack_period)
-		count_down(ls, bytes);
+		id = count_down(ls, bytes);
+	if (retained && kind != KIND_SYMBOL && kind != KIND_NEWOBJ)
+		set_pending(ls, idx, bytes, id);
 	return 0;
 }
 
