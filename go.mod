@@ -17,7 +17,8 @@ require (
 
 require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	golang.org/x/text v0.14.0 // indirect
+	github.com/prometheus/client_golang v1.23.2 // indirect
+	golang.org/x/text v0.28.0 // indirect
 )
 
 tool github.com/cilium/ebpf/cmd/bpf2go

@@ -11,6 +11,7 @@ import (
 	"github.com/rbscope/rbscope/internal/pyroscopetest"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/upload"
 )
 
 // upWrite writes a closed recording of n samples at 100 Hz from t0, made
@@ -115,8 +116,8 @@ func TestDefaultAppName(t *testing.T) {
 		"":                              "ruby",
 		"ruby weird$name!.rb":           "weird_name",
 	} {
-		if got := defaultAppName(strings.Fields(cmd)); got != want {
-			t.Errorf("defaultAppName(%q) = %q, want %q", cmd, got, want)
+		if got := upload.DefaultAppName(strings.Fields(cmd)); got != want {
+			t.Errorf("DefaultAppName(%q) = %q, want %q", cmd, got, want)
 		}
 	}
 }
