@@ -36,6 +36,9 @@ type Options struct {
 	NoDWARF bool
 	// Layout, when set, is used instead of looking one up.
 	Layout *layout.Layout
+	// Runtimes, when set, shares symbols, version and layout with the
+	// other processes of the same Ruby build (see Runtimes).
+	Runtimes *Runtimes
 
 	// nextInsnLines reports the line of the instruction after the pc
 	// instead of the one being executed. Ruby's own backtraces use the
@@ -138,10 +141,7 @@ func Open(t target.Target, opts Options) (*Process, error) {
 	if err := p.findBinaries(); err != nil {
 		return nil, err
 	}
-	if err := p.detectVersion(); err != nil {
-		return nil, err
-	}
-	if err := p.loadLayout(); err != nil {
+	if err := p.versionAndLayout(); err != nil {
 		return nil, err
 	}
 	if err := p.locate(); err != nil {
@@ -195,14 +195,27 @@ func (p *Process) findBinaries() error {
 		}
 		bin := Binary{Path: path, Base: base}
 		var syms elfx.Symbols
-		f, ferr := p.t.OpenFile(path)
-		if ferr != nil {
+		var ferr error
+		if eb := p.sharedBinary(base, off); eb != nil {
+			// Another process of this build read the file already.
+			bin.Bias = eb.LoadBias(base, off)
+			bin.BuildID = eb.BuildID
+			bin.HasSymtab = eb.HasSymtab
+			bin.SymSource = "file .dynsym (shared)"
+			if eb.HasSymtab {
+				bin.SymSource = "file .dynsym+.symtab (shared)"
+			}
+			syms = biased{eb.Symbols, bin.Bias}
+		} else if f, err := p.t.OpenFile(path); err != nil {
+			ferr = err
 			// The process's own image in memory still holds the
 			// dynamic symbols; the file's error says why not more.
 			bin.FileError = ferr.Error()
 		} else {
+			p.opts.Runtimes.countSymbolLoad()
 			eb, err := elfx.Open(f)
 			if err == nil {
+				p.opts.Runtimes.keepBinary(eb)
 				bin.Bias = eb.LoadBias(base, off)
 				bin.BuildID = eb.BuildID
 				bin.HasSymtab = eb.HasSymtab
