@@ -88,7 +88,14 @@ func (c *clock) Sample(ctx context.Context) ([]stack.Sample, error) {
 			k := sampler.Classify(err)
 			if k == sampler.ErrExited {
 				st.exited.Add(1)
-				c.drop(i)
+				c.drop(i, "process exited")
+				continue
+			}
+			if c.execd(t) {
+				// Its memory is another program's now: reads fail until
+				// discovery's next scan, which looks at it anew.
+				st.reexecs.Add(1)
+				c.drop(i, "process exec'd: looking at it anew")
 				continue
 			}
 			st.errors[k].Add(1)
@@ -175,11 +182,18 @@ func (c *clock) remove(i int) {
 	c.a.stats.tracked.Store(int64(len(c.targets)))
 }
 
-// drop drops target i on the clock's own finding (it exited) and tells
-// discovery.
-func (c *clock) drop(i int) {
+// execd reports, after a failed sample, whether t's process has exec'd
+// (or is gone): its image's identity changed.
+func (c *clock) execd(t *proc) bool {
+	ps, err := procfs.ReadStat(t.pid)
+	return err == nil && ps.Identity() != t.ident
+}
+
+// drop drops target i on the clock's own finding (it exited or exec'd)
+// and tells discovery.
+func (c *clock) drop(i int, why string) {
 	t := c.targets[i]
-	c.a.log.Info("process exited", "pid", t.pid, "service_name", t.service)
+	c.a.log.Info(why, "pid", t.pid, "service_name", t.service)
 	c.remove(i)
 	c.a.noteDropped(gone{pid: t.pid, ident: t.ident})
 }
