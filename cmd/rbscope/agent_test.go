@@ -213,3 +213,60 @@ func vmHWM(t *testing.T, pid int) int64 {
 	t.Fatal("no VmHWM")
 	return 0
 }
+
+// TestAgentDenied runs `rbscope agent` as user nobody, without
+// CAP_SYS_PTRACE, next to a Ruby process of root's: the kernel refuses
+// it, and the agent says so once, with the cause, and goes on.
+func TestAgentDenied(t *testing.T) {
+	bin := recBinary(t)
+	rb := testutil.SystemRuby(t)
+	dir := t.TempDir()
+	script := filepath.Join(dir, "denied.rb")
+	if err := os.WriteFile(script, []byte("$stdout.puts 'ready'; $stdout.flush; loop { sleep 0.01 }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	proc := rb.Start(t, script)
+	// nobody must be able to run the binary: a copy in a directory it
+	// may enter.
+	binDir, err := os.MkdirTemp("", "rbscope-agent-denied")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(binDir)
+	if err := os.Chmod(binDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nbin := filepath.Join(binDir, "rbscope")
+	if err := os.WriteFile(nbin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	accept := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer accept.Close()
+	cmd := exec.Command(nbin, "agent", "--upload", accept.URL, "--metrics-addr", "", "--rescan", "100ms",
+		"--include", regexp.QuoteMeta(dir), "--log-format", "json")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // about 20 scans
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("agent: %v: %s", err, stderr.String())
+	}
+	var refused []string
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.Contains(line, "access refused") {
+			refused = append(refused, line)
+		}
+	}
+	if len(refused) != 1 || !strings.Contains(refused[0], fmt.Sprintf(`"pid":%d`, proc.Pid)) || !strings.Contains(refused[0], "CAP_SYS_PTRACE") {
+		t.Errorf("want one refusal of pid %d naming CAP_SYS_PTRACE, got %d:\n%s", proc.Pid, len(refused), stderr.String())
+	}
+	t.Log(refused)
+}

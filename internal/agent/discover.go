@@ -169,13 +169,23 @@ func (d *discovery) examine(pid int, s *seen) {
 
 // looksLikeRuby reports whether process pid runs Ruby as far as a cheap
 // look tells: its executable is named ruby-something, or it maps a
-// libruby. ruby.Open decides for good.
+// libruby. ruby.Open decides for good. When the kernel refuses both
+// looks (another user's process, to an agent without CAP_SYS_PTRACE), the
+// command line, which anyone may read, stands in: a process that says
+// it is Ruby is then tried, so that the refusal is logged with its cause
+// rather than the process passed over in silence.
 func looksLikeRuby(pid int) bool {
-	if exe, err := procfs.Exe(pid); err == nil && strings.Contains(filepath.Base(exe), "ruby") {
+	exe, err := procfs.Exe(pid)
+	if err == nil && strings.Contains(filepath.Base(exe), "ruby") {
 		return true
 	}
+	refused := errors.Is(err, os.ErrPermission)
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/maps")
 	if err != nil {
+		if refused && errors.Is(err, os.ErrPermission) {
+			cmd, _ := procfs.Cmdline(pid)
+			return len(cmd) > 0 && strings.Contains(filepath.Base(strings.Fields(cmd[0]+" ")[0]), "ruby")
+		}
 		return false
 	}
 	defer f.Close()
@@ -240,8 +250,11 @@ func (d *discovery) open(ctx context.Context, pid int, s *seen, now time.Time) {
 		case errors.As(err, &perm):
 			s.state = ignored
 			st.denied.Add(1)
-			why := procfs.Refusal(pid)
-			log.Warn("cannot profile: access refused", "pid", pid, "command", strings.Join(s.cmd, " "), "err", err, "cause", why)
+			attrs := []any{"pid", pid, "command", strings.Join(s.cmd, " "), "err", err}
+			if why := procfs.Refusal(pid); why != "" && !strings.Contains(err.Error(), why) {
+				attrs = append(attrs, "cause", why)
+			}
+			log.Warn("cannot profile: access refused", attrs...)
 		case errors.Is(err, ruby.ErrNotRuby):
 			s.state = ignored
 			st.notRuby.Add(1)
