@@ -31,8 +31,13 @@ type Agent struct {
 
 	// events carry targets from discovery to the clock.
 	events chan event
-	// flushes carry finished intervals from the clock to the flusher.
-	flushes chan flush
+	// flushes are finished intervals the clock handed to the flusher
+	// (never blocking the clock: a rotation hands every process's at
+	// once); flushWake wakes the flusher, flushEnd ends it once drained.
+	flushMu   sync.Mutex
+	flushes   []flush
+	flushWake chan struct{}
+	flushEnd  chan struct{}
 
 	// dropped are the processes the clock dropped on its own (they
 	// exited), for discovery to forget.
@@ -91,6 +96,9 @@ type Stats struct {
 	// (once per image: negative answers are kept).
 	RubyChecks int64
 	Scans      int64 // /proc listings
+	// ScanTime is the time spent listing /proc and examining and opening
+	// processes.
+	ScanTime time.Duration
 	Ticks      int64
 	Samples    int64 // thread samples taken
 	// Errors counts failed samples by kind (sampler.ErrorKind).
@@ -116,13 +124,14 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		runtimes: ruby.NewRuntimes(),
-		rate:     int(cfg.Rate + 0.5),
-		events:   make(chan event, 1024),
-		flushes:  make(chan flush, 64),
-		pids:     map[int]bool{},
+		cfg:       cfg,
+		log:       cfg.Logger,
+		runtimes:  ruby.NewRuntimes(),
+		rate:      int(cfg.Rate + 0.5),
+		events:    make(chan event, 1024),
+		flushWake: make(chan struct{}, 1),
+		flushEnd:  make(chan struct{}),
+		pids:      map[int]bool{},
 	}
 	if a.rate < 1 {
 		a.rate = 1
@@ -195,7 +204,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Targets discovery opened that the clock never took.
 	clk.drainEvents()
 	clk.finish()
-	close(a.flushes)
+	close(a.flushEnd)
 	<-flushDone
 
 	fctx, cancel := context.WithTimeout(context.Background(), a.cfg.FlushTimeout)
@@ -234,6 +243,7 @@ func (a *Agent) Stats() Stats {
 		OverLimit:     c.overLimit.Load(),
 		RubyChecks:    c.rubyChecks.Load(),
 		Scans:         c.scans.Load(),
+		ScanTime:      time.Duration(c.scanNanos.Load()),
 		Ticks:         c.ticks.Load(),
 		Samples:       c.samples.Load(),
 		Errors:        map[string]int64{},

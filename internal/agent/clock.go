@@ -167,7 +167,13 @@ func (c *clock) hand(t *proc, until time.Time) {
 	if t.wall == nil {
 		return
 	}
-	c.a.flushes <- flush{service: t.service, labels: t.labels, from: c.start, until: until, cpu: t.cpu, wall: t.wall}
+	c.a.flushMu.Lock()
+	c.a.flushes = append(c.a.flushes, flush{service: t.service, labels: t.labels, from: c.start, until: until, cpu: t.cpu, wall: t.wall})
+	c.a.flushMu.Unlock()
+	select {
+	case c.a.flushWake <- struct{}{}:
+	default:
+	}
 	t.cpu, t.wall = nil, nil
 }
 
@@ -215,23 +221,48 @@ func (c *clock) finish() {
 }
 
 // flusher builds the finished profiles and queues them, off the clock's
-// goroutine, until a.flushes is closed.
+// goroutine, until flushEnd is closed and nothing is left.
 func (a *Agent) flusher() {
-	for f := range a.flushes {
-		for _, b := range []*upload.Builder{f.cpu, f.wall} {
-			if b == nil || b.Samples() == 0 {
-				continue
-			}
-			p, err := b.Profile(f.until, time.Time{})
-			if err == nil && p != nil {
-				err = a.up.AddProfileFor(f.service, f.labels, f.from, f.until, p, b.Samples())
-			}
-			if err != nil {
-				a.stats.profileErrs.Add(1)
-				a.log.Warn("cannot queue a profile", "service_name", f.service, "pid", f.labels["pid"], "err", err)
-				continue
-			}
-			a.stats.profiles.Add(1)
+	for {
+		ending := false
+		select {
+		case <-a.flushWake:
+		case <-a.flushEnd:
+			ending = true
 		}
+		a.flushMu.Lock()
+		batch := a.flushes
+		a.flushes = nil
+		a.flushMu.Unlock()
+		for _, f := range batch {
+			a.flush(f)
+		}
+		if ending {
+			a.flushMu.Lock()
+			left := len(a.flushes)
+			a.flushMu.Unlock()
+			if left == 0 {
+				return
+			}
+		}
+	}
+}
+
+// flush builds one target's profiles of one interval and queues them.
+func (a *Agent) flush(f flush) {
+	for _, b := range []*upload.Builder{f.cpu, f.wall} {
+		if b == nil || b.Samples() == 0 {
+			continue
+		}
+		p, err := b.Profile(f.until, time.Time{})
+		if err == nil && p != nil {
+			err = a.up.AddProfileFor(f.service, f.labels, f.from, f.until, p, b.Samples())
+		}
+		if err != nil {
+			a.stats.profileErrs.Add(1)
+			a.log.Warn("cannot queue a profile", "service_name", f.service, "pid", f.labels["pid"], "err", err)
+			continue
+		}
+		a.stats.profiles.Add(1)
 	}
 }

@@ -184,7 +184,7 @@ func looksLikeRuby(pid int) bool {
 	if err != nil {
 		if refused && errors.Is(err, os.ErrPermission) {
 			cmd, _ := procfs.Cmdline(pid)
-			return len(cmd) > 0 && strings.Contains(filepath.Base(strings.Fields(cmd[0]+" ")[0]), "ruby")
+			return len(cmd) > 0 && strings.Contains(filepath.Base(strings.Fields(cmd[0] + " ")[0]), "ruby")
 		}
 		return false
 	}
