@@ -99,8 +99,8 @@ type Stats struct {
 	// ScanTime is the time spent listing /proc and examining and opening
 	// processes.
 	ScanTime time.Duration
-	Ticks      int64
-	Samples    int64 // thread samples taken
+	Ticks    int64
+	Samples  int64 // thread samples taken
 	// Errors counts failed samples by kind (sampler.ErrorKind).
 	Errors map[string]int64
 	// Profiles counts profiles handed to the uploader; ProfileErrors
