@@ -30,6 +30,7 @@ $count = [0, 0, 0, 0]
 def spin(i); c = $count; loop { c[i] += 1 }; end
 out = ARGV[0]
 Signal.trap("USR1") { File.write(out, "#{Process.clock_gettime(Process::CLOCK_MONOTONIC)} #{$count.sum}") }
+File.write(out + ".ready", "")
 3.times { |i| Thread.new { deep(47) { spin(i) } }.name = "t#{i}" }
 deep(47) { spin(3) }
 EOF
@@ -55,7 +56,10 @@ for i in $(seq $n); do
   targets+=($!)
   pids+=($!)
 done
-sleep 2
+for i in $(seq $n); do
+  for _ in $(seq 300); do [ -e "$work/count.$i.ready" ] && break; sleep 0.1; done
+  [ -e "$work/count.$i.ready" ] || { echo "target $i did not start" >&2; exit 1; }
+done
 csv=$(IFS=,; echo "${targets[*]}")
 
 # cpu_ticks PID...: utime+stime of the processes, in clock ticks.

@@ -141,13 +141,14 @@ func CleanLabelValue(s string) string {
 }
 
 // DefaultAppName names an application after its program: the script of
-// "ruby bin/shop.rb" ("shop"), the command of "bundle exec puma" or
+// "ruby bin/shop.rb" or "ruby3.1 bin/shop.rb" ("shop"), the command of "bundle exec puma" or
 // "/usr/bin/puma" ("puma"); "ruby" when there is none.
 func DefaultAppName(command []string) string {
 	name := ""
 	if len(command) > 0 {
-		switch filepath.Base(command[0]) {
-		case "ruby", "bundle", "bundler":
+		switch base := filepath.Base(command[0]); {
+		case strings.HasPrefix(base, "ruby"), base == "bundle", base == "bundler":
+			// ruby, ruby3.1 (Debian's), ruby-3.3: the script names it.
 			for _, a := range command[1:] {
 				if !strings.HasPrefix(a, "-") && a != "exec" {
 					name = a
