@@ -109,6 +109,7 @@ func TestReportUploadErrors(t *testing.T) {
 func TestDefaultAppName(t *testing.T) {
 	for cmd, want := range map[string]string{
 		"ruby bin/shop.rb":              "shop",
+		"ruby3.1 bin/shop.rb":           "shop",
 		"ruby -Ilib app.rb --port 3000": "app",
 		"bundle exec puma":              "puma",
 		"/usr/local/bin/puma -C x.rb":   "puma",
