@@ -3,13 +3,15 @@
 # 20 Ruby processes, each 4 spinning threads x 50 frames (the target of
 # bench-record.sh), profiled at 100 Hz
 #   1. by one agent (one clock for all 20): its CPU as % of a core, its
-#      CPU per process-tick (µs), its RSS (and peak), its failed samples;
+#      CPU per process-tick due (µs) and per process-tick it took (on a
+#      machine these 20 processes saturate, many ticks are late and
+#      skipped), its RSS (and peak), its failed samples;
 #   2. by 20 separate `rbscope record --nonblocking` processes: the same
 #      (CPU and RSS summed);
 #   3. by the agent at 20 Hz: its CPU;
 # beside the targets' slowdown (their loop iterations per second, summed
-# over the 20, against the same targets unprofiled, measured before and
-# after), and the floors of tools/readfloor: the paced floor of one
+# over the 20, against the same targets unprofiled in the windows just
+# before and after), and the floors of tools/readfloor: the paced floor of one
 # process (wake up at 100 Hz, one batched read of its stacks), and the
 # paced floor of all 20 on one clock (-pids: one wake-up, 20 reads), the
 # least any user-space agent can cost.
@@ -130,6 +132,8 @@ run_agent 20 19467
 b_c0=$(cpu_ticks $agent); sleep "$window"; b_c1=$(cpu_ticks $agent)
 kill -TERM $agent; wait $agent || true
 
+base_mid=$(window_rate)
+
 # 2. 20 separate recordings
 recs=()
 for p in "${targets[@]}"; do
@@ -156,19 +160,20 @@ awk -v hz="$hz" -v w="$window" -v n="$n" \
   -v ac="$((a_c1 - a_c0))" -v at="$((a_t1 - a_t0))" -v ae="$((a_e1 - a_e0))" -v as="$((a_s1 - a_s0))" \
   -v arss="$a_rss" -v ahwm="$a_hwm" -v bc="$((b_c1 - b_c0))" \
   -v rc="$((r_c1 - r_c0))" -v rrss="$r_rss" -v rhwm="$r_hwm" \
-  -v base1="$base1" -v base2="$base2" -v ra="$rate_agent" -v rr="$rate_rec" \
+  -v base1="$base1" -v basem="$base_mid" -v base2="$base2" -v ra="$rate_agent" -v rr="$rate_rec" \
   -v floor1="$floor1" -v floorn="$floorn" 'BEGIN {
-  base = (base1 + base2) / 2
+  # Each slowdown against the unprofiled windows on either side of it.
+  basea = (base1 + basem) / 2; baser = (basem + base2) / 2
   acpu = ac / hz; rcpu = rc / hz
   split(floor1, f1, /[ =]/); split(floorn, fn, /[ =]/)
   for (i = 1; i < length(f1); i += 2) F1[f1[i]] = f1[i+1]
   for (i = 1; i < length(fn); i += 2) FN[fn[i]] = fn[i+1]
-  printf "%-40s %10s %12s %10s %10s %10s\n", "", "% of a core", "µs/proc-tick", "RSS MiB", "peak MiB", "slowdown"
-  printf "%-40s %10.2f %12.1f %10.1f %10.1f %9.2f%%\n", "agent, 100 Hz (one process)", 100*acpu/w, 1e6*acpu/(w*100*n), arss/1024, ahwm/1024, 100*(1-ra/base)
+  printf "%-40s %10s %12s %10s %10s %10s\n", "", "% of a core", "µs/due p-tick", "RSS MiB", "peak MiB", "slowdown"
+  printf "%-40s %10.2f %12.1f %10.1f %10.1f %9.2f%%\n", "agent, 100 Hz (one process)", 100*acpu/w, 1e6*acpu/(w*100*n), arss/1024, ahwm/1024, 100*(1-ra/basea)
   printf "%-40s %10.2f %12.1f %10s %10s %10s\n", "agent, 20 Hz", 100*bc/hz/w, 1e6*bc/hz/(w*20*n), "", "", ""
-  printf "%-40s %10.2f %12.1f %10.1f %10.1f %9.2f%%\n", "20 x record --nonblocking, 100 Hz", 100*rcpu/w, 1e6*rcpu/(w*100*n), rrss/1024, rhwm/1024, 100*(1-rr/base)
+  printf "%-40s %10.2f %12.1f %10.1f %10.1f %9.2f%%\n", "20 x record --nonblocking, 100 Hz", 100*rcpu/w, 1e6*rcpu/(w*100*n), rrss/1024, rhwm/1024, 100*(1-rr/baser)
   printf "%-40s %10.2f %12.1f\n", "paced floor, 1 process (readfloor)", 100*F1["paced_floor_ns"]*100/1e9, F1["paced_floor_ns"]/1e3
   printf "%-40s %10.2f %12.1f\n", "paced floor, 20 processes, one clock", 100*FN["cpu_ns_per_tick"]*100/1e9, FN["cpu_ns_per_tick"]/1e3/n
-  printf "\nagent: %d process-ticks in %ds (%.0f%% of the %d due), %d samples, %d failed process-ticks (inconsistent)\n", at, w, 100*at/(w*100*n), w*100*n, as, ae
-  printf "floor of one sample of one process: %s ns (one 8-byte read %s ns); targets unprofiled: %d and %d iterations/s\n", F1["floor_ns"], F1["one_read_ns"], base1, base2
+  printf "\nagent at 100 Hz: %d process-ticks in %ds (%.0f%% of the %d due: the rest were late on a busy machine), %.1f µs of CPU per process-tick taken, %d samples, %d failed process-ticks (inconsistent)\n", at, w, 100*at/(w*100*n), w*100*n, 1e6*acpu/at, as, ae
+  printf "floor of one sample of one process: %s ns (one 8-byte read %s ns); targets unprofiled: %d, %d and %d iterations/s (before, between, after: how much the machine drifts)\n", F1["floor_ns"], F1["one_read_ns"], base1, basem, base2
 }'

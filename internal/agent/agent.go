@@ -96,6 +96,8 @@ type Stats struct {
 	// (once per image: negative answers are kept).
 	RubyChecks int64
 	Scans      int64 // /proc listings
+	// HostProcesses is the number of processes the last listing found.
+	HostProcesses int64
 	// ScanTime is the time spent listing /proc and examining and opening
 	// processes.
 	ScanTime time.Duration
@@ -243,6 +245,7 @@ func (a *Agent) Stats() Stats {
 		OverLimit:     c.overLimit.Load(),
 		RubyChecks:    c.rubyChecks.Load(),
 		Scans:         c.scans.Load(),
+		HostProcesses: c.lastScanPids.Load(),
 		ScanTime:      time.Duration(c.scanNanos.Load()),
 		Ticks:         c.ticks.Load(),
 		Samples:       c.samples.Load(),

@@ -43,6 +43,7 @@ func newCollector(a *Agent) *collector {
 			counter("processes_exited_total", "Profiled processes that exited.", func(s *Stats) float64 { return f(s.Exited) }),
 			counter("processes_reexeced_total", "Profiled processes that exec'd (looked at anew).", func(s *Stats) float64 { return f(s.Reexecs) }),
 			counter("process_checks_total", "Process images examined for being Ruby (once per image).", func(s *Stats) float64 { return f(s.RubyChecks) }),
+			gauge("host_processes", "Processes in /proc at the last listing.", func(s *Stats) float64 { return f(s.HostProcesses) }),
 			counter("scans_total", "Listings of /proc.", func(s *Stats) float64 { return f(s.Scans) }),
 			counter("scan_seconds_total", "Time spent listing /proc, examining and opening processes.", func(s *Stats) float64 { return s.ScanTime.Seconds() }),
 			counter("ticks_total", "Ticks of the sampling clock.", func(s *Stats) float64 { return f(s.Ticks) }),
