@@ -9,9 +9,10 @@
 #   2. by 20 separate `rbscope record --nonblocking` processes: the same
 #      (CPU and RSS summed);
 #   3. by the agent at 20 Hz: its CPU;
-# beside the targets' slowdown (their loop iterations per second, summed
-# over the 20, against the same targets unprofiled in the windows just
-# before and after), and the floors of tools/readfloor: the paced floor of one
+# beside the targets' slowdown (their loop iterations per second of their
+# own CPU time, summed over the 20, against the same targets unprofiled in
+# the windows just before and after: what profiling does to them besides
+# the CPU it takes, which is its own % of a core), and the floors of tools/readfloor: the paced floor of one
 # process (wake up at 100 Hz, one batched read of its stacks), and the
 # paced floor of all 20 on one clock (-pids: one wake-up, 20 reads), the
 # least any user-space agent can cost.
@@ -92,11 +93,18 @@ counts() {
   echo "$total"
 }
 hz=$(getconf CLK_TCK)
-# window_rate: the targets' iterations per second over one window.
+# window_rate: the targets' loop iterations per second of their own CPU
+# time over one window. Per CPU second, not per wall second: on a machine
+# shared with other work the wall-clock rate follows whatever else runs
+# (it drifted by 30 % between unprofiled windows here), while the rate per
+# CPU second moves only with what the profiler does to the targets
+# themselves (the CPU it takes from them shows as its own % of a core).
 window_rate() {
-  local c0 c1
-  c0=$(counts); sleep "$window"; c1=$(counts)
-  echo $(((c1 - c0) / window))
+  local c0 c1 t0 t1
+  t0=$(cpu_ticks "${targets[@]}"); c0=$(counts)
+  sleep "$window"
+  c1=$(counts); t1=$(cpu_ticks "${targets[@]}")
+  echo $(((c1 - c0) * hz / (t1 - t0)))
 }
 metric() { curl -s "http://$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
 
@@ -168,12 +176,12 @@ awk -v hz="$hz" -v w="$window" -v n="$n" \
   split(floor1, f1, /[ =]/); split(floorn, fn, /[ =]/)
   for (i = 1; i < length(f1); i += 2) F1[f1[i]] = f1[i+1]
   for (i = 1; i < length(fn); i += 2) FN[fn[i]] = fn[i+1]
-  printf "%-40s %10s %12s %10s %10s %10s\n", "", "% of a core", "µs/due p-tick", "RSS MiB", "peak MiB", "slowdown"
+  printf "%-40s %10s %12s %10s %10s %10s\n", "", "% of a core", "µs/due p-tick", "RSS MiB", "peak MiB", "slowdown/cpu-s"
   printf "%-40s %10.2f %12.1f %10.1f %10.1f %9.2f%%\n", "agent, 100 Hz (one process)", 100*acpu/w, 1e6*acpu/(w*100*n), arss/1024, ahwm/1024, 100*(1-ra/basea)
   printf "%-40s %10.2f %12.1f %10s %10s %10s\n", "agent, 20 Hz", 100*bc/hz/w, 1e6*bc/hz/(w*20*n), "", "", ""
   printf "%-40s %10.2f %12.1f %10.1f %10.1f %9.2f%%\n", "20 x record --nonblocking, 100 Hz", 100*rcpu/w, 1e6*rcpu/(w*100*n), rrss/1024, rhwm/1024, 100*(1-rr/baser)
   printf "%-40s %10.2f %12.1f\n", "paced floor, 1 process (readfloor)", 100*F1["paced_floor_ns"]*100/1e9, F1["paced_floor_ns"]/1e3
   printf "%-40s %10.2f %12.1f\n", "paced floor, 20 processes, one clock", 100*FN["cpu_ns_per_tick"]*100/1e9, FN["cpu_ns_per_tick"]/1e3/n
   printf "\nagent at 100 Hz: %d process-ticks in %ds (%.0f%% of the %d due: the rest were late on a busy machine), %.1f µs of CPU per process-tick taken, %d samples, %d failed process-ticks (inconsistent)\n", at, w, 100*at/(w*100*n), w*100*n, 1e6*acpu/at, as, ae
-  printf "floor of one sample of one process: %s ns (one 8-byte read %s ns); targets unprofiled: %d, %d and %d iterations/s (before, between, after: how much the machine drifts)\n", F1["floor_ns"], F1["one_read_ns"], base1, basem, base2
+  printf "floor of one sample of one process: %s ns (one 8-byte read %s ns); targets unprofiled: %d, %d and %d iterations per CPU second (before, between, after: how much the machine drifts)\n", F1["floor_ns"], F1["one_read_ns"], base1, basem, base2
 }'
