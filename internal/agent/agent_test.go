@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,6 +116,12 @@ Thread.current.name = "spinner"
 out = ARGV[0]
 heavy = light = 0.0
 last = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+# SIGUSR1 (handled on the main thread): write the main thread's CPU time
+# and the monotonic clock now to ARGV[0].sig (a window's edges).
+Signal.trap("USR1") do
+  File.write(out + ".sig.tmp", "#{Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)} #{Process.clock_gettime(Process::CLOCK_MONOTONIC)}")
+  File.rename(out + ".sig.tmp", out + ".sig")
+end
 $stdout.puts "ready"
 $stdout.flush
 loop do
@@ -174,7 +181,39 @@ func TestAgentPyroscope(t *testing.T) {
 	})
 	// Every process is found at start.
 	waitPids(t, a.Agent, len(procs), 5*time.Second)
-	time.Sleep(8 * time.Second)
+	// A window of whole intervals [k, m): the scripts' CPU times at its
+	// edges, and the agent's ticks in it.
+	k := time.Now().Add(500 * time.Millisecond).Truncate(2 * time.Second).Add(2 * time.Second)
+	m := k.Add(6 * time.Second)
+	edge := func(at time.Time) (int64, [][2]float64) {
+		time.Sleep(time.Until(at.Add(20 * time.Millisecond)))
+		ticks := a.Stats().Ticks
+		var out [][2]float64
+		for _, p := range procs {
+			os.Remove(p.truth + ".sig")
+			syscall.Kill(p.pid, syscall.SIGUSR1)
+		}
+		for _, p := range procs {
+			var v [2]float64
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				b, err := os.ReadFile(p.truth + ".sig")
+				if err == nil {
+					if _, err := fmt.Sscan(string(b), &v[0], &v[1]); err != nil {
+						t.Fatalf("%s.sig: %q: %v", p.truth, b, err)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s wrote no %s.sig", p.service, p.truth)
+				}
+			}
+			out = append(out, v)
+		}
+		return ticks, out
+	}
+	ticksK, atK := edge(k)
+	ticksM, atM := edge(m)
+	time.Sleep(time.Second)
 	if err := a.stop(t); err != nil {
 		t.Fatalf("agent: %v", err)
 	}
@@ -191,7 +230,7 @@ func TestAgentPyroscope(t *testing.T) {
 	}
 	host, _ := os.Hostname()
 	var serverTotal int64
-	for _, p := range procs {
+	for i, p := range procs {
 		t.Run(p.rb.Name, func(t *testing.T) {
 			sel := pyroscopetest.AppSelector(p.service)
 			cpu, err := srv.WaitForTotal(sel, from, end, 1, 20*time.Second)
@@ -216,7 +255,27 @@ func TestAgentPyroscope(t *testing.T) {
 			t.Logf("cpu: %d samples, heavy %d, light %d: heavy %.1f%% of the two, the script's CPU clock %.1f%%; wall: %d samples",
 				cpu.Total, h, l, got, want, wall.Total)
 			t.Logf("cpu self %v; wall self %v", cpu.Self, wall.Self)
-			if h+l < 30 {
+			// In the window, the cpu profile counts the main thread at
+			// the ticks it was on a CPU: about the share of the window
+			// its own CPU clock says it ran, times the agent's ticks.
+			// Counting its time waiting for a CPU as well (what the cpu
+			// profile did before it read the context switches) gives
+			// 3-10 times that on this loaded machine: the upper bound.
+			// Below, a tick late enough that the thread was switched out
+			// and in again before it was read is dropped (moved on):
+			// 15-25 % of them under this load; and Poisson noise.
+			win, err := srv.Query(ctx, fmt.Sprintf(`{service_name=%q, thread_name="spinner"}`, p.service), k, m.Add(-time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran := (atM[i][0] - atK[i][0]) / (atM[i][1] - atK[i][1])
+			exp := ran * float64(ticksM-ticksK)
+			t.Logf("window %s..%s: %d ticks; the main thread on a CPU %.1f%% of the time by its clock: %.0f samples expected, %d in the cpu profile",
+				k.Format("15:04:05"), m.Format("15:04:05"), ticksM-ticksK, 100*ran, exp, win.Total)
+			if lo, hi := 0.6*exp-3*math.Sqrt(exp), 1.25*exp+3*math.Sqrt(exp); float64(win.Total) < lo || float64(win.Total) > hi {
+				t.Errorf("the cpu profile holds %d samples of the main thread in the window, want %.0f to %.0f", win.Total, lo, hi)
+			}
+			if h+l < 10 {
 				t.Fatalf("cpu profile holds %d samples of heavy_work and light_work: %v", h+l, cpu.Self)
 			}
 			// The samples are a random draw of the CPU time: 3 standard

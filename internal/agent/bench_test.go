@@ -79,3 +79,28 @@ func BenchmarkAgentTick(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAgentOpen measures opening a Ruby process (Debian's) whose
+// build another process already resolved: what discovery pays for each
+// new process (a Puma worker, a cron job).
+func BenchmarkAgentOpen(b *testing.B) {
+	testutil.NeedRoot(b)
+	rb := testutil.SystemRuby(b)
+	dir := b.TempDir()
+	script := filepath.Join(dir, "deep.rb")
+	if err := os.WriteFile(script, []byte(deepScript), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	p := rb.StartCmd(b, rb.Command(script, "sleep"))
+	rt := ruby.NewRuntimes()
+	for i := 0; i <= b.N; i++ {
+		if i == 1 {
+			b.ResetTimer()
+		}
+		rp, err := sampler.OpenRubyOnce(p.Pid, ruby.Options{Runtimes: rt})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rp.Target().Close()
+	}
+}

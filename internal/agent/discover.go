@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/procfs"
@@ -39,6 +41,8 @@ type seen struct {
 	first  time.Time
 	cmd    []string
 	warned bool // the MaxProcesses refusal was logged
+	// opening: an open of this image is under way on a worker.
+	opening bool
 }
 
 // discovery finds the Ruby processes and hands them to the clock.
@@ -48,22 +52,84 @@ type discovery struct {
 	seen    map[int]*seen
 	alive   map[int]bool
 	tracked int
+	// Opening a process (its first snapshot resolves every name on its
+	// stacks: 15 ms on an idle machine, up to a second on a busy one)
+	// is done by openWorkers goroutines, so that a scan never waits for
+	// one: serial opens let short processes come and go unseen.
+	requests chan openRequest
+	results  chan openResult
+	inflight int
+}
+
+// openWorkers is how many processes are opened at once.
+const openWorkers = 4
+
+type openRequest struct {
+	pid   int
+	ident procfs.Identity
+}
+
+type openResult struct {
+	openRequest
+	p   *ruby.Process
+	err error
 }
 
 func newDiscovery(a *Agent) *discovery {
-	return &discovery{a: a, self: os.Getpid(), seen: map[int]*seen{}, alive: map[int]bool{}}
+	return &discovery{a: a, self: os.Getpid(), seen: map[int]*seen{}, alive: map[int]bool{},
+		requests: make(chan openRequest, 4096), results: make(chan openResult, 64)}
 }
 
-// run scans /proc every Rescan until ctx is done.
+// run scans /proc every Rescan, and takes the workers' opens as they
+// finish, until ctx is done.
 func (d *discovery) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for i := 0; i < openWorkers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for req := range d.requests {
+				p, err := sampler.OpenRubyOnce(req.pid, ruby.Options{Runtimes: d.a.runtimes})
+				d.results <- openResult{req, p, err}
+			}
+		}()
+	}
+	defer func() {
+		// Close what the workers opened that the clock will not take.
+		close(d.requests)
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		for {
+			select {
+			case r := <-d.results:
+				if r.p != nil {
+					_ = r.p.Target().Close()
+				}
+			case <-done:
+				for {
+					select {
+					case r := <-d.results:
+						if r.p != nil {
+							_ = r.p.Target().Close()
+						}
+					default:
+						return
+					}
+				}
+			}
+		}
+	}()
 	t := time.NewTicker(d.a.cfg.Rescan)
 	defer t.Stop()
+	d.scan(ctx)
 	for {
-		d.scan(ctx)
 		select {
 		case <-ctx.Done():
 			return
+		case r := <-d.results:
+			d.opened(ctx, r)
 		case <-t.C:
+			d.scan(ctx)
 		}
 	}
 }
@@ -117,8 +183,8 @@ func (d *discovery) scan(ctx context.Context) {
 			d.seen[pid] = s
 			d.examine(pid, s)
 		}
-		if s.state == pending {
-			d.open(ctx, pid, s, t0)
+		if s.state == pending && !s.opening {
+			d.request(pid, s)
 		}
 	}
 	for pid, s := range d.seen {
@@ -151,6 +217,10 @@ func (d *discovery) examine(pid int, s *seen) {
 	s.state = ignored
 	if !looksLikeRuby(pid) {
 		st.notRuby.Add(1)
+		if d.a.log.Enabled(context.Background(), slog.LevelDebug) {
+			exe, _ := procfs.Exe(pid)
+			d.a.log.Debug("not Ruby", "pid", pid, "exe", exe)
+		}
 		return
 	}
 	cmd, err := procfs.Cmdline(pid)
@@ -226,20 +296,44 @@ func (d *discovery) filteredOut(pid int, cmd []string) string {
 	return ""
 }
 
-// open tries to open a pending Ruby process and hand it to the clock.
-func (d *discovery) open(ctx context.Context, pid int, s *seen, now time.Time) {
-	st := &d.a.stats
-	log := d.a.log
-	if max := d.a.cfg.MaxProcesses; max > 0 && d.tracked >= max {
-		st.overLimit.Add(1)
+// request has a worker open a pending Ruby process, unless MaxProcesses
+// processes are profiled or being opened.
+func (d *discovery) request(pid int, s *seen) {
+	if max := d.a.cfg.MaxProcesses; max > 0 && d.tracked+d.inflight >= max {
+		d.a.stats.overLimit.Add(1)
 		if !s.warned {
 			s.warned = true
-			log.Warn("not profiled: --max-processes reached", "pid", pid, "max_processes", max,
+			d.a.log.Warn("not profiled: --max-processes reached", "pid", pid, "max_processes", max,
 				"command", strings.Join(s.cmd, " "))
 		}
 		return
 	}
-	p, err := sampler.OpenRuby(ctx, pid, ruby.Options{Runtimes: d.a.runtimes}, 0)
+	select {
+	case d.requests <- openRequest{pid: pid, ident: s.ident}:
+		s.opening = true
+		d.inflight++
+	default:
+		// Thousands waiting: the next scan asks again.
+	}
+}
+
+// opened takes a worker's open: hands the process to the clock, or
+// decides from the error whether to try again at the next scan.
+func (d *discovery) opened(ctx context.Context, r openResult) {
+	d.inflight--
+	st := &d.a.stats
+	log := d.a.log
+	pid, p, err := r.pid, r.p, r.err
+	s := d.seen[pid]
+	if s == nil || s.ident != r.ident || s.state != pending {
+		// Gone or exec'd meanwhile.
+		if p != nil {
+			_ = p.Target().Close()
+		}
+		return
+	}
+	s.opening = false
+	now := time.Now()
 	if err != nil {
 		var perm target.ErrPermission
 		switch {
@@ -255,7 +349,10 @@ func (d *discovery) open(ctx context.Context, pid int, s *seen, now time.Time) {
 				attrs = append(attrs, "cause", why)
 			}
 			log.Warn("cannot profile: access refused", attrs...)
-		case errors.Is(err, ruby.ErrNotRuby):
+		case errors.Is(err, ruby.ErrNotRuby) && now.Sub(s.first) > d.a.cfg.OpenTimeout:
+			// Not Ruby after all (a process caught while the dynamic
+			// loader maps its libraries, libruby not yet among them,
+			// looks the same at first: hence the wait).
 			s.state = ignored
 			st.notRuby.Add(1)
 			log.Debug("not a Ruby process", "pid", pid, "err", err)
@@ -264,7 +361,13 @@ func (d *discovery) open(ctx context.Context, pid int, s *seen, now time.Time) {
 			st.gaveUp.Add(1)
 			log.Warn("cannot profile: the Ruby process did not become readable", "pid", pid,
 				"command", strings.Join(s.cmd, " "), "after", d.a.cfg.OpenTimeout.String(), "err", err)
+		default:
+			log.Debug("not readable yet: trying again at the next scan", "pid", pid, "err", err)
 		}
+		return
+	}
+	if max := d.a.cfg.MaxProcesses; max > 0 && d.tracked >= max {
+		_ = p.Target().Close()
 		return
 	}
 	l := labelsFor(pid, s.cmd)

@@ -196,7 +196,8 @@ func (p *Process) findBinaries() error {
 		bin := Binary{Path: path, Base: base}
 		var syms elfx.Symbols
 		var ferr error
-		if eb := p.sharedBinary(base, off); eb != nil {
+		eb, memID := p.sharedBinary(base, off)
+		if eb != nil {
 			// Another process of this build read the file already.
 			bin.Bias = eb.LoadBias(base, off)
 			bin.BuildID = eb.BuildID
@@ -207,6 +208,7 @@ func (p *Process) findBinaries() error {
 			}
 			syms = biased{eb.Symbols, bin.Bias}
 		} else if f, err := p.t.OpenFile(path); err != nil {
+			p.opts.Runtimes.keepBinary(memID, nil)
 			ferr = err
 			// The process's own image in memory still holds the
 			// dynamic symbols; the file's error says why not more.
@@ -214,8 +216,10 @@ func (p *Process) findBinaries() error {
 		} else {
 			p.opts.Runtimes.countSymbolLoad()
 			eb, err := elfx.Open(f)
-			if err == nil {
-				p.opts.Runtimes.keepBinary(eb)
+			if err != nil {
+				p.opts.Runtimes.keepBinary(memID, nil)
+			} else {
+				p.opts.Runtimes.keepBinary(memID, eb)
 				bin.Bias = eb.LoadBias(base, off)
 				bin.BuildID = eb.BuildID
 				bin.HasSymtab = eb.HasSymtab

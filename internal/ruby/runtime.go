@@ -19,9 +19,13 @@ import (
 // shared (nothing tells two such files apart). Safe for concurrent use;
 // pass one to every Open through Options.Runtimes.
 type Runtimes struct {
-	mu      sync.Mutex
-	bins    map[string]*elfx.Binary // by build id
-	builds  map[string]*runtimeBuild
+	mu     sync.Mutex
+	bins   map[string]*elfx.Binary // by build id
+	builds map[string]*runtimeBuild
+	// busy holds the keys ("bin:ID", "build:KEY") being resolved by one
+	// Open: the others of that build wait for it rather than resolve the
+	// same build at once (closed when done).
+	busy    map[string]chan struct{}
 	opens   atomic.Int64
 	symLoad atomic.Int64
 	symHit  atomic.Int64
@@ -52,7 +56,7 @@ type RuntimeStats struct {
 
 // NewRuntimes returns an empty cache.
 func NewRuntimes() *Runtimes {
-	return &Runtimes{bins: map[string]*elfx.Binary{}, builds: map[string]*runtimeBuild{}}
+	return &Runtimes{bins: map[string]*elfx.Binary{}, builds: map[string]*runtimeBuild{}, busy: map[string]chan struct{}{}}
 }
 
 // Stats returns the counts so far.
@@ -70,28 +74,67 @@ func (r *Runtimes) Stats() RuntimeStats {
 	}
 }
 
-// binary returns the parsed binary with build id id, nil when unknown.
+// claim returns once key is in the cache (found reports true, a hit) or
+// this caller is the one to resolve it (found false): then it must call
+// release(key) once it has stored the result, or failed. lookup reports
+// whether key is cached; r.mu is held while it runs.
+func (r *Runtimes) claim(key string, lookup func() bool) (found bool) {
+	for {
+		r.mu.Lock()
+		if lookup() {
+			r.mu.Unlock()
+			return true
+		}
+		ch, busy := r.busy[key]
+		if !busy {
+			r.busy[key] = make(chan struct{})
+			r.mu.Unlock()
+			return false
+		}
+		r.mu.Unlock()
+		<-ch
+	}
+}
+
+// release ends a claim: the callers waiting on key look again.
+func (r *Runtimes) release(key string) {
+	r.mu.Lock()
+	if ch, ok := r.busy[key]; ok {
+		close(ch)
+		delete(r.busy, key)
+	}
+	r.mu.Unlock()
+}
+
+// binary returns the parsed binary with build id id, nil when unknown:
+// then the caller must parse it and call keepBinary (or release on
+// failure), and other callers for id wait meanwhile.
 func (r *Runtimes) binary(id string) *elfx.Binary {
 	if r == nil || id == "" {
 		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b := r.bins[id]
-	if b != nil {
+	var b *elfx.Binary
+	if r.claim("bin:"+id, func() bool { b = r.bins[id]; return b != nil }) {
 		r.symHit.Add(1)
+		return b
 	}
-	return b
+	return nil
 }
 
-// keepBinary remembers b under its build id.
-func (r *Runtimes) keepBinary(b *elfx.Binary) {
-	if r == nil || b.BuildID == "" {
+// keepBinary remembers b under its build id, and ends the claim of id
+// (the build id read from memory, which b's should equal).
+func (r *Runtimes) keepBinary(id string, b *elfx.Binary) {
+	if r == nil {
 		return
 	}
-	r.mu.Lock()
-	r.bins[b.BuildID] = b
-	r.mu.Unlock()
+	if b != nil && b.BuildID != "" && b.BuildID == id {
+		r.mu.Lock()
+		r.bins[b.BuildID] = b
+		r.mu.Unlock()
+	}
+	if id != "" {
+		r.release("bin:" + id)
+	}
 }
 
 // buildKey is the key of a process's build: its binaries' build ids, ""
@@ -111,26 +154,32 @@ func buildKey(bins []Binary) string {
 	return strings.Join(ids, "+")
 }
 
+// build returns the cached version and layout of build key; nil when
+// unknown: then the caller resolves them and calls keepBuild (with nil
+// on failure), and other callers for key wait meanwhile.
 func (r *Runtimes) build(key string) *runtimeBuild {
 	if r == nil || key == "" {
 		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	b := r.builds[key]
-	if b != nil {
+	var b *runtimeBuild
+	if r.claim("build:"+key, func() bool { b = r.builds[key]; return b != nil }) {
 		r.layHit.Add(1)
+		return b
 	}
-	return b
+	return nil
 }
 
+// keepBuild remembers b (nil: resolution failed) and ends the claim.
 func (r *Runtimes) keepBuild(key string, b *runtimeBuild) {
 	if r == nil || key == "" {
 		return
 	}
-	r.mu.Lock()
-	r.builds[key] = b
-	r.mu.Unlock()
+	if b != nil {
+		r.mu.Lock()
+		r.builds[key] = b
+		r.mu.Unlock()
+	}
+	r.release("build:" + key)
 }
 
 func (r *Runtimes) countSymbolLoad() {
@@ -141,16 +190,17 @@ func (r *Runtimes) countSymbolLoad() {
 
 // sharedBinary returns the cached parse of the binary whose header is
 // mapped at base (file offset off), found by the build id in the
-// process's memory; nil without a cache, a build id or an entry.
-func (p *Process) sharedBinary(base, off uint64) *elfx.Binary {
+// process's memory, and that id; a nil binary without a cache, a build
+// id or an entry (with an id, the caller then owes keepBinary(id, ...)).
+func (p *Process) sharedBinary(base, off uint64) (*elfx.Binary, string) {
 	if p.opts.Runtimes == nil || off != 0 {
-		return nil
+		return nil, ""
 	}
 	id, err := elfx.ReadMemoryBuildID(p.t, base)
 	if err != nil || id == "" {
-		return nil
+		return nil, ""
 	}
-	return p.opts.Runtimes.binary(id)
+	return p.opts.Runtimes.binary(id), id
 }
 
 // versionAndLayout detects the Ruby version and resolves the struct
@@ -173,9 +223,11 @@ func (p *Process) versionAndLayout() error {
 		rt.layRes.Add(1)
 	}
 	if err := p.detectVersion(); err != nil {
+		rt.keepBuild(key, nil)
 		return err
 	}
 	if err := p.loadLayout(); err != nil {
+		rt.keepBuild(key, nil)
 		return err
 	}
 	rt.keepBuild(key, &runtimeBuild{version: p.version, versionSource: p.info.VersionSource, lay: p.lay})
