@@ -229,7 +229,12 @@ func TestAgentPyroscope(t *testing.T) {
 		t.Errorf("profile types %v (%v): want %s and %s", types, err, wallType, pyroscopetest.ProfileTypeSamples)
 	}
 	host, _ := os.Hostname()
-	var serverTotal int64
+	// Every sample pushed is on the server, once.
+	allCPU, allWall := serverCounts(t, srv, `{suite="agent"}`, from, end, st.Upload.PushedSamples, 30*time.Second)
+	if got := allCPU.Total + allWall.Total; got != st.Upload.PushedSamples {
+		t.Errorf("server holds %d samples of these services (cpu %d, wall %d), the agent pushed %d",
+			got, allCPU.Total, allWall.Total, st.Upload.PushedSamples)
+	}
 	for i, p := range procs {
 		t.Run(p.rb.Name, func(t *testing.T) {
 			sel := pyroscopetest.AppSelector(p.service)
@@ -241,7 +246,6 @@ func TestAgentPyroscope(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			serverTotal += cpu.Total + wall.Total
 			h, l := cpu.Self["Object#heavy_work"], cpu.Self["Object#light_work"]
 			b, err := os.ReadFile(p.truth)
 			if err != nil {
@@ -316,8 +320,31 @@ func TestAgentPyroscope(t *testing.T) {
 			}
 		})
 	}
-	if serverTotal != st.Upload.PushedSamples {
-		t.Errorf("server holds %d samples of these services, the agent pushed %d", serverTotal, st.Upload.PushedSamples)
+}
+
+// serverCounts polls the server until the cpu and wall profiles of sel
+// hold want samples together or timeout passes (Pyroscope makes what it
+// took queryable shortly after, not at once), and returns both.
+func serverCounts(t *testing.T, srv *pyroscopetest.Server, sel string, from, end time.Time, want int64, timeout time.Duration) (cpu, wall pyroscopetest.Counts) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(timeout)
+	for {
+		var err error
+		cpu, err = srv.Query(ctx, sel, from, end)
+		if err == nil {
+			wall, err = srv.QueryType(ctx, wallType, sel, from, end)
+		}
+		if err == nil && cpu.Total+wall.Total >= want {
+			return cpu, wall
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			return cpu, wall
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

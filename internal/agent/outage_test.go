@@ -85,14 +85,7 @@ func TestAgentOutage(t *testing.T) {
 		pushed int64
 	}{{"big", bs.Upload.PushedSamples}, {"small", ss.Upload.PushedSamples}} {
 		sel := `{service_name="outage", agent="` + c.agent + `"}`
-		cpu, err := srv.WaitForTotal(sel, from, end, 1, 20*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wall, err := srv.QueryType(ctx, wallType, sel, from, end)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cpu, wall := serverCounts(t, srv, sel, from, end, c.pushed, 30*time.Second)
 		if got := cpu.Total + wall.Total; got != c.pushed {
 			t.Errorf("%s: server holds %d samples (cpu %d, wall %d), the agent pushed %d", sel, got, cpu.Total, wall.Total, c.pushed)
 		}
