@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -56,7 +54,7 @@ func (o *uploadOpts) config(rate float64, command []string, host string) (upload
 	}
 	app := o.app
 	if app == "" {
-		app = defaultAppName(command)
+		app = upload.DefaultAppName(command)
 	}
 	return upload.Config{
 		URL:        o.url,
@@ -66,40 +64,6 @@ func (o *uploadOpts) config(rate float64, command []string, host string) (upload
 		SampleRate: int(math.Round(rate)),
 		QueueDir:   o.queueDir,
 	}, nil
-}
-
-// defaultAppName names an application after its program: the script of
-// "ruby bin/shop.rb" ("shop"), the command of "bundle exec puma" or
-// "/usr/bin/puma" ("puma"); "ruby" when there is none.
-func defaultAppName(command []string) string {
-	name := ""
-	if len(command) > 0 {
-		switch filepath.Base(command[0]) {
-		case "ruby", "bundle", "bundler":
-			for _, a := range command[1:] {
-				if !strings.HasPrefix(a, "-") && a != "exec" {
-					name = a
-					break
-				}
-			}
-		default:
-			name = command[0]
-		}
-	}
-	name = strings.TrimSuffix(filepath.Base(name), ".rb")
-	var b strings.Builder
-	for _, r := range name {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '.', r == '-':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	if s := strings.Trim(b.String(), "._-"); s != "" {
-		return s
-	}
-	return "ruby"
 }
 
 // start starts pushing a live recording at rate Hz of command (for the

@@ -11,6 +11,7 @@ import (
 	"github.com/rbscope/rbscope/internal/pyroscopetest"
 	"github.com/rbscope/rbscope/internal/recording"
 	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/upload"
 )
 
 // upWrite writes a closed recording of n samples at 100 Hz from t0, made
@@ -108,6 +109,7 @@ func TestReportUploadErrors(t *testing.T) {
 func TestDefaultAppName(t *testing.T) {
 	for cmd, want := range map[string]string{
 		"ruby bin/shop.rb":              "shop",
+		"ruby3.1 bin/shop.rb":           "shop",
 		"ruby -Ilib app.rb --port 3000": "app",
 		"bundle exec puma":              "puma",
 		"/usr/local/bin/puma -C x.rb":   "puma",
@@ -115,8 +117,8 @@ func TestDefaultAppName(t *testing.T) {
 		"":                              "ruby",
 		"ruby weird$name!.rb":           "weird_name",
 	} {
-		if got := defaultAppName(strings.Fields(cmd)); got != want {
-			t.Errorf("defaultAppName(%q) = %q, want %q", cmd, got, want)
+		if got := upload.DefaultAppName(strings.Fields(cmd)); got != want {
+			t.Errorf("DefaultAppName(%q) = %q, want %q", cmd, got, want)
 		}
 	}
 }

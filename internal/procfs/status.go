@@ -18,6 +18,9 @@ type Status struct {
 	TracerPid int    // the process tracing it (ptrace), 0 for none
 	Seccomp   int    // 0 none, 1 strict, 2 filter
 	CapEff    uint64 // effective capabilities
+	// UID is the real user id (the first of the Uid line); -1 when the
+	// file has no Uid line.
+	UID int
 }
 
 // ReadStatus reads /proc/PID/status.
@@ -41,7 +44,7 @@ func readStatusFile(path string) (Status, error) {
 // ParseStatus parses the contents of a status file. Fields it does not
 // find stay zero.
 func ParseStatus(b []byte) (Status, error) {
-	var st Status
+	st := Status{UID: -1}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
@@ -60,6 +63,10 @@ func ParseStatus(b []byte) (Status, error) {
 			st.TracerPid, err = strconv.Atoi(v)
 		case "Seccomp":
 			st.Seccomp, err = strconv.Atoi(v)
+		case "Uid":
+			if f := strings.Fields(v); len(f) > 0 {
+				st.UID, err = strconv.Atoi(f[0])
+			}
 		case "CapEff":
 			st.CapEff, err = strconv.ParseUint(v, 16, 64)
 		}

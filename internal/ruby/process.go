@@ -40,6 +40,9 @@ type Options struct {
 	// layout up; the first whose reading of the process passes the checks
 	// of validateLayout is used (tests of that choice).
 	LayoutCandidates []*layout.Layout
+	// Runtimes, when set, shares symbols, version and layout with the
+	// other processes of the same Ruby build (see Runtimes).
+	Runtimes *Runtimes
 
 	// nextInsnLines reports the line of the instruction after the pc
 	// instead of the one being executed. Ruby's own backtraces use the
@@ -142,7 +145,7 @@ func Open(t target.Target, opts Options) (*Process, error) {
 	if err := p.findBinaries(); err != nil {
 		return nil, err
 	}
-	if err := p.detectVersion(); err != nil {
+	if err := p.versionAndLayout(); err != nil {
 		return nil, err
 	}
 	if err := p.openLayout(); err != nil {
@@ -196,14 +199,31 @@ func (p *Process) findBinaries() error {
 		}
 		bin := Binary{Path: path, Base: base}
 		var syms elfx.Symbols
-		f, ferr := p.t.OpenFile(path)
-		if ferr != nil {
+		var ferr error
+		eb, memID := p.sharedBinary(base, off)
+		if eb != nil {
+			// Another process of this build read the file already.
+			bin.Bias = eb.LoadBias(base, off)
+			bin.BuildID = eb.BuildID
+			bin.HasSymtab = eb.HasSymtab
+			bin.SymSource = "file .dynsym (shared)"
+			if eb.HasSymtab {
+				bin.SymSource = "file .dynsym+.symtab (shared)"
+			}
+			syms = biased{eb.Symbols, bin.Bias}
+		} else if f, err := p.t.OpenFile(path); err != nil {
+			p.opts.Runtimes.keepBinary(memID, nil)
+			ferr = err
 			// The process's own image in memory still holds the
 			// dynamic symbols; the file's error says why not more.
 			bin.FileError = ferr.Error()
 		} else {
+			p.opts.Runtimes.countSymbolLoad()
 			eb, err := elfx.Open(f)
-			if err == nil {
+			if err != nil {
+				p.opts.Runtimes.keepBinary(memID, nil)
+			} else {
+				p.opts.Runtimes.keepBinary(memID, eb)
 				bin.Bias = eb.LoadBias(base, off)
 				bin.BuildID = eb.BuildID
 				bin.HasSymtab = eb.HasSymtab

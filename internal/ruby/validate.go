@@ -23,7 +23,8 @@ const (
 	maxVMStackWords = 1 << 28
 )
 
-// openLayout chooses the layout and locates the VM with it. A layout from
+// openLayout checks the layout versionAndLayout chose and locates the VM
+// with it. A layout from
 // DWARF, the exact built-in release or the caller is used as it is; when
 // the tables lack the exact release every table of the series is a
 // candidate, newest first, and the first one whose reading of the process
@@ -33,9 +34,8 @@ func (p *Process) openLayout() error {
 	cands := p.opts.LayoutCandidates
 	lacks := ""
 	if len(cands) == 0 {
-		if err := p.loadLayout(); err != nil {
-			return err
-		}
+		// p.lay is what versionAndLayout chose (DWARF, a table, or
+		// the caller's).
 		if !strings.Contains(p.lay.Source, layout.NearestMarker) {
 			return p.locate()
 		}

@@ -683,6 +683,13 @@ func threadErrors(pid int, threads []stack.Thread) *ThreadErrors {
 	return failed
 }
 
+// OpenRubyOnce is one attempt of OpenRuby, for callers that try again on
+// their own schedule (the agent's discovery, at its next scan) rather
+// than wait: a process still starting fails at once.
+func OpenRubyOnce(pid int, opts ruby.Options) (*ruby.Process, error) {
+	return openRubyOnce(pid, opts)
+}
+
 func openRubyOnce(pid int, opts ruby.Options) (*ruby.Process, error) {
 	t, err := target.OpenLive(pid)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/pprof/profile"
 
-	"github.com/rbscope/rbscope/internal/output"
 	"github.com/rbscope/rbscope/internal/stack"
 )
 
@@ -28,41 +27,25 @@ type interval struct {
 // (one series per thread id would explode cardinality). n is the number of
 // samples in it (samples without frames are not).
 func encodeProfile(iv interval, rate int) (data []byte, n int, err error) {
-	w, err := output.New("pprof", output.Options{RateHz: float64(rate), Start: iv.start})
+	b, err := NewBuilder(KindCPU, rate, iv.start)
 	if err != nil {
-		return nil, 0, fmt.Errorf("pprof writer: %w", err)
-	}
-	for _, s := range iv.samples {
-		if len(s.Frames) > 0 {
-			w.Add(s)
-			n++
-		}
-	}
-	if n == 0 {
-		return nil, 0, nil
-	}
-	var buf bytes.Buffer
-	if _, err := w.WriteTo(&buf); err != nil {
 		return nil, 0, err
 	}
-	p, err := profile.Parse(&buf)
+	for _, s := range iv.samples {
+		b.Add(s)
+	}
+	if b.Samples() == 0 {
+		return nil, 0, nil
+	}
+	p, err := b.Profile(iv.end, iv.stamp)
 	if err != nil {
-		return nil, 0, fmt.Errorf("reparse pprof: %w", err)
+		return nil, 0, err
 	}
-	relabel(p)
-	p.TimeNanos = iv.stamp.UnixNano()
-	if iv.stamp.IsZero() {
-		p.TimeNanos = iv.start.UnixNano()
-	}
-	p.DurationNanos = iv.end.Sub(iv.start).Nanoseconds()
-	if err := p.CheckValid(); err != nil {
-		return nil, 0, fmt.Errorf("build pprof: %w", err)
-	}
-	buf.Reset()
+	var buf bytes.Buffer
 	if err := p.Write(&buf); err != nil {
 		return nil, 0, fmt.Errorf("write pprof: %w", err)
 	}
-	return buf.Bytes(), n, nil
+	return buf.Bytes(), b.Samples(), nil
 }
 
 // relabel turns the pprof writer's labels (thread, activity; numeric pid,

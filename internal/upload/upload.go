@@ -47,6 +47,8 @@ type Uploader struct {
 	cutSamples int
 	closed     bool
 	lastStamp  time.Time // the last profile timestamp used
+	// stamps are the last timestamps of AddProfileFor's series.
+	stamps map[string]time.Time
 
 	encWake  chan struct{}
 	encStop  chan struct{}
@@ -231,16 +233,44 @@ func (u *Uploader) encode(iv interval) {
 // (samples, allocations). It never blocks on the network; after Close it
 // does nothing.
 func (u *Uploader) AddProfile(from, until time.Time, p *profile.Profile, n int) error {
+	return u.addProfile(u.name, from, until, p, n)
+}
+
+// maxStamps bounds the series whose last timestamps an uploader keeps.
+const maxStamps = 1 << 14
+
+// addProfile queues p under series name, its timestamp moved on past the
+// series' last one.
+func (u *Uploader) addProfile(name string, from, until time.Time, p *profile.Profile, n int) error {
 	u.mu.Lock()
 	if u.closed {
 		u.mu.Unlock()
 		return nil
 	}
 	stamp := from.Truncate(time.Millisecond)
-	if !stamp.After(u.lastStamp) {
-		stamp = u.lastStamp.Add(time.Millisecond)
+	if name == u.name {
+		if !stamp.After(u.lastStamp) {
+			stamp = u.lastStamp.Add(time.Millisecond)
+		}
+		u.lastStamp = stamp
+	} else {
+		if u.stamps == nil {
+			u.stamps = map[string]time.Time{}
+		}
+		if last, ok := u.stamps[name]; ok && !stamp.After(last) {
+			stamp = last.Add(time.Millisecond)
+		}
+		if len(u.stamps) >= maxStamps {
+			// Series not pushed to for an hour are past Pyroscope's
+			// ingestion window anyway.
+			for k, t := range u.stamps {
+				if time.Since(t) > time.Hour {
+					delete(u.stamps, k)
+				}
+			}
+		}
+		u.stamps[name] = stamp
 	}
-	u.lastStamp = stamp
 	u.mu.Unlock()
 	u.samples.Add(int64(n))
 	p = p.Copy()
@@ -252,7 +282,7 @@ func (u *Uploader) AddProfile(from, until time.Time, p *profile.Profile, n int) 
 		u.droppedSamples.Add(int64(n))
 		return fmt.Errorf("encode profile: %w", err)
 	}
-	u.enqueue(meta{Name: u.name, From: from.UnixNano(), Until: until.UnixNano(), Rate: u.cfg.SampleRate, Samples: n}, buf.Bytes())
+	u.enqueue(meta{Name: name, From: from.UnixNano(), Until: until.UnixNano(), Rate: u.cfg.SampleRate, Samples: n}, buf.Bytes())
 	return nil
 }
 

@@ -7,6 +7,11 @@
 // least a 100 Hz recording can cost: wake-up, read, sleep). It prints
 // "one_read_ns=N floor_ns=N paced_floor_ns=N threads=N bytes=N".
 //
+// With -pids PID,PID,... it measures the paced floor of an agent that
+// reads them all on one clock: every process's batched read once per tick
+// at -paced RATE (100 Hz by default) for 3 s, and prints "processes=N
+// ticks=N late=N missed=N cpu_ns_per_tick=N".
+//
 // With -paced RATE it measures instead the timer floor at that rate: the
 // floor read made once per tick for 3 s by the sampler's own clock and
 // tick counting (both modes'), and prints "ticks=N late=N missed=N cpu_ns_per_tick=N":
@@ -14,6 +19,7 @@
 // rate, since this one reads nothing else.
 //
 //	go run ./tools/readfloor [-paced RATE] PID [ITERATIONS]
+//	go run ./tools/readfloor [-paced RATE] -pids PID,PID,...
 package main
 
 import (
@@ -22,6 +28,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/ruby"
@@ -40,8 +47,16 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("readfloor", flag.ContinueOnError)
 	pacedRate := fs.Float64("paced", 0, "measure the timer floor at this rate (Hz) instead")
+	pids := fs.String("pids", "", "measure the paced floor of reading all these processes on one clock")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *pids != "" {
+		rate := *pacedRate
+		if rate == 0 {
+			rate = 100
+		}
+		return pacedMany(strings.Split(*pids, ","), rate)
 	}
 	args = fs.Args()
 	if len(args) < 1 {
@@ -120,6 +135,56 @@ func run(args []string) error {
 	paced := st.CPU / time.Duration(st.Ticks)
 	fmt.Printf("one_read_ns=%d floor_ns=%d paced_floor_ns=%d threads=%d bytes=%d\n",
 		oneNS.Nanoseconds(), floorNS.Nanoseconds(), paced.Nanoseconds(), len(regions), bytes)
+	return nil
+}
+
+// pacedMany prints the paced floor of reading every process of pids on
+// one clock at rate.
+func pacedMany(pids []string, rate float64) error {
+	var reads [][]target.Read
+	var targets []target.Target
+	defer func() {
+		for _, t := range targets {
+			t.Close()
+		}
+	}()
+	for _, s := range pids {
+		pid, err := strconv.Atoi(s)
+		if err != nil {
+			return fmt.Errorf("pid %q: %w", s, err)
+		}
+		t, err := target.OpenLive(pid)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, t)
+		p, err := ruby.Open(t, ruby.Options{})
+		if err != nil {
+			return fmt.Errorf("open Ruby process %d: %w", pid, err)
+		}
+		regions, err := p.FrameRegions()
+		if err != nil {
+			return fmt.Errorf("find control-frame regions of %d: %w", pid, err)
+		}
+		reads = append(reads, regions)
+	}
+	var readErr error
+	st, err := sampler.Run(context.Background(), sampler.SourceFunc(func(context.Context) ([]stack.Sample, error) {
+		for i, r := range reads {
+			if err := targets[i].ReadBatch(r); err != nil && readErr == nil {
+				readErr = err
+			}
+		}
+		return nil, nil
+	}), sampler.Config{Rate: rate, Duration: 3 * time.Second}, nil)
+	if err == nil {
+		err = readErr
+	}
+	if err != nil || st.Ticks == 0 {
+		return fmt.Errorf("paced floor of %d processes at %g Hz: %v (%d ticks)", len(reads), rate, err, st.Ticks)
+	}
+	fmt.Printf("processes=%d ticks=%d late=%d missed=%d cpu_ns_per_tick=%d\n", len(reads), st.Ticks, st.Late, st.Missed,
+		(st.CPU / time.Duration(st.Ticks)).Nanoseconds())
 	return nil
 }
 

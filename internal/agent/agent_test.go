@@ -1,0 +1,406 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rbscope/rbscope/internal/pyroscopetest"
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// running is an agent started by a test.
+type running struct {
+	*Agent
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startAgent runs an agent with cfg until the test ends (or stop).
+func startAgent(t *testing.T, cfg Config) *running {
+	t.Helper()
+	testutil.NeedRoot(t)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{Agent: a, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- a.Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+// stop stops the agent (as SIGTERM does) and returns Run's error.
+func (r *running) stop(t *testing.T) error {
+	t.Helper()
+	if r.cancel == nil {
+		return nil
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatal("agent did not stop within 2 minutes")
+		return nil
+	}
+}
+
+// testWriter sends log lines to t.Log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// debugRoots points rbscope at every Ruby under test's debug files at
+// once (one agent profiles them all) and gives it a private layout cache.
+func debugRoots(t *testing.T, rubies []testutil.RubyUnderTest) {
+	var roots []string
+	for _, rb := range rubies {
+		if rb.DebugRoot != "" {
+			roots = append(roots, rb.DebugRoot)
+		}
+	}
+	t.Setenv("RBSCOPE_DEBUG_ROOT", strings.Join(roots, ":"))
+	t.Setenv("RBSCOPE_CACHE_DIR", t.TempDir())
+}
+
+// spinScript spins in heavy_work and light_work on the main thread,
+// measuring each one's CPU time with the thread's own CPU clock (the
+// truth the cpu profile is compared with), and naps on a second thread
+// (all wall time, no CPU). It writes "heavy light" CPU seconds to ARGV[0]
+// every half second.
+const spinScript = `
+def heavy_work
+  i = 0
+  while i < 300_000
+    i += 1
+  end
+end
+
+def light_work
+  i = 0
+  while i < 100_000
+    i += 1
+  end
+end
+
+def nap
+  sleep 0.02
+end
+
+Thread.new do
+  Thread.current.name = "sleeper"
+  loop { nap }
+end
+Thread.current.name = "spinner"
+out = ARGV[0]
+heavy = light = 0.0
+last = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+# SIGUSR1 (handled on the main thread): write the main thread's CPU time
+# and the monotonic clock now to ARGV[0].sig (a window's edges).
+Signal.trap("USR1") do
+  File.write(out + ".sig.tmp", "#{Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)} #{Process.clock_gettime(Process::CLOCK_MONOTONIC)}")
+  File.rename(out + ".sig.tmp", out + ".sig")
+end
+$stdout.puts "ready"
+$stdout.flush
+loop do
+  t0 = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+  heavy_work
+  t1 = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+  light_work
+  t2 = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+  heavy += t1 - t0
+  light += t2 - t1
+  now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  if now - last > 0.5
+    File.write(out + ".tmp", "#{heavy} #{light}")
+    File.rename(out + ".tmp", out)
+    last = now
+  end
+end
+`
+
+// wallType is the profile type of the agent's wall profiles, in samples.
+const wallType = "wall:samples:count:wall:nanoseconds"
+
+// TestAgentPyroscope runs one agent over a process of every Ruby under
+// test at once and reads each one's profiles back from a real Pyroscope:
+// per service_name, the cpu profile's split between two methods matches
+// the split of CPU time the script measured itself, the wall profile holds
+// the sleeping thread the cpu profile leaves out, the labels (pid,
+// ruby_version, hostname, a tag, activity, thread_name) select the same
+// samples, and the server holds every sample the agent pushed, once.
+func TestAgentPyroscope(t *testing.T) {
+	testutil.NeedRoot(t)
+	rubies := testutil.Rubies(t)
+	srv := pyroscopetest.Start(t)
+	debugRoots(t, rubies)
+	dir := t.TempDir()
+	type proc struct {
+		rb      testutil.RubyUnderTest
+		pid     int
+		service string
+		truth   string
+	}
+	var procs []proc
+	for _, rb := range rubies {
+		service := "agentspin_" + rb.Name
+		script := filepath.Join(dir, service+".rb")
+		if err := os.WriteFile(script, []byte(spinScript), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		truth := filepath.Join(dir, service+".cpu")
+		p := rb.StartCmd(t, rb.Command(script, truth))
+		procs = append(procs, proc{rb, p.Pid, service, truth})
+	}
+	start := time.Now()
+	a := startAgent(t, Config{
+		URL: srv.URL(), Interval: 2 * time.Second, Tags: map[string]string{"suite": "agent"},
+		Include: regexp.MustCompile(regexp.QuoteMeta(dir)),
+	})
+	// Every process is found at start.
+	waitPids(t, a.Agent, len(procs), 5*time.Second)
+	// A window of whole intervals [k, m): the scripts' CPU times at its
+	// edges, and the agent's ticks in it.
+	k := time.Now().Add(500 * time.Millisecond).Truncate(2 * time.Second).Add(2 * time.Second)
+	m := k.Add(6 * time.Second)
+	edge := func(at time.Time) (int64, [][2]float64) {
+		time.Sleep(time.Until(at.Add(20 * time.Millisecond)))
+		ticks := a.Stats().Ticks
+		var out [][2]float64
+		for _, p := range procs {
+			os.Remove(p.truth + ".sig")
+			syscall.Kill(p.pid, syscall.SIGUSR1)
+		}
+		for _, p := range procs {
+			var v [2]float64
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				b, err := os.ReadFile(p.truth + ".sig")
+				if err == nil {
+					if _, err := fmt.Sscan(string(b), &v[0], &v[1]); err != nil {
+						t.Fatalf("%s.sig: %q: %v", p.truth, b, err)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s wrote no %s.sig", p.service, p.truth)
+				}
+			}
+			out = append(out, v)
+		}
+		return ticks, out
+	}
+	ticksK, atK := edge(k)
+	ticksM, atM := edge(m)
+	time.Sleep(time.Second)
+	if err := a.stop(t); err != nil {
+		t.Fatalf("agent: %v", err)
+	}
+	st := a.Stats()
+	t.Logf("agent stats: %+v", st)
+	if st.Upload.Dropped != 0 || st.ProfileErrors != 0 || st.Upload.PushedSamples != st.Upload.Samples {
+		t.Errorf("profiles lost: %+v", st.Upload)
+	}
+	ctx := context.Background()
+	end := time.Now().Add(time.Minute)
+	from := start.Add(-time.Minute)
+	if types, err := srv.ProfileTypes(ctx, from, end); err != nil || !contains(types, wallType) || !contains(types, pyroscopetest.ProfileTypeSamples) {
+		t.Errorf("profile types %v (%v): want %s and %s", types, err, wallType, pyroscopetest.ProfileTypeSamples)
+	}
+	host, _ := os.Hostname()
+	// Every sample pushed is on the server, once.
+	allCPU, allWall := serverCounts(t, srv, `{suite="agent"}`, from, end, st.Upload.PushedSamples, 30*time.Second)
+	if got := allCPU.Total + allWall.Total; got != st.Upload.PushedSamples {
+		t.Errorf("server holds %d samples of these services (cpu %d, wall %d), the agent pushed %d",
+			got, allCPU.Total, allWall.Total, st.Upload.PushedSamples)
+	}
+	for i, p := range procs {
+		t.Run(p.rb.Name, func(t *testing.T) {
+			sel := pyroscopetest.AppSelector(p.service)
+			cpu, err := srv.WaitForTotal(sel, from, end, 1, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wall, err := srv.QueryType(ctx, wallType, sel, from, end)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, l := cpu.Self["Object#heavy_work"], cpu.Self["Object#light_work"]
+			b, err := os.ReadFile(p.truth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var th, tl float64
+			if _, err := fmt.Sscan(string(b), &th, &tl); err != nil {
+				t.Fatalf("%s: %q: %v", p.truth, b, err)
+			}
+			got, want := 100*float64(h)/float64(h+l), 100*th/(th+tl)
+			t.Logf("cpu: %d samples, heavy %d, light %d: heavy %.1f%% of the two, the script's CPU clock %.1f%%; wall: %d samples",
+				cpu.Total, h, l, got, want, wall.Total)
+			t.Logf("cpu self %v; wall self %v", cpu.Self, wall.Self)
+			// In the window, the cpu profile counts the main thread at
+			// the ticks it was on a CPU: about the share of the window
+			// its own CPU clock says it ran, times the agent's ticks.
+			// Counting its time waiting for a CPU as well (what the cpu
+			// profile did before it read the context switches) gives
+			// 3-10 times that on this loaded machine: the upper bound.
+			// Below, a tick late enough that the thread was switched out
+			// and in again before it was read is dropped (moved on):
+			// 15-25 % of them under this load; and Poisson noise.
+			win, err := srv.Query(ctx, fmt.Sprintf(`{service_name=%q, thread_name="spinner"}`, p.service), k, m.Add(-time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran := (atM[i][0] - atK[i][0]) / (atM[i][1] - atK[i][1])
+			exp := ran * float64(ticksM-ticksK)
+			t.Logf("window %s..%s: %d ticks; the main thread on a CPU %.1f%% of the time by its clock: %.0f samples expected, %d in the cpu profile",
+				k.Format("15:04:05"), m.Format("15:04:05"), ticksM-ticksK, 100*ran, exp, win.Total)
+			if lo, hi := 0.6*exp-3*math.Sqrt(exp), 1.25*exp+3*math.Sqrt(exp); float64(win.Total) < lo || float64(win.Total) > hi {
+				t.Errorf("the cpu profile holds %d samples of the main thread in the window, want %.0f to %.0f", win.Total, lo, hi)
+			}
+			if h+l < 10 {
+				t.Fatalf("cpu profile holds %d samples of heavy_work and light_work: %v", h+l, cpu.Self)
+			}
+			// The samples are a random draw of the CPU time: 3 standard
+			// deviations of the share over h+l samples, and a point for
+			// the truth's own edges (the file is written every 0.5 s).
+			bound := 300*math.Sqrt(want/100*(1-want/100)/float64(h+l)) + 1
+			if p.rb.YJIT {
+				// Under YJIT many of the samples the script's clock puts
+				// in heavy_work and light_work are named after their
+				// caller or Process.clock_gettime (the walker's, not the
+				// agent's: see the report), so their split is logged only.
+				t.Logf("YJIT: heavy_work %.1f%% of heavy+light samples, %.1f%% by the script's clock", got, want)
+			} else if math.Abs(got-want) > bound {
+				t.Errorf("heavy_work is %.1f%% of the cpu profile's heavy+light samples, %.1f%% of the script's CPU time (bound %.1f points)", got, want, bound)
+			}
+			main := "<main>;Kernel#loop;block in <main>;Object#heavy_work"
+			if n := cpu.Stacks[main]; float64(n) < 0.95*float64(h) {
+				t.Errorf("stack %s holds %d of heavy_work's %d samples: %v", main, n, h, cpu.Stacks)
+			}
+			// The sleeping thread: in the wall profile, not in the cpu one.
+			if n := cpu.Inclusive["Object#nap"]; float64(n) > 0.02*float64(cpu.Total) {
+				t.Errorf("cpu profile holds %d samples of the sleeping thread (of %d)", n, cpu.Total)
+			}
+			nap := wall.Inclusive["Object#nap"]
+			if float64(nap) < 0.3*float64(wall.Total) {
+				t.Errorf("wall profile holds %d samples of Object#nap of %d: want about half", nap, wall.Total)
+			}
+			// Labels select the same samples.
+			lsel := fmt.Sprintf(`{service_name=%q, pid="%d", ruby_version=%q, hostname=%q, suite="agent"}`, p.service, p.pid, p.rb.Version, host)
+			byLabel, err := srv.Query(ctx, lsel, from, end)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if byLabel.Total != cpu.Total {
+				t.Errorf("%s selects %d cpu samples, want %d", lsel, byLabel.Total, cpu.Total)
+			}
+			bsel := fmt.Sprintf(`{service_name=%q, activity="blocked", thread_name="sleeper"}`, p.service)
+			blocked, err := srv.QueryType(ctx, wallType, bsel, from, end)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if blocked.Total == 0 || float64(blocked.Inclusive["Object#nap"]) < 0.95*float64(blocked.Total) {
+				t.Errorf("%s: %d wall samples, %d in Object#nap", bsel, blocked.Total, blocked.Inclusive["Object#nap"])
+			}
+		})
+	}
+}
+
+// serverCounts polls the server until the cpu and wall profiles of sel
+// hold want samples together or timeout passes (Pyroscope makes what it
+// took queryable shortly after, not at once), and returns both.
+func serverCounts(t *testing.T, srv *pyroscopetest.Server, sel string, from, end time.Time, want int64, timeout time.Duration) (cpu, wall pyroscopetest.Counts) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(timeout)
+	for {
+		var err error
+		cpu, err = srv.Query(ctx, sel, from, end)
+		if err == nil {
+			wall, err = srv.QueryType(ctx, wallType, sel, from, end)
+		}
+		if err == nil && cpu.Total+wall.Total >= want {
+			return cpu, wall
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			return cpu, wall
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// waitPids waits until the agent samples at least n processes.
+func waitPids(t *testing.T, a *Agent, n int, timeout time.Duration) []int {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		pids := a.Pids()
+		if len(pids) >= n {
+			return pids
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent samples %v after %v, want %d processes (stats %+v)", pids, timeout, n, a.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// scrape reads the agent's /metrics, one value per series.
+func scrape(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metrics line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	io.Copy(io.Discard, resp.Body)
+	return out
+}
