@@ -1,4 +1,4 @@
-package layout
+package dwarfstruct
 
 import (
 	"bufio"
@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/rbscope/rbscope/internal/cstruct"
 )
 
 // This file keeps .debug_str out of memory. A -ggdb3 libruby's .debug_str
@@ -305,9 +307,9 @@ func placeholders(text string, f func(off uint64) string) string {
 
 // layoutStrings calls f for every string of l that may hold placeholders
 // (field paths and type names) and stores what f returns in their place.
-func layoutStrings(l *Layout, f func(string) string) {
+func layoutStrings(l *Result, f func(string) string) {
 	for name, st := range l.Structs {
-		fields := make(map[string]Field, len(st.Fields))
+		fields := make(map[string]cstruct.Field, len(st.Fields))
 		for path, fl := range st.Fields {
 			fl.Type = f(fl.Type)
 			fields[f(path)] = fl
@@ -333,7 +335,7 @@ func (m *strRemap) lookup(v uint64) (uint64, bool) {
 
 // extractCompact is extractDWARF without .debug_str in memory (see the top
 // of this file). Any error means: use the whole-section path instead.
-func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[string][]byte, want map[string]bool, lim dwarfLimits) (*Layout, extractStats, error) {
+func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[string][]byte, want map[string]bool, lim dwarfLimits) (*Result, extractStats, error) {
 	var st extractStats
 	names, err := wantedStrOffsets(secs[".debug_str"], want, lim)
 	if err != nil {
@@ -341,13 +343,13 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 	}
 	// One pass: find the units that define wanted structs and decode
 	// each at once, its strings standing in as placeholders.
-	claimed := map[string]Struct{}
+	claimed := map[string]cstruct.Struct{}
 	pre := &scanner{abbrev: abbrev, strNames: names, lineStr: extra[".debug_line_str"], collect: claimed}
 	units, err := newUnitStream(secs[".debug_info"], lim)
 	if err != nil {
 		return nil, st, err
 	}
-	l := &Layout{Structs: map[string]Struct{}}
+	l := &Result{Structs: map[string]cstruct.Struct{}}
 	var table []byte // placeholders of the unit being decoded
 	for len(claimed) < len(want) {
 		unit, _, err := units.next()

@@ -1,10 +1,12 @@
-package layout
+package dwarfstruct
 
 import (
 	"debug/dwarf"
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/rbscope/rbscope/internal/cstruct"
 )
 
 // This file is a fast, allocation-free pre-scan of one compilation unit:
@@ -63,7 +65,7 @@ type scanner struct {
 	// collect, when set, makes the pre-scan list every wanted struct a
 	// unit defines (adding them to collect) instead of stopping at the
 	// first.
-	collect map[string]Struct
+	collect map[string]cstruct.Struct
 	// found lists, in collect mode, the unit-relative offsets of the
 	// DIEs collected from the last unit scanned.
 	found []cand
@@ -133,14 +135,14 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 // whose name is in want and not yet in done, and whether the unit may
 // refer to other units (its abbreviations use DW_FORM_ref_addr). An error
 // means the pre-scan could not decide.
-func (s *scanner) unitDefinesWanted(unit []byte, want map[string]bool, done map[string]Struct) (hit, cross bool, err error) {
+func (s *scanner) unitDefinesWanted(unit []byte, want map[string]bool, done map[string]cstruct.Struct) (hit, cross bool, err error) {
 	s.curCross = false
 	s.found = s.found[:0]
 	hit, err = s.scanUnit(unit, want, done)
 	return hit, s.curCross, err
 }
 
-func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]Struct) (bool, error) {
+func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]cstruct.Struct) (bool, error) {
 	b := buf{data: unit}
 	length := uint64(b.u32())
 	offSize := 4
@@ -236,7 +238,7 @@ func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]St
 				if s.collect == nil {
 					return true, nil
 				}
-				s.collect[string(name)] = Struct{}
+				s.collect[string(name)] = cstruct.Struct{}
 				s.found = append(s.found, cand{string(name), dwarf.Offset(dieOff)})
 				hitAny = true
 			}
