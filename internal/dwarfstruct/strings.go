@@ -159,43 +159,6 @@ func compactStrings(s *elf.Section, need []uint64, lim dwarfLimits) (table []byt
 	return table, remap, nil
 }
 
-// unitHeader is what the pre-scan and the string walkers read of a unit's
-// header.
-type unitHeader struct {
-	offSize, addrSize, version int
-	abbrevOff                  uint64
-	skip                       bool // a type or split unit: no structs we read
-}
-
-// parseUnitHeader reads the header of unit into h, leaving b after it.
-func parseUnitHeader(b *buf) (unitHeader, error) {
-	var h unitHeader
-	length := uint64(b.u32())
-	h.offSize = 4
-	if length == 0xffffffff {
-		b.u64()
-		h.offSize = 8
-	}
-	h.version = b.u16()
-	switch {
-	case h.version >= 2 && h.version <= 4:
-		h.abbrevOff = b.offset(h.offSize)
-		h.addrSize = int(b.u8())
-	case h.version == 5:
-		ut := b.u8()
-		h.addrSize = int(b.u8())
-		h.abbrevOff = b.offset(h.offSize)
-		switch ut {
-		case 1, 3: // compile, partial
-		default:
-			h.skip = true
-		}
-	default:
-		return h, fmt.Errorf("unit version %d", h.version)
-	}
-	return h, b.err
-}
-
 // walkStrps calls f with the position in unit and the value of every
 // DW_FORM_strp attribute of every DIE of the unit. Forms that index
 // strings another way give errNoCompact.
