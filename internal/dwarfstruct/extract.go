@@ -87,37 +87,19 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 			l, err = nil, fmt.Errorf("malformed DWARF: %v", p)
 		}
 	}()
-	f, err := elf.NewFile(r)
-	if err != nil {
-		return nil, st, fmt.Errorf("parse ELF: %w", err)
-	}
-	secs := debugSections(f)
-	if secs[".debug_info"] == nil || secs[".debug_abbrev"] == nil {
-		return nil, st, ErrNoDWARF
-	}
-	abbrev, err := loadSection(secs, ".debug_abbrev", lim)
+	src, err := openSource(r, lim)
 	if err != nil {
 		return nil, st, err
 	}
-	extra := map[string][]byte{}
-	for _, name := range []string{".debug_str_offsets", ".debug_line_str", ".debug_addr"} {
-		b, err := loadSection(secs, name, lim)
-		if err != nil {
-			return nil, st, err
-		}
-		if err := relocate(f, secs, name, b, lim); err != nil {
-			return nil, st, err
-		}
-		extra[name] = b
-	}
+	f, secs := src.f, src.secs
 	wantSet := map[string]bool{}
 	for _, w := range want {
 		wantSet[w] = true
 	}
-	if !wholeStr && f.Type != elf.ET_REL && secs[".debug_str"] != nil && extra[".debug_str_offsets"] == nil {
+	if !wholeStr && f.Type != elf.ET_REL && secs[".debug_str"] != nil && src.extra[".debug_str_offsets"] == nil {
 		// Keep .debug_str out of memory (see strings.go); fall
 		// back to loading it whole when that cannot be done.
-		if l, cst, err := extractCompact(secs, abbrev, extra, wantSet, lim); err == nil {
+		if l, cst, err := extractCompact(secs, src.abbrev, src.extra, wantSet, lim); err == nil {
 			l.Arch = archName(f.Machine)
 			cst.compact = true
 			return l, cst, nil
@@ -140,11 +122,76 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 	}
 
 	l = &Result{Arch: archName(f.Machine), Structs: map[string]cstruct.Struct{}}
-	pre := &scanner{abbrev: abbrev, str: str, lineStr: extra[".debug_line_str"], strOffsets: extra[".debug_str_offsets"]}
-	var firstErr error
+	needWhole, firstErr := src.streamUnits(units, str, infoRels, wantSet, l, &st)
+	if needWhole && len(l.Structs) < len(wantSet) {
+		st.whole = true
+		info, err := loadSection(secs, ".debug_info", dwarfLimits{section: lim.whole})
+		if err == nil {
+			applyRelocs(info, 0, infoRels)
+			err = scanWhole(info, src.abbrev, str, src.extra, wantSet, l)
+		}
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	if len(l.Structs) == 0 {
+		if firstErr != nil {
+			return nil, st, fmt.Errorf("read DWARF: %w", firstErr)
+		}
+		return nil, st, fmt.Errorf("%w: none of %d wanted structs defined", ErrNoDWARF, len(wantSet))
+	}
+	return l, st, nil
+}
+
+// dwarfSource is an ELF file's DWARF as extraction finds it: the
+// sections by canonical name, and those loaded whole up front.
+type dwarfSource struct {
+	f      *elf.File
+	secs   map[string]*elf.Section
+	abbrev []byte
+	// extra holds .debug_str_offsets, .debug_line_str and .debug_addr
+	// (nil when absent), relocated.
+	extra map[string][]byte
+}
+
+// openSource parses r's ELF headers and loads .debug_abbrev and the
+// small sections of extra, within lim; ErrNoDWARF when r has no DWARF.
+func openSource(r io.ReaderAt, lim dwarfLimits) (*dwarfSource, error) {
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse ELF: %w", err)
+	}
+	secs := debugSections(f)
+	if secs[".debug_info"] == nil || secs[".debug_abbrev"] == nil {
+		return nil, ErrNoDWARF
+	}
+	abbrev, err := loadSection(secs, ".debug_abbrev", lim)
+	if err != nil {
+		return nil, err
+	}
+	extra := map[string][]byte{}
+	for _, name := range []string{".debug_str_offsets", ".debug_line_str", ".debug_addr"} {
+		b, err := loadSection(secs, name, lim)
+		if err != nil {
+			return nil, err
+		}
+		if err := relocate(f, secs, name, b, lim); err != nil {
+			return nil, err
+		}
+		extra[name] = b
+	}
+	return &dwarfSource{f: f, secs: secs, abbrev: abbrev, extra: extra}, nil
+}
+
+// streamUnits reads the units of .debug_info one at a time, relocated by
+// infoRels, and adds to l the wanted structs of those the pre-scan says
+// define one, until l holds every wanted struct. needWhole says that a
+// unit with wanted structs refers to other units, so was left for a read
+// of the whole section; firstErr is the first error met.
+func (src *dwarfSource) streamUnits(units *unitStream, str []byte, infoRels []reloc, want map[string]bool, l *Result, st *extractStats) (needWhole bool, firstErr error) {
+	pre := &scanner{abbrev: src.abbrev, str: str, lineStr: src.extra[".debug_line_str"], strOffsets: src.extra[".debug_str_offsets"]}
 	badUnits := 0
-	needWhole := false
-	for len(l.Structs) < len(wantSet) {
+	for len(l.Structs) < len(want) {
 		unit, uoff, err := units.next()
 		if err == io.EOF {
 			break
@@ -159,7 +206,7 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 		applyRelocs(unit, uint64(uoff), infoRels)
 		st.units++
 		st.infoBytes += int64(len(unit))
-		hit, cross, err := pre.unitDefinesWanted(unit, wantSet, l.Structs)
+		hit, cross, err := pre.unitDefinesWanted(unit, want, l.Structs)
 		if err == nil && !hit {
 			continue // nothing wanted here (on error, let debug/dwarf decide)
 		}
@@ -170,7 +217,7 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 			continue
 		}
 		st.decoded++
-		if err := scanUnit(unit, abbrev, str, extra, wantSet, l); err != nil {
+		if err := scanUnit(unit, src.abbrev, str, src.extra, want, l); err != nil {
 			if firstErr == nil {
 				firstErr = err
 			}
@@ -181,24 +228,7 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 			}
 		}
 	}
-	if needWhole && len(l.Structs) < len(wantSet) {
-		st.whole = true
-		info, err := loadSection(secs, ".debug_info", dwarfLimits{section: lim.whole})
-		if err == nil {
-			applyRelocs(info, 0, infoRels)
-			err = scanWhole(info, abbrev, str, extra, wantSet, l)
-		}
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	if len(l.Structs) == 0 {
-		if firstErr != nil {
-			return nil, st, fmt.Errorf("read DWARF: %w", firstErr)
-		}
-		return nil, st, fmt.Errorf("%w: none of %d wanted structs defined", ErrNoDWARF, len(wantSet))
-	}
-	return l, st, nil
+	return needWhole, firstErr
 }
 
 // relocate applies an object file's relocations to a loaded section.
@@ -593,104 +623,140 @@ func (w *unitWalker) typ(off dwarf.Offset, hops int) (td *typeDesc, err error) {
 	if bs, ok := e.Val(dwarf.AttrByteSize).(int64); ok && bs >= 0 {
 		t.size = bs
 	}
-	inner := func() (*typeDesc, error) {
-		toff, ok := e.Val(dwarf.AttrType).(dwarf.Offset)
-		if !ok {
-			return nil, nil
-		}
-		return w.typ(toff, hops+1)
-	}
 	switch e.Tag {
 	case dwarf.TagBaseType, dwarf.TagEnumerationType:
-		t.name = name
-		if e.Tag == dwarf.TagEnumerationType {
-			t.name = "enum " + orAnon(name)
-			if t.size < 0 {
-				if in, err := inner(); err == nil && in != nil {
-					t.size = in.size
-				}
-			}
-		}
-		t.align = naturalAlign(t.size)
+		w.scalarType(e, t, name, hops)
 	case dwarf.TagPointerType, dwarf.TagReferenceType, dwarf.TagRvalueReferenceType, dwarf.TagPtrToMemberType:
-		if t.size < 0 {
-			t.size = int64(w.r.AddressSize())
-		}
-		t.align = t.size
-		t.name = "void *"
-		if _, ok := e.Val(dwarf.AttrType).(dwarf.Offset); ok {
-			// Name the pointee without expanding it; a pointer cycle
-			// (struct a { struct a *next; }) is fine: names stop at
-			// structs.
-			in, err := inner()
-			if err != nil {
-				t.name = "? *"
-			} else {
-				t.name = in.name + " *"
-			}
-		}
+		w.pointerType(e, t, hops)
 	case dwarf.TagTypedef, dwarf.TagConstType, dwarf.TagVolatileType, dwarf.TagRestrictType, dwarf.TagAtomicType:
-		in, err := inner()
-		if err != nil {
-			return nil, err
-		}
-		if in == nil {
-			in = &typeDesc{name: "void", size: -1}
-		}
-		t.size, t.align, t.aggregate, t.aggOff = in.size, in.align, in.aggregate, in.aggOff
-		switch e.Tag {
-		case dwarf.TagTypedef:
-			t.name = name
-		case dwarf.TagConstType:
-			t.name = "const " + in.name
-		case dwarf.TagVolatileType:
-			t.name = "volatile " + in.name
-		case dwarf.TagAtomicType:
-			t.name = "_Atomic " + in.name
-		default:
-			t.name = in.name
-		}
+		err = w.qualifiedType(e, t, name, hops)
 	case dwarf.TagStructType, dwarf.TagUnionType, dwarf.TagClassType:
-		kw := "struct "
-		if e.Tag == dwarf.TagUnionType {
-			kw = "union "
-		}
-		if name == "" {
-			t.name = "anonymous " + kw[:len(kw)-1]
-		} else {
-			t.name = kw + name
-		}
-		decl, _ := e.Val(dwarf.AttrDeclaration).(bool)
-		if !decl && t.size >= 0 {
-			t.aggregate, t.aggOff = true, off
-			t.align = naturalAlign(t.size) // refined by members()
-			if a, ok := e.Val(dwarf.AttrAlignment).(int64); ok && a > 0 {
-				t.align = a
-			}
-		}
+		aggregateType(e, t, name, off)
 	case dwarf.TagArrayType:
-		in, err := inner()
-		if err != nil {
-			return nil, err
-		}
-		if in == nil {
-			return nil, fmt.Errorf("array at %#x has no element type", off)
-		}
-		n, dims, err := w.arrayCount(off)
-		if err != nil {
-			return nil, err
-		}
-		t.name = in.name + dims
-		t.align = in.align
-		if t.size < 0 && in.size >= 0 {
-			t.size = n * in.size
-		}
+		err = w.arrayType(e, t, off, hops)
 	case dwarf.TagSubroutineType:
 		t.name = "func"
 	default:
 		t.name = orAnon(name)
 	}
+	if err != nil {
+		return nil, err
+	}
 	return t, nil
+}
+
+// inner describes the type that e's DW_AT_type names; nil, nil when it
+// names none (void).
+func (w *unitWalker) inner(e *dwarf.Entry, hops int) (*typeDesc, error) {
+	toff, ok := e.Val(dwarf.AttrType).(dwarf.Offset)
+	if !ok {
+		return nil, nil
+	}
+	return w.typ(toff, hops+1)
+}
+
+// scalarType fills t for a base or enumeration type named name.
+func (w *unitWalker) scalarType(e *dwarf.Entry, t *typeDesc, name string, hops int) {
+	t.name = name
+	if e.Tag == dwarf.TagEnumerationType {
+		t.name = "enum " + orAnon(name)
+		if t.size < 0 {
+			if in, err := w.inner(e, hops); err == nil && in != nil {
+				t.size = in.size
+			}
+		}
+	}
+	t.align = naturalAlign(t.size)
+}
+
+// pointerType fills t for a pointer (or reference) type.
+func (w *unitWalker) pointerType(e *dwarf.Entry, t *typeDesc, hops int) {
+	if t.size < 0 {
+		t.size = int64(w.r.AddressSize())
+	}
+	t.align = t.size
+	t.name = "void *"
+	if _, ok := e.Val(dwarf.AttrType).(dwarf.Offset); ok {
+		// Name the pointee without expanding it; a pointer cycle
+		// (struct a { struct a *next; }) is fine: names stop at
+		// structs.
+		in, err := w.inner(e, hops)
+		if err != nil {
+			t.name = "? *"
+		} else {
+			t.name = in.name + " *"
+		}
+	}
+}
+
+// qualifiedType fills t for a typedef named name or a qualified type: the
+// type it stands for, under its own name.
+func (w *unitWalker) qualifiedType(e *dwarf.Entry, t *typeDesc, name string, hops int) error {
+	in, err := w.inner(e, hops)
+	if err != nil {
+		return err
+	}
+	if in == nil {
+		in = &typeDesc{name: "void", size: -1}
+	}
+	t.size, t.align, t.aggregate, t.aggOff = in.size, in.align, in.aggregate, in.aggOff
+	switch e.Tag {
+	case dwarf.TagTypedef:
+		t.name = name
+	case dwarf.TagConstType:
+		t.name = "const " + in.name
+	case dwarf.TagVolatileType:
+		t.name = "volatile " + in.name
+	case dwarf.TagAtomicType:
+		t.name = "_Atomic " + in.name
+	default:
+		t.name = in.name
+	}
+	return nil
+}
+
+// aggregateType fills t for the struct, union or class named name at off;
+// only a definition (not a declaration) of known size has members to
+// read.
+func aggregateType(e *dwarf.Entry, t *typeDesc, name string, off dwarf.Offset) {
+	kw := "struct "
+	if e.Tag == dwarf.TagUnionType {
+		kw = "union "
+	}
+	if name == "" {
+		t.name = "anonymous " + kw[:len(kw)-1]
+	} else {
+		t.name = kw + name
+	}
+	decl, _ := e.Val(dwarf.AttrDeclaration).(bool)
+	if !decl && t.size >= 0 {
+		t.aggregate, t.aggOff = true, off
+		t.align = naturalAlign(t.size) // refined by members()
+		if a, ok := e.Val(dwarf.AttrAlignment).(int64); ok && a > 0 {
+			t.align = a
+		}
+	}
+}
+
+// arrayType fills t for the array type at off.
+func (w *unitWalker) arrayType(e *dwarf.Entry, t *typeDesc, off dwarf.Offset, hops int) error {
+	in, err := w.inner(e, hops)
+	if err != nil {
+		return err
+	}
+	if in == nil {
+		return fmt.Errorf("array at %#x has no element type", off)
+	}
+	n, dims, err := w.arrayCount(off)
+	if err != nil {
+		return err
+	}
+	t.name = in.name + dims
+	t.align = in.align
+	if t.size < 0 && in.size >= 0 {
+		t.size = n * in.size
+	}
+	return nil
 }
 
 // arrayCount multiplies the element counts of an array's subranges and

@@ -299,13 +299,29 @@ func (m *strRemap) lookup(v uint64) (uint64, bool) {
 // extractCompact is extractDWARF without .debug_str in memory (see the top
 // of this file). Any error means: use the whole-section path instead.
 func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[string][]byte, want map[string]bool, lim dwarfLimits) (*Result, extractStats, error) {
+	l, st, err := decodeWithPlaceholders(secs, abbrev, extra, want, lim)
+	if err != nil {
+		return nil, st, err
+	}
+	// The stream's unit buffer, the wanted names and the placeholders
+	// were decodeWithPlaceholders' own: a collection during the read
+	// below may take them.
+	if err := resolvePlaceholders(l, secs[".debug_str"], lim); err != nil {
+		return nil, st, err
+	}
+	return l, st, nil
+}
+
+// decodeWithPlaceholders makes one pass over .debug_info: it finds the
+// units that define wanted structs and decodes each at once, its strings
+// standing in as placeholders. It fails unless every struct it found
+// named in a unit was also defined there.
+func decodeWithPlaceholders(secs map[string]*elf.Section, abbrev []byte, extra map[string][]byte, want map[string]bool, lim dwarfLimits) (*Result, extractStats, error) {
 	var st extractStats
 	names, err := wantedStrOffsets(secs[".debug_str"], want, lim)
 	if err != nil {
 		return nil, st, err
 	}
-	// One pass: find the units that define wanted structs and decode
-	// each at once, its strings standing in as placeholders.
 	claimed := map[string]cstruct.Struct{}
 	pre := &scanner{abbrev: abbrev, strNames: names, lineStr: extra[".debug_line_str"], collect: claimed}
 	units, err := newUnitStream(secs[".debug_info"], lim)
@@ -359,8 +375,13 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 	if len(l.Structs) == 0 {
 		return nil, st, errNoCompact
 	}
-	// Read the few strings the layout uses (member and type names) and
-	// put them in place of their placeholders.
+	return l, st, nil
+}
+
+// resolvePlaceholders reads from .debug_str (section s) the few strings
+// the layouts of l use (member and type names) and puts them in place of
+// their placeholders.
+func resolvePlaceholders(l *Result, s *elf.Section, lim dwarfLimits) error {
 	var need []uint64
 	layoutStrings(l, func(text string) string {
 		placeholders(text, func(off uint64) string {
@@ -371,13 +392,9 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 	})
 	sort.Slice(need, func(i, j int) bool { return need[i] < need[j] })
 	need = slices.Compact(need)
-	// The stream's unit buffer, the wanted names and the placeholders
-	// are garbage from here: let a collection during the read below
-	// take them.
-	units, names, table = nil, nil, nil
-	strs, remap, err := compactStrings(secs[".debug_str"], need, lim)
+	strs, remap, err := compactStrings(s, need, lim)
 	if err != nil {
-		return nil, st, err
+		return err
 	}
 	layoutStrings(l, func(text string) string {
 		return placeholders(text, func(off uint64) string {
@@ -394,8 +411,5 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 			return string(strs[n : n+uint64(end)])
 		})
 	})
-	if err != nil {
-		return nil, st, err
-	}
-	return l, st, nil
+	return err
 }
