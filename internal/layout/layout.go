@@ -1,10 +1,12 @@
 // Package layout holds Ruby VM struct layouts: for each struct, its size and
 // the byte offset, size and (for bitfields) bit position of each field.
 //
-// A Layout comes either from DWARF debug information (see FromDWARF) or from
-// the built-in per-version tables embedded in this package (see Builtin). Both
-// use the schema of ../shared/ruby-layouts: struct names are C tags
-// ("rb_thread_struct"), field names use dots for nesting ("as.heap.ptr").
+// A Layout comes either from DWARF debug information (see FromDWARF; package
+// dwarfstruct reads it) or from the built-in per-version tables embedded in
+// this package (see Builtin). Both use the schema of ../shared/ruby-layouts:
+// struct names are C tags ("rb_thread_struct"), field names use dots for
+// nesting ("as.heap.ptr"). This package decides what to read: which structs
+// a Ruby version needs, where its debug files are, what is cached.
 package layout
 
 import (
