@@ -156,31 +156,31 @@ type dwarfSource struct {
 
 // openSource parses r's ELF headers and loads .debug_abbrev and the
 // small sections of extra, within lim; ErrNoDWARF when r has no DWARF.
-func openSource(r io.ReaderAt, lim dwarfLimits) (*dwarfSource, error) {
+func openSource(r io.ReaderAt, lim dwarfLimits) (dwarfSource, error) {
 	f, err := elf.NewFile(r)
 	if err != nil {
-		return nil, fmt.Errorf("parse ELF: %w", err)
+		return dwarfSource{}, fmt.Errorf("parse ELF: %w", err)
 	}
 	secs := debugSections(f)
 	if secs[".debug_info"] == nil || secs[".debug_abbrev"] == nil {
-		return nil, ErrNoDWARF
+		return dwarfSource{}, ErrNoDWARF
 	}
 	abbrev, err := loadSection(secs, ".debug_abbrev", lim)
 	if err != nil {
-		return nil, err
+		return dwarfSource{}, err
 	}
 	extra := map[string][]byte{}
 	for _, name := range []string{".debug_str_offsets", ".debug_line_str", ".debug_addr"} {
 		b, err := loadSection(secs, name, lim)
 		if err != nil {
-			return nil, err
+			return dwarfSource{}, err
 		}
 		if err := relocate(f, secs, name, b, lim); err != nil {
-			return nil, err
+			return dwarfSource{}, err
 		}
 		extra[name] = b
 	}
-	return &dwarfSource{f: f, secs: secs, abbrev: abbrev, extra: extra}, nil
+	return dwarfSource{f: f, secs: secs, abbrev: abbrev, extra: extra}, nil
 }
 
 // streamUnits reads the units of .debug_info one at a time, relocated by
