@@ -87,7 +87,10 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 			l, err = nil, fmt.Errorf("malformed DWARF: %v", p)
 		}
 	}()
-	src, err := openSource(r, lim)
+	// extra is made here and kept out of dwarfSource so that it need not
+	// leave this frame for the heap.
+	extra := map[string][]byte{}
+	src, err := openSource(r, lim, extra)
 	if err != nil {
 		return nil, st, err
 	}
@@ -96,10 +99,10 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 	for _, w := range want {
 		wantSet[w] = true
 	}
-	if !wholeStr && f.Type != elf.ET_REL && secs[".debug_str"] != nil && src.extra[".debug_str_offsets"] == nil {
+	if !wholeStr && f.Type != elf.ET_REL && secs[".debug_str"] != nil && extra[".debug_str_offsets"] == nil {
 		// Keep .debug_str out of memory (see strings.go); fall
 		// back to loading it whole when that cannot be done.
-		if l, cst, err := extractCompact(secs, src.abbrev, src.extra, wantSet, lim); err == nil {
+		if l, cst, err := extractCompact(secs, src.abbrev, extra, wantSet, lim); err == nil {
 			l.Arch = archName(f.Machine)
 			cst.compact = true
 			return l, cst, nil
@@ -122,13 +125,13 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 	}
 
 	l = &Result{Arch: archName(f.Machine), Structs: map[string]cstruct.Struct{}}
-	needWhole, firstErr := src.streamUnits(units, str, infoRels, wantSet, l, &st)
+	needWhole, firstErr := src.streamUnits(units, str, extra, infoRels, wantSet, l, &st)
 	if needWhole && len(l.Structs) < len(wantSet) {
 		st.whole = true
 		info, err := loadSection(secs, ".debug_info", dwarfLimits{section: lim.whole})
 		if err == nil {
 			applyRelocs(info, 0, infoRels)
-			err = scanWhole(info, src.abbrev, str, src.extra, wantSet, l)
+			err = scanWhole(info, src.abbrev, str, extra, wantSet, l)
 		}
 		if err != nil && firstErr == nil {
 			firstErr = err
@@ -144,19 +147,17 @@ func extractDWARF(r io.ReaderAt, want []string, lim dwarfLimits, wholeStr bool) 
 }
 
 // dwarfSource is an ELF file's DWARF as extraction finds it: the
-// sections by canonical name, and those loaded whole up front.
+// sections by canonical name, and .debug_abbrev.
 type dwarfSource struct {
 	f      *elf.File
 	secs   map[string]*elf.Section
 	abbrev []byte
-	// extra holds .debug_str_offsets, .debug_line_str and .debug_addr
-	// (nil when absent), relocated.
-	extra map[string][]byte
 }
 
-// openSource parses r's ELF headers and loads .debug_abbrev and the
-// small sections of extra, within lim; ErrNoDWARF when r has no DWARF.
-func openSource(r io.ReaderAt, lim dwarfLimits) (dwarfSource, error) {
+// openSource parses r's ELF headers and loads .debug_abbrev and, into
+// extra, .debug_str_offsets, .debug_line_str and .debug_addr (nil when
+// absent), relocated, within lim; ErrNoDWARF when r has no DWARF.
+func openSource(r io.ReaderAt, lim dwarfLimits, extra map[string][]byte) (dwarfSource, error) {
 	f, err := elf.NewFile(r)
 	if err != nil {
 		return dwarfSource{}, fmt.Errorf("parse ELF: %w", err)
@@ -169,7 +170,6 @@ func openSource(r io.ReaderAt, lim dwarfLimits) (dwarfSource, error) {
 	if err != nil {
 		return dwarfSource{}, err
 	}
-	extra := map[string][]byte{}
 	for _, name := range []string{".debug_str_offsets", ".debug_line_str", ".debug_addr"} {
 		b, err := loadSection(secs, name, lim)
 		if err != nil {
@@ -180,16 +180,17 @@ func openSource(r io.ReaderAt, lim dwarfLimits) (dwarfSource, error) {
 		}
 		extra[name] = b
 	}
-	return dwarfSource{f: f, secs: secs, abbrev: abbrev, extra: extra}, nil
+	return dwarfSource{f: f, secs: secs, abbrev: abbrev}, nil
 }
 
 // streamUnits reads the units of .debug_info one at a time, relocated by
 // infoRels, and adds to l the wanted structs of those the pre-scan says
-// define one, until l holds every wanted struct. needWhole says that a
+// define one (decoded with .debug_str str and the sections of extra),
+// until l holds every wanted struct. needWhole says that a
 // unit with wanted structs refers to other units, so was left for a read
 // of the whole section; firstErr is the first error met.
-func (src *dwarfSource) streamUnits(units *unitStream, str []byte, infoRels []reloc, want map[string]bool, l *Result, st *extractStats) (needWhole bool, firstErr error) {
-	pre := &scanner{abbrev: src.abbrev, str: str, lineStr: src.extra[".debug_line_str"], strOffsets: src.extra[".debug_str_offsets"]}
+func (src dwarfSource) streamUnits(units *unitStream, str []byte, extra map[string][]byte, infoRels []reloc, want map[string]bool, l *Result, st *extractStats) (needWhole bool, firstErr error) {
+	pre := &scanner{abbrev: src.abbrev, str: str, lineStr: extra[".debug_line_str"], strOffsets: extra[".debug_str_offsets"]}
 	badUnits := 0
 	for len(l.Structs) < len(want) {
 		unit, uoff, err := units.next()
@@ -217,7 +218,7 @@ func (src *dwarfSource) streamUnits(units *unitStream, str []byte, infoRels []re
 			continue
 		}
 		st.decoded++
-		if err := scanUnit(unit, src.abbrev, str, src.extra, want, l); err != nil {
+		if err := scanUnit(unit, src.abbrev, str, extra, want, l); err != nil {
 			if firstErr == nil {
 				firstErr = err
 			}
