@@ -38,7 +38,7 @@ func TestLayoutCommand(t *testing.T) {
 	}
 	dir := t.TempDir()
 	obj := filepath.Join(dir, "shapes.o")
-	if out, err := exec.Command("gcc", "-g", "-gz=zlib", "-c", "-o", obj, "../../internal/layout/testdata/shapes.c").CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-g", "-gz=zlib", "-c", "-o", obj, "../../internal/dwarfstruct/testdata/shapes.c").CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	out, err := runCLI(t, "layout", "--struct", "rb_thread_struct", "--struct", "RString", obj)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/rbscope/rbscope/internal/dwarfstruct"
 	"github.com/rbscope/rbscope/internal/elfx"
 )
 
@@ -147,7 +148,7 @@ func usableDebugFile(p string, check func(*elf.File, *os.File) string) (bool, st
 	if err != nil {
 		return false, " (not ELF)"
 	}
-	if !hasDWARF(f) {
+	if !dwarfstruct.HasDWARF(f) {
 		return false, " (no DWARF)"
 	}
 	if why := check(f, fh); why != "" {

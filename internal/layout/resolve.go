@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+
+	"github.com/rbscope/rbscope/internal/dwarfstruct"
 )
 
 // BinaryInfo names one binary of a Ruby process (libruby, the executable)
@@ -172,7 +174,7 @@ func FromBinary(r io.ReaderAt, path, hostPath string, want []string, roots []str
 // separate debug file.
 func extractFor(r io.ReaderAt, q DebugFileQuery, roots, want []string, dlDir string, ok func(*Layout) bool) (*Layout, error) {
 	var own error
-	if f, err := elf.NewFile(r); err == nil && hasDWARF(f) {
+	if f, err := elf.NewFile(r); err == nil && dwarfstruct.HasDWARF(f) {
 		dwarfExtractions.Add(1)
 		l, err := FromDWARF(r, want)
 		l, err = withAltFile(l, err, q.HostPath, want, roots)

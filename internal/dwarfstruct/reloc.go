@@ -1,4 +1,4 @@
-package layout
+package dwarfstruct
 
 import (
 	"debug/elf"

@@ -1,10 +1,12 @@
-package layout
+package dwarfstruct
 
 import (
 	"debug/dwarf"
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/rbscope/rbscope/internal/cstruct"
 )
 
 // This file is a fast, allocation-free pre-scan of one compilation unit:
@@ -63,7 +65,7 @@ type scanner struct {
 	// collect, when set, makes the pre-scan list every wanted struct a
 	// unit defines (adding them to collect) instead of stopping at the
 	// first.
-	collect map[string]Struct
+	collect map[string]cstruct.Struct
 	// found lists, in collect mode, the unit-relative offsets of the
 	// DIEs collected from the last unit scanned.
 	found []cand
@@ -133,44 +135,62 @@ func (s *scanner) parseAbbrevTable(off uint64) ([]scanAbbrev, error) {
 // whose name is in want and not yet in done, and whether the unit may
 // refer to other units (its abbreviations use DW_FORM_ref_addr). An error
 // means the pre-scan could not decide.
-func (s *scanner) unitDefinesWanted(unit []byte, want map[string]bool, done map[string]Struct) (hit, cross bool, err error) {
+func (s *scanner) unitDefinesWanted(unit []byte, want map[string]bool, done map[string]cstruct.Struct) (hit, cross bool, err error) {
 	s.curCross = false
 	s.found = s.found[:0]
 	hit, err = s.scanUnit(unit, want, done)
 	return hit, s.curCross, err
 }
 
-func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]Struct) (bool, error) {
-	b := buf{data: unit}
+// unitHeader is what the pre-scan and the string walkers read of a unit's
+// header.
+type unitHeader struct {
+	offSize, addrSize, version int
+	abbrevOff                  uint64
+	skip                       bool // a type or split unit: no structs we read
+}
+
+// parseUnitHeader reads the header of unit into h, leaving b after it.
+func parseUnitHeader(b *buf) (unitHeader, error) {
+	var h unitHeader
 	length := uint64(b.u32())
-	offSize := 4
+	h.offSize = 4
 	if length == 0xffffffff {
 		b.u64()
-		offSize = 8
+		h.offSize = 8
 	}
-	version := b.u16()
-	var abbrevOff uint64
-	addrSize := 0
+	h.version = b.u16()
 	switch {
-	case version >= 2 && version <= 4:
-		abbrevOff = b.offset(offSize)
-		addrSize = int(b.u8())
-	case version == 5:
+	case h.version >= 2 && h.version <= 4:
+		h.abbrevOff = b.offset(h.offSize)
+		h.addrSize = int(b.u8())
+	case h.version == 5:
 		ut := b.u8()
-		addrSize = int(b.u8())
-		abbrevOff = b.offset(offSize)
+		h.addrSize = int(b.u8())
+		h.abbrevOff = b.offset(h.offSize)
 		switch ut {
 		case 1, 3: // compile, partial
 		default:
-			return false, nil // type and split units hold no top-level structs we read
+			h.skip = true
 		}
 	default:
-		return false, fmt.Errorf("unit version %d", version)
+		return h, fmt.Errorf("unit version %d", h.version)
 	}
-	if b.err != nil {
-		return false, b.err
+	return h, b.err
+}
+
+// scanUnit is unitDefinesWanted's walk over the unit's top-level DIEs.
+func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]cstruct.Struct) (bool, error) {
+	b := buf{data: unit}
+	h, err := parseUnitHeader(&b)
+	if h.skip {
+		return false, nil // even when the header is cut short: nothing to read
 	}
-	table, err := s.parseAbbrevTable(abbrevOff)
+	if err != nil {
+		return false, err
+	}
+	offSize, addrSize, version := h.offSize, h.addrSize, h.version
+	table, err := s.parseAbbrevTable(h.abbrevOff)
 	if err != nil {
 		return false, err
 	}
@@ -236,7 +256,7 @@ func (s *scanner) scanUnit(unit []byte, want map[string]bool, done map[string]St
 				if s.collect == nil {
 					return true, nil
 				}
-				s.collect[string(name)] = Struct{}
+				s.collect[string(name)] = cstruct.Struct{}
 				s.found = append(s.found, cand{string(name), dwarf.Offset(dieOff)})
 				hitAny = true
 			}

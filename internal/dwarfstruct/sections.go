@@ -1,4 +1,4 @@
-package layout
+package dwarfstruct
 
 import (
 	"compress/zlib"
@@ -234,8 +234,9 @@ func (u *unitStream) next() ([]byte, int64, error) {
 	return u.buf, off, nil
 }
 
-// hasDWARF reports whether f carries DWARF type information.
-func hasDWARF(f *elf.File) bool {
+// HasDWARF reports whether f carries DWARF debug information (a
+// .debug_info and a .debug_abbrev section, plain or compressed).
+func HasDWARF(f *elf.File) bool {
 	secs := debugSections(f)
 	return secs[".debug_info"] != nil && secs[".debug_abbrev"] != nil
 }

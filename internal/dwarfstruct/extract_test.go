@@ -1,4 +1,4 @@
-package layout
+package dwarfstruct_test
 
 import (
 	"bufio"
@@ -10,10 +10,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/rbscope/rbscope/internal/cstruct"
+	"github.com/rbscope/rbscope/internal/dwarfstruct"
+	"github.com/rbscope/rbscope/internal/layout"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -153,7 +157,7 @@ func parsePahole(t testing.TB, out string) map[string]paholeStruct {
 // checkAgainstPahole checks that every member pahole reports for the
 // structs of obj has the same offset and size (bit position and width for
 // bitfields) in l.
-func checkAgainstPahole(t *testing.T, l *Layout, paholeOut string) {
+func checkAgainstPahole(t *testing.T, l *dwarfstruct.Result, paholeOut string) {
 	t.Helper()
 	ph := parsePahole(t, paholeOut)
 	checked := 0
@@ -195,7 +199,7 @@ func checkAgainstPahole(t *testing.T, l *Layout, paholeOut string) {
 	}
 }
 
-func TestFromDWARFMatchesPahole(t *testing.T) {
+func TestExtractMatchesPahole(t *testing.T) {
 	needTool(t, "pahole")
 	src := filepath.Join("testdata", "shapes.c")
 	dir := t.TempDir()
@@ -242,15 +246,15 @@ func TestFromDWARFMatchesPahole(t *testing.T) {
 	}
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			l, err := FromDWARFFile(v.obj, shapesStructs)
+			l, err := extractFile(v.obj, shapesStructs)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if l.Source != "dwarf:"+v.obj || l.Arch != "x86_64" {
-				t.Errorf("source %q arch %q", l.Source, l.Arch)
+			if l.Arch != "x86_64" {
+				t.Errorf("arch %q", l.Arch)
 			}
 			for _, s := range shapesStructs {
-				if !l.Has(s, "") {
+				if _, ok := l.Structs[s]; !ok {
 					t.Errorf("struct %s not extracted", s)
 				}
 			}
@@ -269,9 +273,9 @@ func TestFromDWARFMatchesPahole(t *testing.T) {
 // checkShapesValues checks hand-verified values of testdata/shapes.c: the
 // cases pahole does not print (typedef'd anonymous structs, nested named
 // struct types) and the schema's naming rules.
-func checkShapesValues(t *testing.T, l *Layout) {
+func checkShapesValues(t *testing.T, l *dwarfstruct.Result) {
 	t.Helper()
-	want := map[string]map[string]Field{
+	want := map[string]map[string]cstruct.Field{
 		"RString": {
 			"basic.klass":       {Offset: 8, Size: 8},
 			"as.heap.aux.capa":  {Offset: 32, Size: 8},
@@ -281,15 +285,15 @@ func checkShapesValues(t *testing.T, l *Layout) {
 			"as.heap.aux.share": {},
 		},
 		"rb_thread_struct": {
-			"status":                {Offset: 36, Size: 1, Bitfield: &Bitfield{0, 2}},
-			"locking_native_thread": {Offset: 36, Size: 1, Bitfield: &Bitfield{2, 1}},
-			"wide":                  {Offset: 36, Size: 4, Bitfield: &Bitfield{4, 27}},
-			"across":                {Offset: 40, Size: 5, Bitfield: &Bitfield{0, 40}},
+			"status":                {Offset: 36, Size: 1, Bitfield: &cstruct.Bitfield{BitOffset: 0, BitWidth: 2}},
+			"locking_native_thread": {Offset: 36, Size: 1, Bitfield: &cstruct.Bitfield{BitOffset: 2, BitWidth: 1}},
+			"wide":                  {Offset: 36, Size: 4, Bitfield: &cstruct.Bitfield{BitOffset: 4, BitWidth: 27}},
+			"across":                {Offset: 40, Size: 5, Bitfield: &cstruct.Bitfield{BitOffset: 0, BitWidth: 40}},
 			"func":                  {Offset: 48, Size: 8},
 			"argc":                  {Offset: 56, Size: 4},
 			"proc":                  {Offset: 48, Size: 8},
 			"nested.a":              {Offset: 64, Size: 8},
-			"nested.s":              {Offset: 72, Size: 1, Bitfield: &Bitfield{0, 3}},
+			"nested.s":              {Offset: 72, Size: 1, Bitfield: &cstruct.Bitfield{BitOffset: 0, BitWidth: 3}},
 			"interrupt_flag":        {Offset: 80, Size: 8},
 			"ractor":                {Offset: 24, Size: 8},
 			"flex":                  {Offset: 96, Size: 0},
@@ -299,10 +303,10 @@ func checkShapesValues(t *testing.T, l *Layout) {
 			"dsymbol_fstr_hash": {Offset: 24, Size: 8},
 		},
 		"rb_method_definition_struct": {
-			"type":                 {Offset: 0, Size: 1, Bitfield: &Bitfield{0, 4}},
-			"alias_count":          {Offset: 0, Size: 4, Bitfield: &Bitfield{4, 27}},
-			"complemented_count":   {Offset: 4, Size: 4, Bitfield: &Bitfield{0, 28}},
-			"no_redef_warning":     {Offset: 7, Size: 1, Bitfield: &Bitfield{4, 1}},
+			"type":                 {Offset: 0, Size: 1, Bitfield: &cstruct.Bitfield{BitOffset: 0, BitWidth: 4}},
+			"alias_count":          {Offset: 0, Size: 4, Bitfield: &cstruct.Bitfield{BitOffset: 4, BitWidth: 27}},
+			"complemented_count":   {Offset: 4, Size: 4, Bitfield: &cstruct.Bitfield{BitOffset: 0, BitWidth: 28}},
+			"no_redef_warning":     {Offset: 7, Size: 1, Bitfield: &cstruct.Bitfield{BitOffset: 4, BitWidth: 1}},
 			"body.cfunc.func":      {Offset: 8, Size: 8},
 			"body.iseq.iseqptr":    {Offset: 8, Size: 8},
 			"body.cfunc.argc":      {Offset: 24, Size: 4},
@@ -319,7 +323,7 @@ func checkShapesValues(t *testing.T, l *Layout) {
 	}
 	for sname, fields := range want {
 		for fname, w := range fields {
-			got, err := l.Field(sname, fname)
+			got, err := field(l, sname, fname)
 			if w.Size == 0 && w.Offset == 0 && fname != "flex" {
 				if err == nil {
 					t.Errorf("%s.%s: present, want absent", sname, fname)
@@ -336,16 +340,16 @@ func checkShapesValues(t *testing.T, l *Layout) {
 			}
 		}
 	}
-	if sz, _ := l.Size("rb_symbols_t"); sz != 32 {
+	if sz := l.Structs["rb_symbols_t"].Size; sz != 32 {
 		t.Errorf("rb_symbols_t size %d, want 32", sz)
 	}
-	if f, _ := l.Field("matrix", "cells"); f.Size != 48 || f.Type != "int[3][4]" {
+	if f, _ := field(l, "matrix", "cells"); f.Size != 48 || f.Type != "int[3][4]" {
 		t.Errorf("matrix.cells = %+v, want 48 bytes of int[3][4]", f)
 	}
-	if f, _ := l.Field("rb_control_frame_struct", "iseq"); f.Type != "const rb_iseq_t *" || f.Offset != 16 {
+	if f, _ := field(l, "rb_control_frame_struct", "iseq"); f.Type != "const rb_iseq_t *" || f.Offset != 16 {
 		t.Errorf("rb_control_frame_struct.iseq = %+v", f)
 	}
-	if f, _ := l.Field("rb_thread_struct", "interrupt_flag"); f.Type != "rb_atomic_t" {
+	if f, _ := field(l, "rb_thread_struct", "interrupt_flag"); f.Type != "rb_atomic_t" {
 		t.Errorf("interrupt_flag type %q, want the typedef name rb_atomic_t", f.Type)
 	}
 	if s := l.Structs["rb_thread_struct"]; s.Align != 8 {
@@ -395,20 +399,20 @@ func TestWalksOnlyWhatIsNeeded(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			l, st, err := extractDWARF(f, shapesStructs, defaultLimits)
+			l, st, err := dwarfstruct.ExtractWith(f, shapesStructs, dwarfstruct.DefaultLimits, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			checkShapesValues(t, l)
-			if st.units != 3 || st.decoded != 1 {
-				t.Errorf("all found in unit 3: read %d units, decoded %d; want 3 and 1", st.units, st.decoded)
+			if st.Units != 3 || st.Decoded != 1 {
+				t.Errorf("all found in unit 3: read %d units, decoded %d; want 3 and 1", st.Units, st.Decoded)
 			}
-			_, st, err = extractDWARF(f, append([]string{"absent_struct"}, shapesStructs...), defaultLimits)
+			_, st, err = dwarfstruct.ExtractWith(f, append([]string{"absent_struct"}, shapesStructs...), dwarfstruct.DefaultLimits, false)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.units != 5 || st.decoded != 1 {
-				t.Errorf("one struct absent: read %d units, decoded %d; want 5 and 1", st.units, st.decoded)
+			if st.Units != 5 || st.Decoded != 1 {
+				t.Errorf("one struct absent: read %d units, decoded %d; want 5 and 1", st.Units, st.Decoded)
 			}
 		})
 	}
@@ -416,8 +420,8 @@ func TestWalksOnlyWhatIsNeeded(t *testing.T) {
 
 // TestDwz checks DWARF rewritten by dwz, as distributions ship it: shared
 // types moved into partial units that other units reference with
-// DW_FORM_ref_addr (read whole), and, with -m, into a supplementary file
-// named by .gnu_debugaltlink.
+// DW_FORM_ref_addr (read whole). The dwz supplementary file (dwz -m) is
+// layout's to find: see its TestDwzMultifile.
 func TestDwz(t *testing.T) {
 	needTool(t, "dwz")
 	needTool(t, "gcc")
@@ -428,64 +432,30 @@ func TestDwz(t *testing.T) {
 	}
 	// Two units with the same types, so dwz has something to share.
 	var objs []string
-	for _, p := range []string{"a", "b", "c"} {
+	for _, p := range []string{"a", "b"} {
 		c := filepath.Join(dir, p+".c")
 		if err := os.WriteFile(c, []byte(regexp.MustCompile(`\bg_`).ReplaceAllString(string(src), p+"_")), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		objs = append(objs, compileC(t, c, filepath.Join(dir, p+".o"), "-g", "-fPIC"))
 	}
-	link := func(name string, objs ...string) string {
-		out := filepath.Join(dir, name)
-		run(t, "gcc", append([]string{"-shared", "-o", out}, objs...)...)
-		return out
+	so := filepath.Join(dir, "libpu.so")
+	run(t, "gcc", append([]string{"-shared", "-o", so}, objs...)...)
+	run(t, "dwz", so)
+	f, err := os.Open(so)
+	if err != nil {
+		t.Fatal(err)
 	}
-
-	t.Run("partial units", func(t *testing.T) {
-		so := link("libpu.so", objs[0], objs[1])
-		run(t, "dwz", so)
-		f, err := os.Open(so)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		l, st, err := extractDWARF(f, shapesStructs, defaultLimits)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !st.whole {
-			t.Error("dwz output not read whole: are there no partial units?")
-		}
-		checkShapesValues(t, l)
-		checkAgainstPahole(t, l, run(t, "pahole", "-F", "dwarf", objs[0]))
-	})
-
-	t.Run("multifile", func(t *testing.T) {
-		s1, s2 := link("lib1.so", objs[0], objs[1]), link("lib2.so", objs[0], objs[2])
-		common := filepath.Join(dir, "common.debug")
-		run(t, "dwz", "-m", common, "-M", common, s1, s2)
-		// The main file alone lacks the shared types.
-		if l, err := FromDWARFFile(s1, shapesStructs); err == nil && len(l.Structs) == len(shapesStructs) {
-			t.Fatal("dwz -m left every struct in the main file; the test shows nothing")
-		}
-		l, err := FromBinaryFile(s1, shapesStructs, []string{t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Source != "dwarf:"+s1 {
-			t.Errorf("source %q", l.Source)
-		}
-		checkShapesValues(t, l)
-		checkAgainstPahole(t, l, run(t, "pahole", "-F", "dwarf", objs[0]))
-		// Without the supplementary file, the error says where it looked.
-		if err := os.Rename(common, common+".gone"); err != nil {
-			t.Fatal(err)
-		}
-		_, err = FromBinaryFile(s1, shapesStructs, []string{dir})
-		if err == nil || !strings.Contains(err.Error(), "dwz file was not found: looked for "+common) {
-			t.Errorf("error %v", err)
-		}
-	})
+	defer f.Close()
+	l, st, err := dwarfstruct.ExtractWith(f, shapesStructs, dwarfstruct.DefaultLimits, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Whole {
+		t.Error("dwz output not read whole: are there no partial units?")
+	}
+	checkShapesValues(t, l)
+	checkAgainstPahole(t, l, run(t, "pahole", "-F", "dwarf", objs[0]))
 }
 
 // checkCompression checks that section name of the object at path is
@@ -511,7 +481,7 @@ func checkCompression(t *testing.T, path, name string, want elf.CompressionType)
 }
 
 // TestCompactStringsMatchWhole checks that extraction without .debug_str
-// in memory (dwarf_strings.go) gives exactly the layout the whole-section
+// in memory (strings.go) gives exactly the layout the whole-section
 // path gives, on shared libraries from each compiler, with a wanted name
 // that the linker stored only as the tail of a longer string, and on the
 // real libruby of the Rubies under test that carry DWARF.
@@ -575,16 +545,13 @@ func TestCompactStringsMatchWhole(t *testing.T) {
 			defer f.Close()
 			w := want
 			if strings.HasPrefix(name, "libruby-") {
-				w = NeededStructs(strings.TrimPrefix(name, "libruby-"))
+				w = layout.NeededStructs(strings.TrimPrefix(name, "libruby-"))
 			}
-			defer func() { noCompact = false }()
-			noCompact = true
-			whole, wst, err := extractDWARF(f, w, defaultLimits)
+			whole, wst, err := dwarfstruct.ExtractWith(f, w, dwarfstruct.DefaultLimits, true)
 			if err != nil {
 				t.Fatal(err)
 			}
-			noCompact = false
-			compact, cst, err := extractDWARF(f, w, defaultLimits)
+			compact, cst, err := dwarfstruct.ExtractWith(f, w, dwarfstruct.DefaultLimits, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -594,11 +561,11 @@ func TestCompactStringsMatchWhole(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantCompact := ef.Section(".debug_str_offsets") == nil
-			if cst.compact != wantCompact || wst.compact {
-				t.Errorf("compact path used: %v (want %v), whole path: %v (want false)", cst.compact, wantCompact, wst.compact)
+			if cst.Compact != wantCompact || wst.Compact {
+				t.Errorf("compact path used: %v (want %v), whole path: %v (want false)", cst.Compact, wantCompact, wst.Compact)
 			}
 			if !reflect.DeepEqual(whole, compact) {
-				t.Errorf("layouts differ:\nwhole   %v\ncompact %v", whole.StructNames(), compact.StructNames())
+				t.Errorf("layouts differ:\nwhole   %v\ncompact %v", structNames(whole), structNames(compact))
 			}
 			if len(compact.Structs) != len(w) {
 				t.Errorf("%d of %d structs found", len(compact.Structs), len(w))
@@ -608,4 +575,37 @@ func TestCompactStringsMatchWhole(t *testing.T) {
 			}
 		})
 	}
+}
+
+// extractFile is Extract of the file at path.
+func extractFile(path string, want []string) (*dwarfstruct.Result, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return dwarfstruct.Extract(f, want)
+}
+
+// field returns field f of struct s of l.
+func field(l *dwarfstruct.Result, s, f string) (cstruct.Field, error) {
+	st, ok := l.Structs[s]
+	if !ok {
+		return cstruct.Field{}, fmt.Errorf("no struct %s", s)
+	}
+	fl, ok := st.Fields[f]
+	if !ok {
+		return cstruct.Field{}, fmt.Errorf("struct %s has no field %s", s, f)
+	}
+	return fl, nil
+}
+
+// structNames returns the names of l's structs, sorted.
+func structNames(l *dwarfstruct.Result) []string {
+	names := make([]string, 0, len(l.Structs))
+	for n := range l.Structs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }

@@ -1,4 +1,4 @@
-package layout
+package dwarfstruct
 
 import (
 	"bufio"
@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/rbscope/rbscope/internal/cstruct"
 )
 
 // This file keeps .debug_str out of memory. A -ggdb3 libruby's .debug_str
@@ -157,43 +159,6 @@ func compactStrings(s *elf.Section, need []uint64, lim dwarfLimits) (table []byt
 	return table, remap, nil
 }
 
-// unitHeader is what the pre-scan and the string walkers read of a unit's
-// header.
-type unitHeader struct {
-	offSize, addrSize, version int
-	abbrevOff                  uint64
-	skip                       bool // a type or split unit: no structs we read
-}
-
-// parseUnitHeader reads the header of unit into h, leaving b after it.
-func parseUnitHeader(b *buf) (unitHeader, error) {
-	var h unitHeader
-	length := uint64(b.u32())
-	h.offSize = 4
-	if length == 0xffffffff {
-		b.u64()
-		h.offSize = 8
-	}
-	h.version = b.u16()
-	switch {
-	case h.version >= 2 && h.version <= 4:
-		h.abbrevOff = b.offset(h.offSize)
-		h.addrSize = int(b.u8())
-	case h.version == 5:
-		ut := b.u8()
-		h.addrSize = int(b.u8())
-		h.abbrevOff = b.offset(h.offSize)
-		switch ut {
-		case 1, 3: // compile, partial
-		default:
-			h.skip = true
-		}
-	default:
-		return h, fmt.Errorf("unit version %d", h.version)
-	}
-	return h, b.err
-}
-
 // walkStrps calls f with the position in unit and the value of every
 // DW_FORM_strp attribute of every DIE of the unit. Forms that index
 // strings another way give errNoCompact.
@@ -305,9 +270,9 @@ func placeholders(text string, f func(off uint64) string) string {
 
 // layoutStrings calls f for every string of l that may hold placeholders
 // (field paths and type names) and stores what f returns in their place.
-func layoutStrings(l *Layout, f func(string) string) {
+func layoutStrings(l *Result, f func(string) string) {
 	for name, st := range l.Structs {
-		fields := make(map[string]Field, len(st.Fields))
+		fields := make(map[string]cstruct.Field, len(st.Fields))
 		for path, fl := range st.Fields {
 			fl.Type = f(fl.Type)
 			fields[f(path)] = fl
@@ -333,21 +298,37 @@ func (m *strRemap) lookup(v uint64) (uint64, bool) {
 
 // extractCompact is extractDWARF without .debug_str in memory (see the top
 // of this file). Any error means: use the whole-section path instead.
-func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[string][]byte, want map[string]bool, lim dwarfLimits) (*Layout, extractStats, error) {
+func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[string][]byte, want map[string]bool, lim dwarfLimits) (*Result, extractStats, error) {
+	l, st, err := decodeWithPlaceholders(secs, abbrev, extra, want, lim)
+	if err != nil {
+		return nil, st, err
+	}
+	// The stream's unit buffer, the wanted names and the placeholders
+	// were decodeWithPlaceholders' own: a collection during the read
+	// below may take them.
+	if err := resolvePlaceholders(l, secs[".debug_str"], lim); err != nil {
+		return nil, st, err
+	}
+	return l, st, nil
+}
+
+// decodeWithPlaceholders makes one pass over .debug_info: it finds the
+// units that define wanted structs and decodes each at once, its strings
+// standing in as placeholders. It fails unless every struct it found
+// named in a unit was also defined there.
+func decodeWithPlaceholders(secs map[string]*elf.Section, abbrev []byte, extra map[string][]byte, want map[string]bool, lim dwarfLimits) (*Result, extractStats, error) {
 	var st extractStats
 	names, err := wantedStrOffsets(secs[".debug_str"], want, lim)
 	if err != nil {
 		return nil, st, err
 	}
-	// One pass: find the units that define wanted structs and decode
-	// each at once, its strings standing in as placeholders.
-	claimed := map[string]Struct{}
+	claimed := map[string]cstruct.Struct{}
 	pre := &scanner{abbrev: abbrev, strNames: names, lineStr: extra[".debug_line_str"], collect: claimed}
 	units, err := newUnitStream(secs[".debug_info"], lim)
 	if err != nil {
 		return nil, st, err
 	}
-	l := &Layout{Structs: map[string]Struct{}}
+	l := &Result{Structs: map[string]cstruct.Struct{}}
 	var table []byte // placeholders of the unit being decoded
 	for len(claimed) < len(want) {
 		unit, _, err := units.next()
@@ -394,8 +375,13 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 	if len(l.Structs) == 0 {
 		return nil, st, errNoCompact
 	}
-	// Read the few strings the layout uses (member and type names) and
-	// put them in place of their placeholders.
+	return l, st, nil
+}
+
+// resolvePlaceholders reads from .debug_str (section s) the few strings
+// the layouts of l use (member and type names) and puts them in place of
+// their placeholders.
+func resolvePlaceholders(l *Result, s *elf.Section, lim dwarfLimits) error {
 	var need []uint64
 	layoutStrings(l, func(text string) string {
 		placeholders(text, func(off uint64) string {
@@ -406,13 +392,9 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 	})
 	sort.Slice(need, func(i, j int) bool { return need[i] < need[j] })
 	need = slices.Compact(need)
-	// The stream's unit buffer, the wanted names and the placeholders
-	// are garbage from here: let a collection during the read below
-	// take them.
-	units, names, table = nil, nil, nil
-	strs, remap, err := compactStrings(secs[".debug_str"], need, lim)
+	strs, remap, err := compactStrings(s, need, lim)
 	if err != nil {
-		return nil, st, err
+		return err
 	}
 	layoutStrings(l, func(text string) string {
 		return placeholders(text, func(off uint64) string {
@@ -429,8 +411,5 @@ func extractCompact(secs map[string]*elf.Section, abbrev []byte, extra map[strin
 			return string(strs[n : n+uint64(end)])
 		})
 	})
-	if err != nil {
-		return nil, st, err
-	}
-	return l, st, nil
+	return err
 }

@@ -1,4 +1,4 @@
-package layout
+package dwarfstruct_test
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rbscope/rbscope/internal/dwarfstruct"
+	"github.com/rbscope/rbscope/internal/layout"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -103,9 +105,6 @@ func gnuZlib(declared uint64, data []byte) []byte {
 	return b.Bytes()
 }
 
-// smallLimits keep fuzzing and the memory tests cheap.
-var smallLimits = dwarfLimits{section: 1 << 20, unit: 1 << 20, info: 8 << 20, whole: 4 << 20}
-
 // plainDWARF returns the uncompressed DWARF sections of testdata/shapes.c
 // built as a shared object (so no relocations), or skips without gcc.
 func plainDWARF(t testing.TB) map[string][]byte {
@@ -146,7 +145,7 @@ func TestHandMadeELFReadsLikeGCC(t *testing.T) {
 				secs = append(secs, rawSection{name: ".zdebug_" + strings.TrimPrefix(name, ".debug_"), data: gnuZlib(uint64(len(data)), data)})
 			}
 		}
-		l, _, err := extractDWARF(bytes.NewReader(makeELF(secs)), shapesStructs, smallLimits)
+		l, _, err := dwarfstruct.ExtractWith(bytes.NewReader(makeELF(secs)), shapesStructs, dwarfstruct.SmallLimits, false)
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}
@@ -223,7 +222,7 @@ func TestMalformedSectionsBoundedMemory(t *testing.T) {
 			file := makeELF(c.secs)
 			var err error
 			alloc := allocDuring(func() {
-				_, _, err = extractDWARF(bytes.NewReader(file), shapesStructs, smallLimits)
+				_, _, err = dwarfstruct.ExtractWith(bytes.NewReader(file), shapesStructs, dwarfstruct.SmallLimits, false)
 			})
 			if c.wantErr == "" && err != nil {
 				t.Errorf("unexpected error %v", err)
@@ -241,18 +240,18 @@ func TestMalformedSectionsBoundedMemory(t *testing.T) {
 	}
 }
 
-// FuzzFromDWARF feeds arbitrary files to the extractor: it must return a
+// FuzzExtract feeds arbitrary files to the extractor: it must return a
 // layout or an error, never panic, with bounded memory. The seed corpus
 // holds gcc objects with plain, zlib, zstd and legacy .zdebug DWARF (see
 // TestWriteFuzzSeeds) and hand-made malformed files.
-func FuzzFromDWARF(f *testing.F) {
+func FuzzExtract(f *testing.F) {
 	d := []byte("\x00")
 	f.Add(makeELF([]rawSection{{name: ".debug_abbrev", data: d}, {name: ".debug_info", data: d}}))
 	f.Add(makeELF([]rawSection{{name: ".debug_abbrev", flags: elf.SHF_COMPRESSED, data: gabiZlib(1<<40, make([]byte, 1<<16))}, {name: ".debug_info", data: d}}))
 	f.Add(makeELF([]rawSection{{name: ".zdebug_abbrev", data: gnuZlib(3, []byte{1, 2})}, {name: ".zdebug_info", data: gnuZlib(1<<19, make([]byte, 1<<12))}}))
-	want := append(append([]string(nil), shapesStructs...), WantedStructs...)
+	want := append(append([]string(nil), shapesStructs...), layout.WantedStructs...)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		l, _, err := extractDWARF(bytes.NewReader(data), want, smallLimits)
+		l, _, err := dwarfstruct.ExtractWith(bytes.NewReader(data), want, dwarfstruct.SmallLimits, false)
 		if err == nil && len(l.Structs) == 0 {
 			t.Fatal("no error and no structs")
 		}
@@ -260,10 +259,10 @@ func FuzzFromDWARF(f *testing.F) {
 }
 
 // TestWriteFuzzSeeds regenerates the committed seed corpus of
-// FuzzFromDWARF when RBSCOPE_WRITE_FUZZ_SEEDS=1.
+// FuzzExtract when RBSCOPE_WRITE_FUZZ_SEEDS=1.
 func TestWriteFuzzSeeds(t *testing.T) {
 	if os.Getenv("RBSCOPE_WRITE_FUZZ_SEEDS") != "1" {
-		t.Skip("set RBSCOPE_WRITE_FUZZ_SEEDS=1 to regenerate testdata/fuzz/FuzzFromDWARF")
+		t.Skip("set RBSCOPE_WRITE_FUZZ_SEEDS=1 to regenerate testdata/fuzz/FuzzExtract")
 	}
 	dir := t.TempDir()
 	src := filepath.Join("testdata", "shapes.c")
@@ -292,7 +291,7 @@ func TestWriteFuzzSeeds(t *testing.T) {
 	run(t, "gcc", "-g", "-shared", "-fPIC", "-nostdlib", "-o", so, src, src2)
 	run(t, "dwz", so)
 	files["dwz-partial"] = so
-	seedDir := filepath.Join("testdata", "fuzz", "FuzzFromDWARF")
+	seedDir := filepath.Join("testdata", "fuzz", "FuzzExtract")
 	if err := os.MkdirAll(seedDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +310,7 @@ func TestWriteFuzzSeeds(t *testing.T) {
 // TestFuzzSeedsAreDWARF checks that the committed seeds from real objects
 // still hold the shapes' DWARF, so fuzzing starts from valid inputs.
 func TestFuzzSeedsAreDWARF(t *testing.T) {
-	seeds, err := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzFromDWARF", "*"))
+	seeds, err := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzExtract", "*"))
 	if err != nil || len(seeds) < 5 {
 		t.Fatalf("seeds: %v %v", seeds, err)
 	}
@@ -324,7 +323,7 @@ func TestFuzzSeedsAreDWARF(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", p, err)
 		}
-		l, _, err := extractDWARF(bytes.NewReader(data), shapesStructs, smallLimits)
+		l, _, err := dwarfstruct.ExtractWith(bytes.NewReader(data), shapesStructs, dwarfstruct.SmallLimits, false)
 		if err != nil {
 			t.Errorf("%s: %v", p, err)
 			continue
