@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -118,10 +119,16 @@ func TestRecordProgressOnTerminal(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		p := recStartRuby(t, rb, recBusyScript)
 		sock := "rbscope-rec-" + strconv.Itoa(p.Pid)
-		t.Cleanup(func() { _ = exec.Command("tmux", "-L", sock, "kill-server").Run() })
-		dir := t.TempDir()
+		// The directory first: cleanups run last-registered first, and
+		// rbscope, ended by the server's SIGHUP, still writes its output
+		// there while it stops.
+		dir, env := t.TempDir(), paneEnv(t, rb)
+		t.Cleanup(func() {
+			_ = exec.Command("tmux", "-L", sock, "kill-server").Run()
+			waitNoProcessWith(t, dir, 30*time.Second)
+		})
 		cmdline := fmt.Sprintf("%s%s record --pid %d --duration 4s --format summary -o %s/s.txt --raw %s/r.gz; sleep 30",
-			paneEnv(t, rb), bin, p.Pid, dir, dir)
+			env, bin, p.Pid, dir, dir)
 		if out, err := exec.Command("tmux", "-L", sock, "-f", "/dev/null", "new-session", "-d", "-s", "rec", "-x", "150", "-y", "10", cmdline).CombinedOutput(); err != nil {
 			t.Fatalf("tmux: %v %s", err, out)
 		}
@@ -138,6 +145,31 @@ func TestRecordProgressOnTerminal(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	})
+}
+
+// waitNoProcessWith waits until no process has s in its command line.
+func waitNoProcessWith(t *testing.T, s string, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+		pids, err := procfs.Pids()
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := 0
+		for _, pid := range pids {
+			if args, err := procfs.Cmdline(pid); err == nil && strings.Contains(strings.Join(args, " "), s) {
+				left = pid
+				break
+			}
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("process %d still runs with %s in its command line after %v", left, s, within)
+			return
+		}
+	}
 }
 
 // tmuxPane runs command in a detached 120x30 tmux session of its own
