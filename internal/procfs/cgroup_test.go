@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -158,7 +159,14 @@ func TestEnviron(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		// Start returns once the child passed exec's point of no
+		// return, a moment before the kernel sets the new environment's
+		// bounds: until then the file reads empty (seen on CI).
 		got, err := Environ(cmd.Process.Pid)
+		for deadline := time.Now().Add(5 * time.Second); err == nil && len(got) == 0 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+			got, err = Environ(cmd.Process.Pid)
+		}
 		cmd.Process.Kill()
 		cmd.Wait()
 		if err != nil {

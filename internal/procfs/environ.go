@@ -20,7 +20,9 @@ const MaxEnviron = 1 << 20
 // MaxEnviron bytes are read; an entry cut by that bound is dropped.
 // Reading another user's environment needs the same permission as
 // reading its memory (CAP_SYS_PTRACE); a process that has exited gives
-// an error or no entries.
+// an error or no entries, and so does one in the middle of an exec (for
+// a moment after its old image is gone and before the new one's
+// environment is in place).
 func Environ(pid int) ([]string, error) {
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/environ")
 	if err != nil {
