@@ -115,8 +115,8 @@ func (p *allocRuby) expectInt(t *testing.T, prefix string) int64 {
 	}
 }
 
-// objectSemaphore reads object__create's semaphore in pid.
-func objectSemaphore(t *testing.T, pid int) uint16 {
+// objectPlan is alloc's plan for pid.
+func objectPlan(t *testing.T, pid int) *alloc.Plan {
 	t.Helper()
 	tg, err := target.OpenLive(pid)
 	if err != nil {
@@ -127,39 +127,29 @@ func objectSemaphore(t *testing.T, pid int) uint16 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := alloc.ReadSemaphore(pid, plan, alloc.KindObject)
+	return plan
+}
+
+// objectSemaphore reads object__create's semaphore in pid.
+func objectSemaphore(t *testing.T, pid int) uint16 {
+	t.Helper()
+	v, err := alloc.ReadSemaphore(pid, objectPlan(t, pid), alloc.KindObject)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return v
 }
 
-// objectSites counts the object__create probe sites that share the
-// semaphore objectSemaphore reads, from the USDT notes of the binary pid
-// maps.
+// objectSites is what object__create's semaphore reads in pid while
+// attached: one per site naming it (Plan.SemaphoreSites).
 func objectSites(t *testing.T, pid int) uint16 {
 	t.Helper()
-	tg, err := target.OpenLive(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tg.Close()
-	plan, err := alloc.PlanFor(tg, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sem uint64
-	n := uint16(0)
-	for _, s := range plan.Sites {
-		if s.Kind == alloc.KindObject && s.RefCtrOffset != 0 && (sem == 0 || s.RefCtrOffset == sem) {
-			sem = s.RefCtrOffset
-			n++
-		}
-	}
+	plan := objectPlan(t, pid)
+	n := plan.SemaphoreSites(alloc.KindObject)
 	if n == 0 {
 		t.Fatalf("no object__create site with a semaphore in %s", plan.Binary)
 	}
-	return n
+	return uint16(n)
 }
 
 // attachedWriter collects rbscope alloc's stderr and closes attached

@@ -411,23 +411,15 @@ func TestTwoSessions(t *testing.T) {
 	})
 }
 
-// semaphoreSites counts the object__create sites that share the semaphore
-// semaphore reads: the kernel raises it once per uprobe that names it (two
-// sites in Ruby 3.4, one before).
+// semaphoreSites is what object__create's semaphore reads while plan is
+// attached (Plan.SemaphoreSites).
 func semaphoreSites(t *testing.T, plan *Plan) uint16 {
 	t.Helper()
-	var sem uint64
-	n := uint16(0)
-	for _, s := range plan.Sites {
-		if s.Kind == KindObject && s.RefCtrOffset != 0 && (sem == 0 || s.RefCtrOffset == sem) {
-			sem = s.RefCtrOffset
-			n++
-		}
-	}
+	n := plan.SemaphoreSites(KindObject)
 	if n == 0 {
 		t.Fatalf("no object__create site with a semaphore in %s", plan.Binary)
 	}
-	return n
+	return uint16(n)
 }
 
 // semaphore reads object__create's semaphore in process pid.

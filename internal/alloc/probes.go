@@ -355,6 +355,21 @@ func planOf(pid int) (*Plan, error) {
 	return PlanFor(t, false)
 }
 
+// SemaphoreSites counts the sites of kind k that name the semaphore
+// ReadSemaphore reads: attached, the kernel raises it once per uprobe that
+// names it (Ruby 3.4 has two object__create sites sharing one).
+func (p *Plan) SemaphoreSites(k Kind) int {
+	var sem uint64
+	n := 0
+	for _, s := range p.Sites {
+		if s.Kind == k && s.RefCtrOffset != 0 && (sem == 0 || s.RefCtrOffset == sem) {
+			sem = s.RefCtrOffset
+			n++
+		}
+	}
+	return n
+}
+
 // ReadSemaphore reads the 2-byte semaphore of the first site of kind k in
 // process pid (through /proc/PID/mem), to check that attaching raised it
 // and detaching (or rbscope dying) dropped it.
