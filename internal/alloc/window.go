@@ -234,10 +234,17 @@ const (
 // DutyCycle of the time whatever the load: 3 ms windows were seen to
 // last 0.2 to 1.5 s while rbscope waited for a CPU, attached 28-39 % of
 // the time (a tenfold cost to the target, and TestDefaultMode's check of
-// the windowed mode failing under load). Called with mu held.
+// the windowed mode failing under load). The target pays per event, not
+// per millisecond attached: an overrun window that counted no more than a
+// window may (overrunEvents) cost it no more than one, and is followed by
+// the usual pause. Pausing in proportion after those too made a window
+// that overran while the target idled (waiting for its job) outlast the
+// short job that came right after it: none of the job's allocations
+// counted, its estimates all 0 (CI under load, TestAllocJobExits).
+// Called with mu held.
 func (tr *Tracker) offLength(full time.Duration) time.Duration {
 	mean := tr.opts.DutyWindow - full
-	if tr.lastWin > full && tr.opts.DutyCycle < 1 {
+	if tr.lastWin > full && tr.opts.DutyCycle < 1 && tr.lastWinEvents > tr.overrunEvents() {
 		mean = time.Duration(float64(tr.lastWin) * (1/tr.opts.DutyCycle - 1))
 	}
 	if tr.cal != nil && tr.lastWinEvents >= calMinFirstEvents {
@@ -246,6 +253,16 @@ func (tr *Tracker) offLength(full time.Duration) time.Duration {
 	// A random phase, so that windows cannot alias with a periodic
 	// workload.
 	return time.Duration(float64(mean) * (0.5 + rand.Float64()))
+}
+
+// overrunEvents is how many events a window may count, however long it
+// lasted, before the pause after it grows in proportion (see offLength):
+// what windowLength aims a window at. Called with mu held.
+func (tr *Tracker) overrunEvents() uint64 {
+	if tr.cal != nil {
+		return calMinEvents
+	}
+	return windowEvents
 }
 
 // windowLength returns how long the next window stays attached: full
