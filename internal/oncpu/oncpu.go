@@ -170,12 +170,14 @@ func (w *Threads) Err() error { return w.err }
 func (w *Threads) Watched() int { return len(w.threads) }
 
 // At returns what thread tid was doing at instant at (CLOCK_MONOTONIC
-// nanoseconds, see Mono), and whether it was switched onto a CPU after
-// that and no later than until: a thread running at instant at that was
-// not is still in the same stretch on a CPU (or off it since it left),
-// so its stack read then is where it ran at instant at; one that was may
-// have run anywhere since.
-func (w *Threads) At(tid int, at, until int64) (st State, resumed bool) {
+// nanoseconds, see Mono), and whether it moved on after that and no later
+// than until: was switched onto a CPU, or went to sleep (switched out
+// without being preempted). A thread running at instant at that did
+// neither is still in the same stretch on a CPU, or was preempted in it,
+// so its stack read then is where it ran at instant at; one switched in
+// again may have run anywhere since, and one that went to sleep is read
+// where it sleeps (a Queue#pop, a read), not where it ran.
+func (w *Threads) At(tid int, at, until int64) (st State, moved bool) {
 	th := w.threads[tid]
 	if th == nil {
 		return Unknown, false
@@ -271,7 +273,8 @@ func (th *thread) close() {
 }
 
 // at returns the thread's state at instant at from its records, and
-// whether a switch onto a CPU came after it, by until: the newest switch at or
+// whether a switch onto a CPU or into sleep came after it, by until (see
+// At): the newest switch at or
 // before at says the state; when every record is newer, the oldest one
 // says what came before it, provided the buffer still holds every record
 // since the watch began; with no record at all the thread has not
@@ -288,7 +291,7 @@ func (th *thread) at(at, until int64) (State, bool) {
 	var walked uint64
 	complete := false
 	oldest := uint16(0) // misc of the oldest switch seen after at
-	seen, resumed := false, false
+	seen, moved := false, false
 	state := Unknown
 	for walked < size {
 		off := (head + walked) & mask
@@ -310,8 +313,8 @@ func (th *thread) at(at, until int64) (State, bool) {
 				break
 			}
 			oldest, seen = misc, true
-			if misc&miscOut == 0 && t <= until {
-				resumed = true
+			if t <= until && (misc&miscOut == 0 || misc&miscPreempt == 0) {
+				moved = true // switched in, or out into sleep
 			}
 		}
 		walked += n
@@ -323,13 +326,13 @@ func (th *thread) at(at, until int64) (State, bool) {
 	}
 	switch {
 	case state != Unknown:
-		return state, resumed
+		return state, moved
 	case !complete:
 		return Unknown, false
 	case seen && oldest&miscOut != 0:
-		return Running, resumed // switched out after at: it was on a CPU then
+		return Running, moved // switched out after at: it was on a CPU then
 	case seen:
-		return Off, resumed // switched in after at
+		return Off, moved // switched in after at
 	}
 	c, err := th.clock()
 	if err != nil {

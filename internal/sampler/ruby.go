@@ -81,6 +81,9 @@ type RubySource struct {
 	// pause stopped while it waited for a CPU is switched in to stop.
 	pausedAt   int64
 	pausedTIDs []int
+	// readAt is when this tick's snapshot ended (CLOCK_MONOTONIC, 0:
+	// not yet): a thread not paused was read by then.
+	readAt int64
 }
 
 // NewRubySource samples the Ruby process p.
@@ -128,8 +131,11 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		s.cpuAt = oncpu.Mono(tk.deadline)
 	}
 	s.stopStates = s.stopStates[:0]
-	s.pausedAt, s.pausedTIDs = 0, nil
+	s.pausedAt, s.pausedTIDs, s.readAt = 0, nil, 0
 	threads, err := s.snapshot()
+	if s.cpuAt != 0 {
+		s.readAt = oncpu.Now()
+	}
 	if err != nil {
 		return s.offCPUError(now, err)
 	}
@@ -142,7 +148,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		th := &threads[i]
 		cs := s.cpuState(th.TID)
 		if cs == oncpu.Running && th.Activity != stack.ActivityGVLWait && s.movedOn(th.TID) {
-			// Running at the deadline, but switched out and in again
+			// Running at the deadline, but switched in again or gone to sleep
 			// before its stack was read (a late tick): where it ran
 			// then is gone. (A thread waiting for the GVL is dropped by
 			// Mode cpu whatever its stack.)
@@ -250,12 +256,18 @@ func (s *RubySource) cpuState(tid int) oncpu.State {
 // is from a later stretch on a CPU (see movedOn).
 const movedOn = oncpu.State(255)
 
-// movedOn reports whether thread tid was switched onto a CPU after this
-// tick's deadline and before its stack was read: before this tick's
-// pause for a thread it stopped (stopping a thread that waits for a CPU
-// switches it in, where it stops at once), else up to now.
+// movedOn reports whether thread tid was switched onto a CPU, or went to
+// sleep, after this tick's deadline and before its stack was read (see
+// oncpu.Threads.At): before this tick's pause for a thread it stopped
+// (stopping a thread that waits for a CPU switches it in, where it stops
+// at once), else by the end of the snapshot (up to now before it ends).
+// One that went to sleep is read where it sleeps: a late tick kept a
+// thread running at the deadline as on a CPU in Thread::Queue#pop.
 func (s *RubySource) movedOn(tid int) bool {
 	until := int64(math.MaxInt64)
+	if s.readAt != 0 {
+		until = s.readAt
+	}
 	if s.pausedAt != 0 && (s.pausedTIDs == nil || slices.Contains(s.pausedTIDs, tid)) {
 		until = s.pausedAt
 	}
@@ -295,8 +307,8 @@ func needsKernelState(th *stack.Thread) bool {
 }
 
 // errMovedOn is the error of a thread that was on a CPU at a late tick's
-// deadline but switched out and in again before its stack was read.
-const errMovedOn = "on a CPU at the tick's deadline, but switched out and in again before its stack was read: its stack then is gone (a late tick)"
+// deadline but switched in again or gone to sleep before its stack was read.
+const errMovedOn = "on a CPU at the tick's deadline, but switched in again or gone to sleep before its stack was read: its stack then is gone (a late tick)"
 
 // movedOnly reports whether err is a ThreadErrors whose every thread
 // moved on since a late tick's deadline (see errMovedOn).

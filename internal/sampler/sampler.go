@@ -86,7 +86,7 @@ const (
 	ErrPermission                  // the kernel refused access
 	ErrOther                       // anything else
 	// ErrMovedOn: Mode cpu, a late tick: a thread on a CPU at the
-	// deadline was switched out and in again before its stack was read.
+	// deadline was switched in again or went to sleep before its stack was read.
 	ErrMovedOn
 	numErrorKinds
 )
