@@ -99,9 +99,11 @@ type Census struct {
 	// PagesChanged are pages of a running process that were freed or
 	// reused while the census read them; PagesBad pages that failed their
 	// checks or could not be read in a stopped process or a core.
-	PagesChanged int    `json:"pages_changed,omitempty"`
-	PagesBad     int    `json:"pages_bad,omitempty"`
-	Slots        uint64 `json:"slots"`
+	PagesChanged int `json:"pages_changed,omitempty"`
+	// PageChange says why the first changed page failed (its check).
+	PageChange string `json:"page_change,omitempty"`
+	PagesBad   int    `json:"pages_bad,omitempty"`
+	Slots      uint64 `json:"slots"`
 	// Changed counts the slots whose bytes differed between the census's
 	// two reads (a running process); they are in no entry. Bad counts
 	// slots whose fields were impossible.
@@ -391,6 +393,9 @@ func (w *walk) pageFailed(why string) {
 		return
 	}
 	w.c.PagesChanged++
+	if w.c.PageChange == "" {
+		w.c.PageChange = why
+	}
 }
 
 // readAll performs reqs in one batch; when that fails it reads them one by

@@ -1,12 +1,14 @@
 package heap_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -69,6 +71,17 @@ func byClass(c *heap.Census, class string) (count, bytes uint64) {
 		}
 	}
 	return
+}
+
+// topClasses lists c's n largest entries by count, for a failure's message.
+func topClasses(c *heap.Census, n int) string {
+	es := slices.Clone(c.Entries)
+	slices.SortFunc(es, func(a, b heap.Entry) int { return cmp.Compare(b.Count, a.Count) })
+	var sb strings.Builder
+	for _, e := range es[:min(n, len(es))] {
+		fmt.Fprintf(&sb, "  %8d %s %s\n", e.Count, e.Type, e.Class)
+	}
+	return sb.String()
 }
 
 func within(got, want uint64, frac float64) bool {
@@ -267,7 +280,8 @@ func TestRunningCensusNeverMakesUp(t *testing.T) {
 				t.Errorf("%d Leaky::Node counted, more than the %d the script held by the census's end", n, hi)
 			}
 			if n+c.Changed < lo {
-				t.Errorf("%d Leaky::Node counted + %d changed slots, fewer than the %d held when the census began", n, c.Changed, lo)
+				t.Errorf("%d Leaky::Node counted + %d changed slots, fewer than the %d held when the census began; first changed page: %q; top classes:\n%s",
+					n, c.Changed, lo, c.PageChange, topClasses(c, 8))
 			}
 		}
 	})
