@@ -206,10 +206,35 @@ func waitSemaphore(t *testing.T, pid int, want uint16, within time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("semaphore of process %d is %d after %v, want %d", pid, got, within, want)
+			t.Fatalf("semaphore of process %d is %d after %v, want %d; processes holding perf events or BPF links: %s",
+				pid, got, within, want, perfHolders())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// perfHolders lists the processes with perf event or BPF link file
+// descriptors (uprobes are held by those), for a failure's message.
+func perfHolders() string {
+	var out []string
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	seen := map[string]int{}
+	for _, fd := range fds {
+		l, err := os.Readlink(fd)
+		if err != nil || !(strings.Contains(l, "perf_event") || strings.Contains(l, "bpf-link")) {
+			continue
+		}
+		pid := strings.Split(fd, "/")[2]
+		if seen[pid] == 0 {
+			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+			out = append(out, pid+" ("+strings.TrimSpace(string(comm))+")")
+		}
+		seen[pid]++
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }
 
 // TestAllocTargetExits: the target allocates and exits while rbscope
