@@ -26,6 +26,7 @@ type agentFlags struct {
 	interval, rescan, flushTimeout                              time.Duration
 	buffer                                                      int64
 	maxProcs                                                    int
+	alloc                                                       bool
 }
 
 func init() {
@@ -45,12 +46,20 @@ is dropped; one that execs is looked at anew. Profiles wait in one buffer
 for the whole host (--buffer) while the server is down; when it is full the
 oldest are dropped and counted (rbscope_agent_dropped_profiles_total).
 
-Labels: service_name (the script's name), pid, ruby_version, hostname, and
-each --tag. Counters for Prometheus are served on --metrics-addr/metrics.
-SIGTERM or SIGINT pushes the last profiles (for at most --flush-timeout) and
-exits. Credentials come from the environment, as for record --upload.`,
+With --alloc, each process's allocations are counted too (eBPF uprobes, as
+rbscope alloc's default mode: short counting windows, about 3 % of the time,
+scaled by Ruby's own allocation counter) and one allocation profile
+(alloc_objects, alloc_space, by class and stack) is pushed per --interval.
+
+Labels: service_name (PYROSCOPE_APPLICATION_NAME or OTEL_SERVICE_NAME in the
+process's environment, else the script's name), pid, ruby_version, hostname,
+container_id and pod_uid when it runs in one, and each --tag. Counters for
+Prometheus are served on --metrics-addr/metrics. SIGTERM or SIGINT pushes
+the last profiles (for at most --flush-timeout) and exits. Credentials come
+from the environment, as for record --upload.`,
 		Example: `  rbscope agent --upload http://pyroscope:4040
   rbscope agent --upload http://pyroscope:4040 --tag env=prod --include puma --max-processes 100
+  rbscope agent --upload http://pyroscope:4040 --alloc --interval 30s
   rbscope agent --upload http://127.0.0.1:4040 --user www-data --cgroup 'system.slice/shop'`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -67,6 +76,7 @@ exits. Credentials come from the environment, as for record --upload.`,
 	f.StringVar(&o.exclude, "exclude", "", "leave out processes whose command line matches this regular expression")
 	f.StringArrayVar(&o.users, "user", nil, "profile only processes of this user (name or uid; repeatable)")
 	f.StringVar(&o.cgroup, "cgroup", "", "profile only processes whose cgroup path matches this regular expression")
+	f.BoolVar(&o.alloc, "alloc", false, "also count allocations (eBPF) and push an allocation profile per interval")
 	f.IntVar(&o.maxProcs, "max-processes", 0, "profile at most this many processes at once (0: no limit)")
 	f.DurationVar(&o.rescan, "rescan", agent.DefaultRescan, "how often to look for new processes")
 	f.DurationVar(&o.flushTimeout, "flush-timeout", agent.DefaultFlushTimeout, "how long to keep pushing after SIGTERM")
@@ -83,6 +93,7 @@ func (o *agentFlags) config() (agent.Config, error) {
 	cfg := agent.Config{
 		URL: o.url, Rate: o.rate, Interval: o.interval, Buffer: o.buffer, MaxProcesses: o.maxProcs,
 		Rescan: o.rescan, FlushTimeout: o.flushTimeout, MetricsAddr: o.metrics, Tags: map[string]string{},
+		Alloc: o.alloc,
 	}
 	if o.rate <= 0 || o.rate > 1000 {
 		return cfg, usage("--rate %g: want 0 < rate <= 1000", o.rate)

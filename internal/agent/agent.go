@@ -48,6 +48,8 @@ type Agent struct {
 	pidsMu sync.Mutex
 	pids   map[int]bool
 
+	allocs allocs
+
 	metricsLn   net.Listener
 	metricsSrv  *http.Server
 	metricsAddr string
@@ -57,27 +59,30 @@ type Agent struct {
 
 // counters are the agent's own counts (see Stats).
 type counters struct {
-	tracked      atomic.Int64
-	discovered   atomic.Int64
-	opened       atomic.Int64
-	exited       atomic.Int64
-	reexecs      atomic.Int64
-	notRuby      atomic.Int64
-	filtered     atomic.Int64
-	denied       atomic.Int64
-	gaveUp       atomic.Int64
-	overLimit    atomic.Int64
-	ticks        atomic.Int64
-	samples      atomic.Int64
-	errors       [sampler.ErrMovedOn + 1]atomic.Int64
-	profiles     atomic.Int64
-	profileErrs  atomic.Int64
-	tickNanos    atomic.Int64
-	targetTicks  atomic.Int64
-	scans        atomic.Int64
-	scanNanos    atomic.Int64
-	rubyChecks   atomic.Int64
-	lastScanPids atomic.Int64
+	tracked       atomic.Int64
+	discovered    atomic.Int64
+	opened        atomic.Int64
+	exited        atomic.Int64
+	reexecs       atomic.Int64
+	notRuby       atomic.Int64
+	filtered      atomic.Int64
+	denied        atomic.Int64
+	gaveUp        atomic.Int64
+	overLimit     atomic.Int64
+	ticks         atomic.Int64
+	samples       atomic.Int64
+	errors        [sampler.ErrMovedOn + 1]atomic.Int64
+	profiles      atomic.Int64
+	profileErrs   atomic.Int64
+	tickNanos     atomic.Int64
+	targetTicks   atomic.Int64
+	scans         atomic.Int64
+	scanNanos     atomic.Int64
+	rubyChecks    atomic.Int64
+	lastScanPids  atomic.Int64
+	allocTracked  atomic.Int64
+	allocProfiles atomic.Int64
+	allocErrors   atomic.Int64
 }
 
 // Stats are the agent's counts so far.
@@ -116,6 +121,11 @@ type Stats struct {
 	Upload      upload.Stats
 	// Buffer is the bound on queued profile bytes.
 	Buffer int64
+	// AllocTracked are the processes whose allocations are counted now
+	// (Config.Alloc), AllocProfiles the allocation profiles queued, and
+	// AllocErrors the processes whose allocations could not be counted.
+	AllocTracked               int
+	AllocProfiles, AllocErrors int64
 }
 
 // New checks cfg, starts the uploader and the metrics listener (Run
@@ -180,7 +190,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("serving metrics", "url", "http://"+a.metricsAddr+"/metrics")
 	}
 	a.log.Info("agent started", "upload", a.cfg.URL, "rate_hz", a.cfg.Rate, "interval", a.cfg.Interval.String(),
-		"buffer_bytes", a.cfg.Buffer, "pid", os.Getpid())
+		"buffer_bytes", a.cfg.Buffer, "alloc", a.cfg.Alloc, "pid", os.Getpid())
 
 	flushDone := make(chan struct{})
 	go func() {
@@ -206,6 +216,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Targets discovery opened that the clock never took.
 	clk.drainEvents()
 	clk.finish()
+	// The allocation counts push their last intervals themselves.
+	a.waitAllocs()
 	close(a.flushEnd)
 	<-flushDone
 
@@ -257,6 +269,9 @@ func (a *Agent) Stats() Stats {
 		Runtime:       a.runtimes.Stats(),
 		Upload:        a.up.Stats(),
 		Buffer:        a.cfg.Buffer,
+		AllocTracked:  int(c.allocTracked.Load()),
+		AllocProfiles: c.allocProfiles.Load(),
+		AllocErrors:   c.allocErrors.Load(),
 	}
 	for k := range c.errors {
 		if n := c.errors[k].Load(); n > 0 {

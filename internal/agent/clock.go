@@ -137,6 +137,7 @@ func (c *clock) drainEvents() {
 			if ev.add != nil {
 				c.targets = append(c.targets, ev.add)
 				c.a.publish(ev.add.pid, true)
+				c.a.startAlloc(ev.add)
 				c.a.stats.tracked.Store(int64(len(c.targets)))
 				continue
 			}
@@ -182,6 +183,7 @@ func (c *clock) hand(t *proc, until time.Time) {
 func (c *clock) remove(i int) {
 	t := c.targets[i]
 	c.hand(t, c.end)
+	c.a.stopAlloc(t)
 	t.close()
 	c.a.publish(t.pid, false)
 	c.targets = append(c.targets[:i], c.targets[i+1:]...)
@@ -213,6 +215,7 @@ func (c *clock) finish() {
 			until = now
 		}
 		c.hand(t, until)
+		c.a.stopAlloc(t)
 		t.close()
 		c.a.publish(t.pid, false)
 	}

@@ -45,6 +45,11 @@ type Config struct {
 	// Cgroup, when set, profiles only processes whose cgroup path (see
 	// procfs.CgroupPath) matches.
 	Cgroup *regexp.Regexp
+	// Alloc also counts every profiled process's allocations, with
+	// eBPF uprobes in alloc's default mode (short counting windows scaled
+	// by Ruby's own counter), and pushes an allocation profile
+	// (alloc_objects, alloc_space) per Interval. Needs root (BPF).
+	Alloc bool
 	// MaxProcesses caps the processes profiled at once (0: no cap).
 	MaxProcesses int
 	// Rescan is how often /proc is listed (DefaultRescan).

@@ -28,6 +28,9 @@ type RunConfig struct {
 	// interval).
 	OnPush       func(r *Report)
 	PushInterval time.Duration
+	// OnAttach, when set, is called once the probes are attached, before
+	// counting begins.
+	OnAttach func(plan *Plan)
 }
 
 // Run attaches to the process, counts until ctx is done, Duration has
@@ -51,6 +54,9 @@ func Run(ctx context.Context, cfg RunConfig) (*Report, error) {
 	defer tr.Close()
 	plan := tr.Plan()
 	logf("attached to %d sites in %s (%s) of process %d; Ctrl-C to stop", len(plan.Sites), plan.Binary, plan.Mode, cfg.Pid)
+	if cfg.OnAttach != nil {
+		cfg.OnAttach(plan)
+	}
 	if plan.Mode == "symbols" {
 		logf("this Ruby has no USDT probes: counting classes only, no file:line")
 	}
@@ -105,6 +111,12 @@ func (tr *Tracker) follow(ctx context.Context, cfg RunConfig) (exited bool, err 
 		push := cfg.OnPush != nil && time.Since(lastPush) >= cfg.PushInterval
 		if !draw && !push {
 			continue
+		}
+		if push {
+			// The stacks copied so far, named: an interval pushed while
+			// the reader was still opening its walker went without its
+			// stacks (half a 2 s job's Widgets stackless in the agent).
+			tr.drainStacks(pushDrainTimeout)
 		}
 		r, err := tr.Snapshot()
 		if err != nil {

@@ -688,7 +688,7 @@ func (tr *Tracker) Stop() {
 		}
 	}
 	tr.mu.Unlock()
-	tr.drainStacks()
+	tr.drainStacks(stackDrainTimeout)
 	if tr.ret != nil {
 		tr.mu.Lock()
 		tr.collectRetained(tr.targetExited || tr.exitFired() || !tr.Alive())
@@ -696,11 +696,12 @@ func (tr *Tracker) Stop() {
 	}
 }
 
-// drainStacks waits (at most stackDrainTimeout) until the stack reader
-// has taken every stack the program copied before Stop detached it, so
-// that the report after Stop holds them: the reader may still be opening
-// its walker (seconds for a large static Ruby) when a short run ends.
-func (tr *Tracker) drainStacks() {
+// drainStacks waits (at most timeout) until the stack reader has taken
+// every stack the program copied so far (before Stop detached it, after
+// Stop), so that the next report holds them: the reader may still be
+// opening its walker (seconds for a large static Ruby) when a short run
+// ends, or when the first interval is pushed.
+func (tr *Tracker) drainStacks(timeout time.Duration) {
 	if tr.stackRd == nil {
 		return
 	}
@@ -708,7 +709,7 @@ func (tr *Tracker) drainStacks() {
 	if err != nil {
 		return
 	}
-	deadline := time.Now().Add(stackDrainTimeout)
+	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		tr.mu.Lock()
 		got := tr.stacks.total
@@ -724,7 +725,13 @@ func (tr *Tracker) drainStacks() {
 	}
 }
 
-const stackDrainTimeout = 10 * time.Second
+// stackDrainTimeout bounds the wait for the stacks at the end, and
+// pushDrainTimeout before an interval is pushed (its stacks not taken
+// yet go with the next one).
+const (
+	stackDrainTimeout = 10 * time.Second
+	pushDrainTimeout  = 3 * time.Second
+)
 
 // Close detaches and frees everything. The kernel also detaches (and
 // decrements the probes' semaphores) when rbscope dies, because the links
