@@ -169,18 +169,43 @@ func (w *Threads) Err() error { return w.err }
 // Watched is the number of threads watched.
 func (w *Threads) Watched() int { return len(w.threads) }
 
+// Since is what a thread did after an instant, up to a later one.
+type Since uint8
+
+// What a thread did since an instant.
+const (
+	// Stayed: no switch, or only preemptions: a thread running at the
+	// instant is still in the same stretch on a CPU, or was preempted in
+	// it, so its stack read then is where it ran at the instant.
+	Stayed Since = iota
+	// Slept: switched out without being preempted (asleep in the
+	// kernel, or stopped), never back in: its stack is where it went to
+	// sleep, which may be past where it ran at the instant (a
+	// Queue#pop, a read), or the same place (waiting for the GVL).
+	Slept
+	// SwitchedIn: switched onto a CPU: it may have run anywhere since.
+	SwitchedIn
+)
+
+func (s Since) String() string {
+	switch s {
+	case Stayed:
+		return "stayed"
+	case Slept:
+		return "slept"
+	case SwitchedIn:
+		return "switched in"
+	}
+	return "since?"
+}
+
 // At returns what thread tid was doing at instant at (CLOCK_MONOTONIC
-// nanoseconds, see Mono), and whether it moved on after that and no later
-// than until: was switched onto a CPU, or went to sleep (switched out
-// without being preempted). A thread running at instant at that did
-// neither is still in the same stretch on a CPU, or was preempted in it,
-// so its stack read then is where it ran at instant at; one switched in
-// again may have run anywhere since, and one that went to sleep is read
-// where it sleeps (a Queue#pop, a read), not where it ran.
-func (w *Threads) At(tid int, at, until int64) (st State, moved bool) {
+// nanoseconds, see Mono), and what it did after that, no later than
+// until.
+func (w *Threads) At(tid int, at, until int64) (st State, since Since) {
 	th := w.threads[tid]
 	if th == nil {
-		return Unknown, false
+		return Unknown, Stayed
 	}
 	return th.at(at, until)
 }
@@ -273,16 +298,15 @@ func (th *thread) close() {
 }
 
 // at returns the thread's state at instant at from its records, and
-// whether a switch onto a CPU or into sleep came after it, by until (see
-// At): the newest switch at or
+// what it did after it, by until (see At): the newest switch at or
 // before at says the state; when every record is newer, the oldest one
 // says what came before it, provided the buffer still holds every record
 // since the watch began; with no record at all the thread has not
 // switched since, and its task clock says whether it has been running
 // all along.
-func (th *thread) at(at, until int64) (State, bool) {
+func (th *thread) at(at, until int64) (State, Since) {
 	if at < th.since {
-		return Unknown, false
+		return Unknown, Stayed
 	}
 	data := th.data
 	size := uint64(len(data))
@@ -291,7 +315,7 @@ func (th *thread) at(at, until int64) (State, bool) {
 	var walked uint64
 	complete := false
 	oldest := uint16(0) // misc of the oldest switch seen after at
-	seen, moved := false, false
+	seen, since := false, Stayed
 	state := Unknown
 	for walked < size {
 		off := (head + walked) & mask
@@ -313,8 +337,12 @@ func (th *thread) at(at, until int64) (State, bool) {
 				break
 			}
 			oldest, seen = misc, true
-			if t <= until && (misc&miscOut == 0 || misc&miscPreempt == 0) {
-				moved = true // switched in, or out into sleep
+			switch {
+			case t > until:
+			case misc&miscOut == 0:
+				since = SwitchedIn
+			case misc&miscPreempt == 0:
+				since = max(since, Slept)
 			}
 		}
 		walked += n
@@ -322,26 +350,26 @@ func (th *thread) at(at, until int64) (State, bool) {
 	// The kernel writes backwards, over the oldest records: what was read
 	// stands if the bytes written meanwhile did not reach it.
 	if written := head - atomic.LoadUint64(&th.meta.Data_head); written+walked > size {
-		return Unknown, false
+		return Unknown, Stayed
 	}
 	switch {
 	case state != Unknown:
-		return state, moved
+		return state, since
 	case !complete:
-		return Unknown, false
+		return Unknown, Stayed
 	case seen && oldest&miscOut != 0:
-		return Running, moved // switched out after at: it was on a CPU then
+		return Running, since // switched out after at: it was on a CPU then
 	case seen:
-		return Off, moved // switched in after at
+		return Off, since // switched in after at
 	}
 	c, err := th.clock()
 	if err != nil {
-		return Unknown, false
+		return Unknown, Stayed
 	}
 	if c > th.clock0 {
-		return Running, false // ran without a switch since the watch began
+		return Running, Stayed // ran without a switch since the watch began
 	}
-	return Off, false
+	return Off, Stayed
 }
 
 func fromRecord(misc uint16) State {

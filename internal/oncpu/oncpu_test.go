@@ -129,6 +129,7 @@ func TestAtAsleepAndStopped(t *testing.T) {
 		t.Errorf("watching %d threads after watching only the spinner, want 1", w.Watched())
 	}
 	time.Sleep(20 * time.Millisecond)
+	spinning := Now()
 	if err := sp.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -145,18 +146,30 @@ func TestAtAsleepAndStopped(t *testing.T) {
 	stopped := Now()
 	time.Sleep(10 * time.Millisecond)
 	for _, at := range []int64{stopped, Now()} {
-		if s, resumed := w.At(pid, at, math.MaxInt64); s != Asleep || resumed {
-			t.Errorf("stopped process at %d: %v (switched in since: %v), want asleep", at, s, resumed)
+		if s, since := w.At(pid, at, math.MaxInt64); s != Asleep || since != Stayed {
+			t.Errorf("stopped process at %d: %v (since: %v), want asleep, stayed", at, s, since)
 		}
+	}
+	// Spinning before the stop, which switched it out not preempted: it
+	// went to sleep since (its stack is where it stopped), unless it was
+	// preempted and switched in again before (a loaded machine), never
+	// stayed.
+	if s, since := w.At(pid, spinning, stopped); since == Stayed {
+		t.Errorf("spinning process before its stop: %v (since: %v), want slept (or switched in) since", s, since)
+	} else {
+		t.Logf("spinning process before its stop: %v, since: %v", s, since)
 	}
 	// Continued, it is switched in again after the stop.
 	continued := Now()
 	sp.Process.Signal(syscall.SIGCONT)
 	time.Sleep(20 * time.Millisecond)
-	if s, resumed := w.At(pid, stopped, math.MaxInt64); s != Asleep || !resumed {
-		t.Errorf("continued process at its stop: %v (switched in since: %v), want asleep and switched in since", s, resumed)
+	if s, since := w.At(pid, stopped, math.MaxInt64); s != Asleep || since != SwitchedIn {
+		t.Errorf("continued process at its stop: %v (since: %v), want asleep and switched in since", s, since)
 	}
-	if _, resumed := w.At(pid, stopped, continued); resumed {
-		t.Error("switched in after its stop and before SIGCONT")
+	if _, since := w.At(pid, stopped, continued); since != Stayed {
+		t.Errorf("since its stop and before SIGCONT: %v, want stayed", since)
+	}
+	if _, since := w.At(pid, spinning, math.MaxInt64); since != SwitchedIn {
+		t.Errorf("spinning process since before its stop, continued: %v, want switched in", since)
 	}
 }
