@@ -229,15 +229,22 @@ const (
 // while calibrating on a target that allocated in the last window.
 //
 // A window that overran (its gate open longer than full: rbscope was
-// not scheduled in time to close it, on a loaded machine) is followed by
-// a pause that long in proportion, so that the probes stay attached
-// DutyCycle of the time whatever the load: 3 ms windows were seen to
-// last 0.2 to 1.5 s while rbscope waited for a CPU, attached 28-39 % of
-// the time (a tenfold cost to the target, and TestDefaultMode's check of
-// the windowed mode failing under load). Called with mu held.
+// not scheduled in time to close it, on a loaded machine) and cost the
+// target more than a window should (it counted more than windowEvents) is
+// followed by a pause that long in proportion, so that the probes stay
+// attached DutyCycle of the time whatever the load: 3 ms windows were
+// seen to last 0.2 to 1.5 s while rbscope waited for a CPU, attached
+// 28-39 % of the time (a tenfold cost to the target, and
+// TestDefaultMode's check of the windowed mode failing under load). An
+// overrun window that counted no more than a window aims at cost the
+// target no more than one (an idle target pays nothing): the usual pause
+// follows. Pausing after those too made short jobs end unseen: a 0.3 s
+// job's first window, closed 8-19 ms late with 0-1,000 events, paused the
+// probes 0.1-0.9 s, past the job's end (totals 0, or one window's worth:
+// TestExitingJob, load 8-14). Called with mu held.
 func (tr *Tracker) offLength(full time.Duration) time.Duration {
 	mean := tr.opts.DutyWindow - full
-	if tr.lastWin > full && tr.opts.DutyCycle < 1 {
+	if tr.lastWin > full && tr.opts.DutyCycle < 1 && tr.lastWinEvents > windowEvents {
 		mean = time.Duration(float64(tr.lastWin) * (1/tr.opts.DutyCycle - 1))
 	}
 	if tr.cal != nil && tr.lastWinEvents >= calMinFirstEvents {
