@@ -39,7 +39,7 @@ count its live objects by type and class: how many, the bytes of their
 heap slots, and the bytes Ruby malloc'd for them outside the slots
 (strings', arrays' and hashes' buffers, and objects' instance variables
 except on 3.2; other types count their slot only, and the report says
-so). Ruby 3.0 to 3.3.
+so). Ruby 3.0 to 3.4.
 
 By default the process keeps running: each batch of heap pages is read
 twice and slots that changed in between are counted apart, never

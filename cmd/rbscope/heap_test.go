@@ -186,7 +186,7 @@ func TestHeapBadInput(t *testing.T) {
 	oneLineError(t, stderr, code, "not a Ruby process")
 	core := filepath.Join(testutil.SharedDir(t), "testdata", "coredumps", "ruby-coredump-2.7.2.gz")
 	_, stderr, code = run(t, "heap", "--core", core)
-	oneLineError(t, stderr, code, "rbscope reads the heaps of Ruby 3.0 to 3.3")
+	oneLineError(t, stderr, code, "rbscope reads the heaps of Ruby 3.0 to 3.4")
 }
 
 // TestHeapUpload pushes three censuses (--interval 1s --count 2) of a

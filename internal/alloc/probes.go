@@ -111,24 +111,26 @@ type Plan struct {
 // for its allocation functions.
 var ErrNoProbes = errors.New("this Ruby has neither USDT probes (built without --enable-dtrace) nor symbols for its allocation functions")
 
-// newobjFuncs are exported allocation functions and the register holding
-// their klass argument at entry (System V: rdi, rsi, ...).
+// newobjFuncs are exported allocation functions and the registers holding
+// their klass and flags arguments at entry (System V: rdi, rsi, rdx, ...;
+// flags "" for none). The flags let the program skip imemos, whose klass
+// slot holds no class of theirs (3.4's rb_imemo_new, in imemo.c, passes a
+// call cache's receiver class there through these functions).
 var newobjFuncs = []struct {
-	name string
-	reg  string
-	kind Kind
+	name, reg, flags string
+	kind             Kind
 }{
-	{"rb_wb_protected_newobj_of", "rdi", KindNewobj},
-	{"rb_wb_unprotected_newobj_of", "rdi", KindNewobj},
-	{"rb_ec_wb_protected_newobj_of", "rsi", KindNewobj},
-	{"rb_newobj_of", "rdi", KindNewobj},
+	{"rb_wb_protected_newobj_of", "rdi", "rsi", KindNewobj},
+	{"rb_wb_unprotected_newobj_of", "rdi", "rsi", KindNewobj},
+	{"rb_ec_wb_protected_newobj_of", "rsi", "rdx", KindNewobj},
+	{"rb_newobj_of", "rdi", "rsi", KindNewobj},
 	// Class#new and its C API: T_OBJECT allocation is inlined in Ruby's
 	// gc.c, so objects of Ruby classes are counted here (and the
 	// allocation-function call that may follow for the same klass on the
 	// same thread is not counted again).
-	{"rb_class_new_instance_pass_kw", "rdx", KindClassNew},
-	{"rb_class_new_instance_kw", "rdx", KindClassNew},
-	{"rb_class_new_instance", "rdx", KindClassNew},
+	{"rb_class_new_instance_pass_kw", "rdx", "", KindClassNew},
+	{"rb_class_new_instance_kw", "rdx", "", KindClassNew},
+	{"rb_class_new_instance", "rdx", "", KindClassNew},
 }
 
 // PlanFor finds the Ruby binary mapped into the target (the executable or
@@ -328,17 +330,24 @@ func planBinary(f *elf.File, path string, forceSymbols bool) (*Plan, error) {
 		if fn.name == "rb_wb_protected_newobj_of" && !haveEC {
 			// Ruby 3.3 folded rb_ec_wb_protected_newobj_of into it:
 			// (ec, klass, flags, size), klass second.
-			fn.reg = "rsi"
+			fn.reg, fn.flags = "rsi", "rdx"
 		}
 		off, err := usdt.VaddrToOffset(f, s.Value)
 		if err != nil {
 			return nil, fmt.Errorf("%s in %s: %w", fn.name, path, err)
 		}
-		arg, err := usdt.ParseArg("8@%" + fn.reg)
-		if err != nil {
-			return nil, err
+		var args []usdt.Arg
+		for _, reg := range []string{fn.reg, fn.flags} {
+			if reg == "" {
+				continue
+			}
+			arg, err := usdt.ParseArg("8@%" + reg)
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, arg)
 		}
-		plan.Sites = append(plan.Sites, Site{Kind: fn.kind, Name: fn.name, Offset: off, Args: []usdt.Arg{arg}})
+		plan.Sites = append(plan.Sites, Site{Kind: fn.kind, Name: fn.name, Offset: off, Args: args})
 	}
 	if len(plan.Sites) == 0 {
 		return nil, nil

@@ -524,7 +524,11 @@ func (tr *Tracker) detach() {
 	closeLinks(tr.links)
 	tr.links = nil
 	tr.attached = false
+	t0 := time.Now()
 	tr.settleCalibration()
+	if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "detached: settling took %v\n", time.Since(t0))
+	}
 	tr.syncExitRanges()
 }
 
@@ -566,8 +570,12 @@ func (tr *Tracker) dutyLoop() {
 			return
 		case <-time.After(off):
 		}
+		t0 := time.Now()
 		if !tr.reattach() {
 			return
+		}
+		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "reattached after a pause of %v: attaching took %v\n", off, time.Since(t0))
 		}
 	}
 }

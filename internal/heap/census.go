@@ -103,6 +103,9 @@ type Census struct {
 	// PageChange says why the first changed page failed (its check).
 	PageChange string `json:"page_change,omitempty"`
 	PagesBad   int    `json:"pages_bad,omitempty"`
+	// PagesEmpty are pages of Ruby 3.4's global empty pool: kept for
+	// reuse, holding no slots.
+	PagesEmpty int    `json:"pages_empty,omitempty"`
 	Slots      uint64 `json:"slots"`
 	// Changed counts the slots whose bytes differed between the census's
 	// two reads (a running process); they are in no entry. Bad counts
@@ -277,16 +280,9 @@ func (w *walk) partial(format string, args ...any) {
 // batches.
 func (w *walk) run(ctx context.Context) error {
 	o, t := w.h.o, w.h.t
-	var hdr [16]byte
-	if err := t.ReadAt(hdr[:8], o.objspace+o.sorted); err != nil {
-		return w.readErr("read heap_pages.sorted", err)
-	}
-	if err := t.ReadAt(hdr[8:], o.objspace+o.npages); err != nil {
-		return w.readErr("read heap_pages.allocated_pages", err)
-	}
-	sorted, n := le64(hdr[:], 0), le64(hdr[:], 8)
-	if !isPtr(sorted) || n > maxPages {
-		return fmt.Errorf("%w: heap_pages.sorted 0x%x with %d pages", ruby.ErrInvalid, sorted, n)
+	sorted, n, err := o.pageList(t)
+	if err != nil {
+		return w.readErr("find the heap's pages", err)
 	}
 	w.c.Pages = int(n)
 	if err := w.readShapes(); err != nil {
@@ -354,6 +350,10 @@ func (w *walk) chunk(ctx context.Context, list []byte) error {
 		pg, err := o.decodePage(w.reqs[k].Addr, w.reqs[k].Buf)
 		if err != nil {
 			w.pageFailed(err.Error())
+			continue
+		}
+		if pg.empty {
+			w.c.PagesEmpty++
 			continue
 		}
 		pages = append(pages, pg)
@@ -665,7 +665,7 @@ func (w *walk) name() error {
 
 // className names an object's class as obj.class does: an object with
 // singleton methods has its singleton class as klass, whose superclass
-// (RClass.super, at 16 from 3.0 to 3.3) is the class it was made from.
+// (RClass.super, at 16 from 3.0 to 3.4) is the class it was made from.
 func (h *Heap) className(klass uint64) string {
 	k := klass
 	for depth := 0; depth < 4; depth++ {
@@ -681,7 +681,7 @@ func (h *Heap) className(klass uint64) string {
 			break
 		}
 		flags := le64(b[:], 0)
-		if flags&tMask != tClass || flags&flSingleton == 0 || !isPtr(le64(b[:], 16)) {
+		if flags&tMask != tClass || flags&h.o.singletonFlag() == 0 || !isPtr(le64(b[:], 16)) {
 			break
 		}
 		k = le64(b[:], 16)
@@ -723,16 +723,9 @@ type Page struct {
 // bodies are not read). A page whose header fails its checks is an error.
 func (h *Heap) Pages() ([]Page, error) {
 	o, t := h.o, h.t
-	var hdr [16]byte
-	if err := t.ReadAt(hdr[:8], o.objspace+o.sorted); err != nil {
-		return nil, fmt.Errorf("read heap_pages.sorted: %w", err)
-	}
-	if err := t.ReadAt(hdr[8:], o.objspace+o.npages); err != nil {
-		return nil, fmt.Errorf("read heap_pages.allocated_pages: %w", err)
-	}
-	sorted, n := le64(hdr[:], 0), le64(hdr[:], 8)
-	if !isPtr(sorted) || n > maxPages {
-		return nil, fmt.Errorf("%w: heap_pages.sorted 0x%x with %d pages", ruby.ErrInvalid, sorted, n)
+	sorted, n, err := o.pageList(t)
+	if err != nil {
+		return nil, fmt.Errorf("find the heap's pages: %w", err)
 	}
 	var out []Page
 	list := make([]byte, 8)

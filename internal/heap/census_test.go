@@ -293,3 +293,52 @@ func procState(t *testing.T, pid int) byte {
 	t.Helper()
 	return procfs.TaskState(pid, pid)
 }
+
+// TestEmptyPoolPages: Ruby 3.4's GC keeps swept pages with no live object
+// in a global empty pool, still in the sorted page list with no slots.
+// The script stops allocating at a moment it holds some, and prints
+// GC.stat's count of them, of all pages and of available slots: a paused
+// census and a running one must find exactly those, every other page
+// good. Rubies before 3.4 have no such pool.
+func TestEmptyPoolPages(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		var major, minor int
+		if _, err := fmt.Sscanf(rb.Version, "%d.%d", &major, &minor); err != nil {
+			t.Fatalf("Ruby version %q: %v", rb.Version, err)
+		}
+		if major < 3 || major == 3 && minor < 4 {
+			t.Skipf("Ruby %s has no global empty pool (3.4's default GC made it): nothing to check", rb.Version)
+		}
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, "heap_empty_pool.rb")
+		var empty, pages, slots uint64
+		for _, l := range proc.Lines {
+			if _, err := fmt.Sscanf(l, "pool %d %d %d", &empty, &pages, &slots); err == nil {
+				break
+			}
+		}
+		tg, err := target.OpenLive(proc.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tg.Close()
+		_, h := openHeap(t, tg)
+		if empty == 0 {
+			t.Fatalf("the script found no moment with empty-pool pages: %q", proc.Lines)
+		}
+		for _, stop := range []bool{true, false} {
+			c, err := h.Census(context.Background(), heap.Options{Stop: stop})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("stop=%v: %d pages, %d empty, %d slots; GC.stat: %d pages, %d empty, %d available slots", stop, c.Pages, c.PagesEmpty, c.Slots, pages, empty, slots)
+			if uint64(c.Pages) != pages || uint64(c.PagesEmpty) != empty || c.Slots != slots {
+				t.Errorf("stop=%v: census has %d pages (%d empty) and %d slots, GC.stat %d pages (%d empty) and %d available slots", stop, c.Pages, c.PagesEmpty, c.Slots, pages, empty, slots)
+			}
+			if c.Partial || c.PagesBad != 0 || c.PagesChanged != 0 || c.Bad != 0 || c.Changed != 0 {
+				t.Errorf("stop=%v: partial=%v (%s), %d bad pages, %d changed pages, %d bad slots, %d changed slots", stop, c.Partial, c.Why, c.PagesBad, c.PagesChanged, c.Bad, c.Changed)
+			}
+		}
+	})
+}

@@ -2,7 +2,7 @@
 // objspace's sorted list of heap pages, each page's slots, and for every
 // live slot its type, its class (RBasic.klass, named through package ruby)
 // and the bytes it holds: the slot itself plus, for strings, arrays,
-// hashes and objects (3.0-3.1, and 3.3 through its shape tree), the buffer
+// hashes and objects (3.0-3.1, and 3.3-3.4 through the shape tree), the buffer
 // Ruby malloc'd for it. It also writes heap dumps in ObjectSpace.dump_all's
 // format (dump.go) and compares censuses (Grow).
 //
@@ -13,7 +13,7 @@
 // changed, never attributed; with Stop the whole process is paused for an
 // exact census.
 //
-// Supported: Ruby 3.0 to 3.3, with offsets from DWARF when the build has
+// Supported: Ruby 3.0 to 3.4, with offsets from DWARF when the build has
 // it, else from small per-version tables that every page proves (its body
 // header points back at it, its slots fill the page exactly) and, for the
 // objspace's page list, a search by shape (see offsets.go).

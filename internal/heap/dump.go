@@ -91,7 +91,7 @@ func (d *dumper) record(w *walk, addr uint64, pg pageInfo, sb []byte, s slot, ta
 		if flags&flUser1 == 0 && o.ver < 30200 {
 			r.length = int64(flags >> 14 & 0x1f) // RSTRING_EMBED_LEN before 3.2
 		}
-		if flags&(flUser1|flUser2) == flUser1|flUser2 {
+		if flags&(flUser1|o.sharedFlag()) == flUser1|o.sharedFlag() {
 			// Shared: dump_all names the string it shares instead of
 			// its size (as.heap.aux.shared).
 			r.length = -1
@@ -111,7 +111,7 @@ func (d *dumper) record(w *walk, addr uint64, pg pageInfo, sb []byte, s slot, ta
 		} else {
 			n := le64(sb, 16) // as.heap.len
 			r.length = int64(n)
-			if flags&flUser2 != 0 {
+			if flags&o.sharedFlag() != 0 {
 				// Shared: the array it shares is its one reference
 				// (as.heap.aux.shared_root).
 				r.inline = append(r.inline, le64(sb, o.aryCapa))
@@ -199,6 +199,7 @@ func (d *dumper) line(w *walk, r dumpRec, ok []bool) {
 	if d.err != nil {
 		return
 	}
+	shared := w.h.o.sharedFlag()
 	b := make([]byte, 0, 256)
 	b = append(b, `{"address":`...)
 	b = appendHex(b, r.addr)
@@ -222,7 +223,7 @@ func (d *dumper) line(w *walk, r dumpRec, ok []bool) {
 		if r.flags&flUser1 == 0 {
 			b = append(b, `, "embedded":true`...)
 		}
-		if r.flags&(flUser1|flUser2) == flUser1|flUser2 {
+		if r.flags&(flUser1|shared) == flUser1|shared {
 			b = append(b, `, "shared":true`...)
 		}
 		if r.length >= 0 {
@@ -232,7 +233,7 @@ func (d *dumper) line(w *walk, r dumpRec, ok []bool) {
 	case tArray:
 		b = append(b, `, "length":`...)
 		b = strconv.AppendInt(b, r.length, 10)
-		if r.length > 0 && r.flags&flUser2 != 0 {
+		if r.length > 0 && r.flags&shared != 0 {
 			b = append(b, `, "shared":true`...)
 		}
 		if r.flags&flUser1 != 0 {

@@ -2,20 +2,24 @@ package heap
 
 import (
 	"encoding/binary"
+	"strings"
 	"testing"
 
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
-// fuzzOffsets are the two page layouts the census meets: 3.1 (16 KiB
-// pages, ar tables malloc'd, st tables behind a pointer) and 3.3 (64 KiB
-// pages, st tables in the slot).
+// fuzzOffsets are the three page layouts the census meets: 3.1 (16 KiB
+// pages, ar tables malloc'd, st tables behind a pointer), 3.3 (64 KiB
+// pages, st tables in the slot) and 3.4 (3.3's with the page's body in
+// its heap_page, an empty pool, and ELTS_SHARED moved to FL_USER0).
 func fuzzOffsets() []*offsets {
 	o31 := &offsets{ver: 30102, align: 1 << 14, objNumiv: -1}
-	o31.setPage(pageCand{0, 2, 32, "3.1"})
+	o31.setPage(pageCand{0, 2, 32, -1, "3.1"})
 	o33 := &offsets{ver: 30308, align: 1 << 16, objNumiv: -1}
-	o33.setPage(pageCand{0, 2, 32, "3.3"})
-	for _, o := range []*offsets{o31, o33} {
+	o33.setPage(pageCand{0, 2, 32, -1, "3.3"})
+	o34 := &offsets{ver: 30405, align: 1 << 16, objNumiv: -1, darray: true}
+	o34.setPage(pageCand{0, 2, 40, 32, "3.4"})
+	for _, o := range []*offsets{o31, o33, o34} {
 		o.strCapa, o.aryCapa = 32, 24
 		if o.ver < 30200 {
 			o.hashPtr, o.arSize, o.objNumiv = 16, 128, 16
@@ -23,7 +27,7 @@ func fuzzOffsets() []*offsets {
 			o.hashInline = true
 		}
 	}
-	return []*offsets{o31, o33}
+	return []*offsets{o31, o33, o34}
 }
 
 // fuzzPageAddr is where fuzz inputs say their heap_page is.
@@ -40,6 +44,9 @@ func seedPage(o *offsets, slot uint64) []byte {
 	binary.LittleEndian.PutUint16(hdr[0:], uint16(slot))
 	binary.LittleEndian.PutUint16(hdr[o.total:], uint16(total))
 	binary.LittleEndian.PutUint64(hdr[o.start:], start)
+	if o.body >= 0 {
+		binary.LittleEndian.PutUint64(hdr[o.body:], body)
+	}
 	b := make([]byte, 40+8*slot)
 	binary.LittleEndian.PutUint64(b, fuzzPageAddr)
 	put := func(i int, words ...uint64) {
@@ -48,12 +55,12 @@ func seedPage(o *offsets, slot uint64) []byte {
 		}
 	}
 	klass := uint64(0x7f00_1000_0000)
-	put(0, tString|flUser1, klass, 1024, 0x7f00_2000_0000, 1024)          // heap string
-	put(1, tArray, klass, 100, 100, 0x7f00_2000_1000)                     // heap array, capa 100
-	put(2, tHash|flUser3, klass, 0x7f00_2000_2000, 0x0000_0000_0000_0403) // st hash
-	put(3, tObject, klass, 4, 0x7f00_2000_3000)                           // heap ivars
-	put(4, tImemo, 8, 0, 0)                                               // klass is no class
-	put(5, tString|flUser1|flUser2, klass, 10, 0x7f00_2000_4000, 0)       // shared string
+	put(0, tString|flUser1, klass, 1024, 0x7f00_2000_0000, 1024)           // heap string
+	put(1, tArray, klass, 100, 100, 0x7f00_2000_1000)                      // heap array, capa 100
+	put(2, tHash|flUser3, klass, 0x7f00_2000_2000, 0x0000_0000_0000_0403)  // st hash
+	put(3, tObject, klass, 4, 0x7f00_2000_3000)                            // heap ivars
+	put(4, tImemo, 8, 0, 0)                                                // klass is no class
+	put(5, tString|flUser1|o.sharedFlag(), klass, 10, 0x7f00_2000_4000, 0) // shared string
 	return append(hdr, b...)
 }
 
@@ -63,6 +70,7 @@ func fuzzSeeds() map[string][]byte {
 		"page-3.1":     seedPage(os[0], 40),
 		"page-3.3-80":  seedPage(os[1], 80),
 		"page-3.3-640": seedPage(os[1], 640),
+		"page-3.4-160": seedPage(os[2], 160),
 	}
 }
 
@@ -119,8 +127,11 @@ func TestFuzzPageSeeds(t *testing.T) {
 	for name, data := range fuzzSeeds() {
 		got := testutil.CommittedFuzzSeed(t, seedDir, name, data)
 		o := os[1]
-		if name == "page-3.1" {
+		switch {
+		case name == "page-3.1":
 			o = os[0]
+		case strings.HasPrefix(name, "page-3.4"):
+			o = os[2]
 		}
 		pg, err := o.decodePage(fuzzPageAddr, got[:o.hdrLen])
 		if err != nil {

@@ -146,7 +146,7 @@ func (h *Heap) checkMarkBits(m MarkBits) error {
 			break
 		}
 		pg, err := h.pageOf(p.Body)
-		if err != nil {
+		if err != nil || pg.empty {
 			continue
 		}
 		body := make([]byte, pg.end()-pg.body)

@@ -10,17 +10,24 @@ import (
 	"github.com/rbscope/rbscope/internal/target"
 )
 
-// Facts from gc.c that DWARF does not give (macros and enum values), the
-// same from 3.0 to 3.3:
+// Facts from gc.c (gc/default/default.c from 3.4) that DWARF does not
+// give (macros and enum values):
 //
 //   - struct heap_page_header { struct heap_page *page; } opens every page
 //     body, which is aligned to HEAP_PAGE_ALIGN (16 KiB to 3.1, 64 KiB from
 //     3.2) and HEAP_PAGE_SIZE long; the first slot follows the header,
 //     moved up to a multiple of the base slot size (40, sizeof(RVALUE)), and
 //     total_slots slots of slot_size fill the rest of the body.
-//   - rb_objspace.heap_pages: sorted (the pages, by address), allocated_pages
-//     (how many), allocatable_pages, sorted_length (>= allocated_pages),
-//     range[2] (the lowest slot, the end of the highest page).
+//   - rb_objspace.heap_pages, 3.0-3.3: sorted (the pages, by address),
+//     allocated_pages (how many), allocatable_pages, sorted_length (>=
+//     allocated_pages), range[2] (the lowest slot, the end of the highest
+//     page).
+//   - rb_objspace.heap_pages, 3.4: sorted is an rb_darray (darray.h: a
+//     pointer to {size_t size, capa; struct heap_page *data[]}), then
+//     allocated_pages and freed_pages (counts since start: size =
+//     allocated - freed), range[2] (the lowest body plus its header, the
+//     end of the highest body). Pages of the global empty pool stay in
+//     sorted with start, total_slots and slot_size zeroed.
 //   - A slot's first word is RBasic.flags (type = flags & 0x1f, 0 when
 //     free), its second RBasic.klass.
 const (
@@ -67,9 +74,25 @@ const (
 	flUser1 = 1 << 13
 	flUser2 = 1 << 14
 	flUser3 = 1 << 15
-	// FL_SINGLETON (FL_USER0 to 3.3) marks a singleton class.
-	flSingleton = 1 << 12
+	flUser0 = 1 << 12
 )
+
+// sharedFlag is ELTS_SHARED (STR_SHARED, RARRAY_SHARED_FLAG): FL_USER2 to
+// 3.3, FL_USER0 from 3.4.
+func (o *offsets) sharedFlag() uint64 {
+	if o.ver >= 30400 {
+		return flUser0
+	}
+	return flUser2
+}
+
+// singletonFlag is FL_SINGLETON: FL_USER0 to 3.3, FL_USER1 from 3.4.
+func (o *offsets) singletonFlag() uint64 {
+	if o.ver >= 30400 {
+		return flUser1
+	}
+	return flUser0
+}
 
 // typeNames are the names ObjectSpace.count_objects uses.
 var typeNames = [32]string{
@@ -97,11 +120,15 @@ type offsets struct {
 	objspace uint64 // rb_objspace address
 	sorted   uint64 // rb_objspace.heap_pages.sorted
 	npages   uint64 // rb_objspace.heap_pages.allocated_pages
+	// darray: sorted is an rb_darray whose size is the page count (3.4+;
+	// allocated_pages counts every page ever allocated).
+	darray bool
 
 	// struct heap_page
 	slotSize int    // offset of slot_size (short), -1: every slot is baseSlot
 	total    uint64 // offset of total_slots (short)
 	start    uint64 // offset of start
+	body     int    // offset of body (3.4+), -1: the body is found from start
 	hdrLen   int    // bytes of heap_page read
 	align    uint64 // HEAP_PAGE_ALIGN
 
@@ -124,26 +151,33 @@ type pageCand struct {
 	slotSize int
 	total    uint64
 	start    uint64
+	body     int
 	note     string
 }
 
-// pageCands are the heap_page layouts gc.c has had from 3.0 to 3.3:
+// pageCands are the heap_page layouts gc.c has had from 3.0 to 3.4:
 //
 //	3.0:     short total_slots, free_slots, pinned_slots, final_slots;
 //	         flags (4 bytes); free_next; RVALUE *start
 //	3.1-3.3: short slot_size, total_slots, free_slots, pinned_slots (final_slots
 //	         in 3.3's order), final_slots; flags; size_pool; free_next; start
+//	3.4:     unsigned short slot_size, total_slots, free_slots, final_slots,
+//	         pinned_slots; flags (4 bytes); rb_heap_t *heap; free_next;
+//	         struct heap_page_body *body; uintptr_t start
+//	         (gc/default/default.c)
 //
 // 3.1's is tried with and without the size_pool pointer; the pages
 // themselves decide (see checkPage).
 func pageCands(ver int) []pageCand {
 	switch {
+	case ver >= 30400:
+		return []pageCand{{0, 2, 40, 32, "gc/default/default.c 3.4"}}
 	case ver >= 30200:
-		return []pageCand{{0, 2, 32, "gc.c 3.2-3.3"}}
+		return []pageCand{{0, 2, 32, -1, "gc.c 3.2-3.3"}}
 	case ver >= 30100:
-		return []pageCand{{0, 2, 32, "gc.c 3.1"}, {0, 2, 24, "gc.c 3.1 (no size_pool)"}, {-1, 0, 24, "gc.c 3.0 shape"}}
+		return []pageCand{{0, 2, 32, -1, "gc.c 3.1"}, {0, 2, 24, -1, "gc.c 3.1 (no size_pool)"}, {-1, 0, 24, -1, "gc.c 3.0 shape"}}
 	default:
-		return []pageCand{{-1, 0, 24, "gc.c 3.0"}}
+		return []pageCand{{-1, 0, 24, -1, "gc.c 3.0"}}
 	}
 }
 
@@ -183,14 +217,14 @@ func resolve(p *ruby.Process) (*offsets, error) { return resolveFrom(p, false) }
 // other).
 func resolveFrom(p *ruby.Process, noDWARF bool) (*offsets, error) {
 	ver := p.VersionNumber()
-	if ver < 30000 || ver >= 30400 {
-		return nil, fmt.Errorf("%w for Ruby %s: rbscope reads the heaps of Ruby 3.0 to 3.3", ErrUnsupported, p.Version())
+	if ver < 30000 || ver >= 30500 {
+		return nil, fmt.Errorf("%w for Ruby %s: rbscope reads the heaps of Ruby 3.0 to 3.4", ErrUnsupported, p.Version())
 	}
 	os, src, err := p.Objspace()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
 	}
-	o := &offsets{ver: ver, objspace: os, align: 1 << 14, objNumiv: -1}
+	o := &offsets{ver: ver, objspace: os, align: 1 << 14, objNumiv: -1, body: -1, darray: ver >= 30400}
 	if ver >= 30200 {
 		o.align = 1 << 16
 	}
@@ -209,9 +243,16 @@ func resolveFrom(p *ruby.Process, noDWARF bool) (*offsets, error) {
 	start, stErr := l.Field("heap_page", "start")
 	total, tErr := l.Field("heap_page", "total_slots")
 	if !noDWARF && sErr == nil && aErr == nil && stErr == nil && tErr == nil && sorted.Source == "" && start.Source == "" {
-		c := pageCand{slotSize: -1, total: total.Offset, start: start.Offset}
+		c := pageCand{slotSize: -1, total: total.Offset, start: start.Offset, body: -1}
 		if ss, err := l.Field("heap_page", "slot_size"); err == nil {
 			c.slotSize = int(ss.Offset)
+		}
+		if o.darray {
+			b, err := l.Field("heap_page", "body")
+			if err != nil {
+				return nil, fmt.Errorf("%w: Ruby %s's heap_page has no body field in DWARF (%s): %v", ErrUnsupported, p.Version(), l.Source, err)
+			}
+			c.body = int(b.Offset)
 		}
 		o.sorted, o.npages = sorted.Offset, alloc.Offset
 		o.setPage(c)
@@ -261,11 +302,8 @@ func (o *offsets) objectFields(l *layout.Layout) error {
 }
 
 func (o *offsets) setPage(c pageCand) {
-	o.slotSize, o.total, o.start = c.slotSize, c.total, c.start
-	o.hdrLen = int(c.start + 8)
-	if o.hdrLen < 16 {
-		o.hdrLen = 16
-	}
+	o.slotSize, o.total, o.start, o.body = c.slotSize, c.total, c.start, c.body
+	o.hdrLen = max(int(c.start+8), c.body+8, 16)
 	o.source = c.note
 }
 
@@ -291,8 +329,8 @@ func (o *offsets) scanObjspace(t target.Target) error {
 	var hits []hit
 	var lastErr error
 	for off := uint64(0); off+48 <= uint64(len(b)); off += 8 {
-		sorted, n, length, lo, hi := le64(b, off), le64(b, off+8), le64(b, off+24), le64(b, off+32), le64(b, off+40)
-		if !isPtr(sorted) || n == 0 || n > maxPages || length < n || length > 4*maxPages || !isPtr(lo) || hi <= lo {
+		lo, hi, ok := o.listShape(t, b, off)
+		if !ok {
 			continue
 		}
 		for _, c := range pageCands(o.ver) {
@@ -324,49 +362,138 @@ func (o *offsets) scanObjspace(t target.Target) error {
 	return fmt.Errorf("%w: %d places in rb_objspace look like heap_pages.sorted", ErrUnsupported, len(hits))
 }
 
+// listShape reports whether the words of rb_objspace b at off have the
+// shape of heap_pages, and returns its range[2]. 3.0-3.3: sorted (a
+// pointer), allocated_pages (1 to maxPages), allocatable_pages,
+// sorted_length (>= allocated_pages), range. 3.4: sorted (an rb_darray
+// whose size is allocated_pages - freed_pages and whose capacity is no
+// less), allocated_pages, freed_pages, range.
+func (o *offsets) listShape(t target.Target, b []byte, off uint64) (lo, hi uint64, ok bool) {
+	sorted, n := le64(b, off), le64(b, off+8)
+	if !isPtr(sorted) || n == 0 {
+		return 0, 0, false
+	}
+	if !o.darray {
+		length := le64(b, off+24)
+		lo, hi = le64(b, off+32), le64(b, off+40)
+		return lo, hi, n <= maxPages && length >= n && length <= 4*maxPages && isPtr(lo) && hi > lo
+	}
+	freed := le64(b, off+16)
+	lo, hi = le64(b, off+24), le64(b, off+32)
+	if freed >= n || n-freed > maxPages || !isPtr(lo) || hi <= lo {
+		return 0, 0, false
+	}
+	var meta [16]byte
+	if t.ReadAt(meta[:], sorted) != nil {
+		return 0, 0, false
+	}
+	size, capa := le64(meta[:], 0), le64(meta[:], 8)
+	return lo, hi, size == n-freed && capa >= size && capa <= 4*maxPages
+}
+
+// pageList reads where the sorted page list's entries are and how many
+// there are.
+func (o *offsets) pageList(t target.Target) (list, n uint64, err error) {
+	var b [16]byte
+	if err := t.ReadAt(b[:8], o.objspace+o.sorted); err != nil {
+		return 0, 0, fmt.Errorf("read heap_pages.sorted: %w", err)
+	}
+	list = le64(b[:], 0)
+	if !isPtr(list) {
+		return 0, 0, fmt.Errorf("%w: heap_pages.sorted is 0x%x", ruby.ErrInvalid, list)
+	}
+	if o.darray {
+		if err := t.ReadAt(b[:], list); err != nil {
+			return 0, 0, fmt.Errorf("read the size of the heap_pages.sorted array at 0x%x: %w", list, err)
+		}
+		n, capa := le64(b[:], 0), le64(b[:], 8)
+		if n > maxPages || capa < n {
+			return 0, 0, fmt.Errorf("%w: heap_pages.sorted holds %d pages of %d", ruby.ErrInvalid, n, capa)
+		}
+		return list + 16, n, nil
+	}
+	if err := t.ReadAt(b[8:], o.objspace+o.npages); err != nil {
+		return 0, 0, fmt.Errorf("read heap_pages.allocated_pages: %w", err)
+	}
+	n = le64(b[:], 8)
+	if n > maxPages {
+		return 0, 0, fmt.Errorf("%w: heap_pages.sorted 0x%x with %d pages", ruby.ErrInvalid, list, n)
+	}
+	return list, n, nil
+}
+
 // checkEnds checks the first and last pages of the sorted list (and one in
-// the middle) and returns the range they span: [first slot, end of the
-// last page's slots).
+// the middle, and on 3.4 the first page that holds slots) and returns the
+// range they span as heap_pages.range holds it: to 3.3 [first slot, end
+// of the last page's slots), from 3.4 [first body + its header, end of
+// the last body).
 func (o *offsets) checkEnds(t target.Target) ([2]uint64, error) {
 	var r [2]uint64
-	hdr := make([]byte, 16)
-	if err := t.ReadAt(hdr, o.objspace+o.sorted); err != nil {
-		return r, fmt.Errorf("read heap_pages.sorted: %w", err)
+	list, n, err := o.pageList(t)
+	if err != nil {
+		return r, err
 	}
-	sorted := le64(hdr, 0)
-	if err := t.ReadAt(hdr[8:], o.objspace+o.npages); err != nil {
-		return r, fmt.Errorf("read heap_pages.allocated_pages: %w", err)
-	}
-	n := le64(hdr, 8)
-	if !isPtr(sorted) || n == 0 || n > maxPages {
-		return r, fmt.Errorf("heap_pages.sorted 0x%x with %d pages", sorted, n)
+	if n == 0 {
+		return r, errors.New("heap_pages.sorted holds no page")
 	}
 	idx := []uint64{0, n / 2, n - 1}
+	full := 0
 	for k, i := range idx {
-		var pb [8]byte
-		if err := t.ReadAt(pb[:], sorted+8*i); err != nil {
-			return r, fmt.Errorf("read heap_pages.sorted[%d]: %w", i, err)
-		}
-		page := le64(pb[:], 0)
-		pg, err := o.readPage(t, page)
+		pg, err := o.checkListed(t, list, i)
 		if err != nil {
-			return r, fmt.Errorf("heap_pages.sorted[%d]: %w", i, err)
+			return r, err
 		}
-		var back [8]byte
-		if err := t.ReadAt(back[:], pg.body); err != nil {
-			return r, fmt.Errorf("read the body header of page 0x%x: %w", page, err)
+		if !pg.empty {
+			full++
 		}
-		if le64(back[:], 0) != page {
-			return r, fmt.Errorf("page 0x%x: its body at 0x%x does not point back at it", page, pg.body)
-		}
-		switch k {
-		case 0:
+		switch {
+		case k == 0 && o.darray:
+			r[0] = pg.body + 8
+		case k == 0:
 			r[0] = pg.start
-		case len(idx) - 1:
+		case k == len(idx)-1 && o.darray:
+			r[1] = pg.body + o.align
+		case k == len(idx)-1:
 			r[1] = pg.end()
 		}
 	}
+	// Pages of the empty pool prove little of the layout: check one
+	// with slots.
+	for i := uint64(0); full == 0 && i < min(n, listChunk); i++ {
+		pg, err := o.checkListed(t, list, i)
+		if err != nil {
+			return r, err
+		}
+		if !pg.empty {
+			full++
+		}
+	}
+	if full == 0 {
+		return r, fmt.Errorf("none of the first %d heap pages holds slots", min(n, listChunk))
+	}
 	return r, nil
+}
+
+// checkListed reads entry i of the sorted page list at list, decodes its
+// page and checks that the page's body points back at it.
+func (o *offsets) checkListed(t target.Target, list, i uint64) (pageInfo, error) {
+	var pb [8]byte
+	if err := t.ReadAt(pb[:], list+8*i); err != nil {
+		return pageInfo{}, fmt.Errorf("read heap_pages.sorted[%d]: %w", i, err)
+	}
+	page := le64(pb[:], 0)
+	pg, err := o.readPage(t, page)
+	if err != nil {
+		return pageInfo{}, fmt.Errorf("heap_pages.sorted[%d]: %w", i, err)
+	}
+	var back [8]byte
+	if err := t.ReadAt(back[:], pg.body); err != nil {
+		return pageInfo{}, fmt.Errorf("read the body header of page 0x%x: %w", page, err)
+	}
+	if le64(back[:], 0) != page {
+		return pageInfo{}, fmt.Errorf("page 0x%x: its body at 0x%x does not point back at it", page, pg.body)
+	}
+	return pg, nil
 }
 
 func (o *offsets) readPage(t target.Target, page uint64) (pageInfo, error) {

@@ -49,10 +49,11 @@ func TestTablesMatchDWARF(t *testing.T) {
 		t.Logf("%s", s.source)
 		type view struct {
 			sorted, npages, total, start uint64
-			slotSize                     int
+			slotSize, body               int
+			darray                       bool
 		}
-		d := view{o.sorted, o.npages, o.total, o.start, o.slotSize}
-		b := view{s.sorted, s.npages, s.total, s.start, s.slotSize}
+		d := view{o.sorted, o.npages, o.total, o.start, o.slotSize, o.body, o.darray}
+		b := view{s.sorted, s.npages, s.total, s.start, s.slotSize, s.body, s.darray}
 		if d != b {
 			t.Errorf("DWARF %+v, tables and search %+v", d, b)
 		}

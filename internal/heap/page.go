@@ -11,6 +11,9 @@ type pageInfo struct {
 	start uint64 // the first slot
 	total uint64 // slots
 	slot  uint64 // slot size
+	// empty: a page of 3.4's global empty pool (no slots; start is body
+	// and total 0).
+	empty bool
 }
 
 // end is the end of the page's last slot.
@@ -24,10 +27,12 @@ func (pg pageInfo) span() uint64 { return pg.end() - pg.body }
 // checks what gc.c guarantees: a slot size that is a multiple of the base
 // slot (at most 32 of them), a first slot past the body header by less
 // than one slot (gc.c moves it up to a multiple of the base slot size
-// from 3.1, of the slot size in 3.3.0), and
-// slots that fill the body to within one slot of its end. Whether the body
-// header points back at the page is checked by the caller, which reads the
-// body.
+// from 3.1, of the slot size in 3.3.0, and 3.4 by up to one slot more),
+// slots that fill the body to within one slot of its end, and (3.4) a
+// body field that is the page the first slot is in. A 3.4 page of the
+// global empty pool (start, total_slots and slot_size zero) decodes as
+// empty, with its body. Whether the body header points back at the page
+// is checked by the caller, which reads the body.
 func (o *offsets) decodePage(page uint64, b []byte) (pageInfo, error) {
 	if len(b) < o.hdrLen {
 		return pageInfo{}, fmt.Errorf("page 0x%x: %d bytes of heap_page, want %d", page, len(b), o.hdrLen)
@@ -36,6 +41,16 @@ func (o *offsets) decodePage(page uint64, b []byte) (pageInfo, error) {
 	if o.slotSize >= 0 {
 		pg.slot = le16(b, uint64(o.slotSize))
 	}
+	body := uint64(0)
+	if o.body >= 0 {
+		body = le64(b, uint64(o.body))
+		if !isPtr(body) || body&(o.align-1) != 0 {
+			return pageInfo{}, fmt.Errorf("page 0x%x: body 0x%x", page, body)
+		}
+		if o.darray && pg.start == 0 && pg.total == 0 && pg.slot == 0 {
+			return pageInfo{page: page, body: body, start: body, slot: baseSlot, empty: true}, nil
+		}
+	}
 	if pg.slot < baseSlot || pg.slot%baseSlot != 0 || pg.slot > 32*baseSlot {
 		return pageInfo{}, fmt.Errorf("page 0x%x: slot size %d", page, pg.slot)
 	}
@@ -43,6 +58,9 @@ func (o *offsets) decodePage(page uint64, b []byte) (pageInfo, error) {
 		return pageInfo{}, fmt.Errorf("page 0x%x: start 0x%x, %d slots", page, pg.start, pg.total)
 	}
 	pg.body = pg.start &^ (o.align - 1)
+	if o.body >= 0 && body != pg.body {
+		return pageInfo{}, fmt.Errorf("page 0x%x: first slot 0x%x is not in its body 0x%x", page, pg.start, body)
+	}
 	gap := pg.start - pg.body
 	if gap < 8 || gap >= 8+pg.slot {
 		return pageInfo{}, fmt.Errorf("page 0x%x: first slot 0x%x is %d bytes into its body", page, pg.start, gap)
@@ -105,7 +123,7 @@ func (o *offsets) decodeSlot(b []byte) slot {
 	}
 	switch s.typ {
 	case tString:
-		if flags&(flUser1|flUser2) == flUser1 { // heap buffer, not shared
+		if flags&(flUser1|o.sharedFlag()) == flUser1 { // heap buffer, not shared
 			capa := le64(b, o.strCapa)
 			if capa > maxCapa {
 				s.bad = true
@@ -113,7 +131,7 @@ func (o *offsets) decodeSlot(b []byte) slot {
 			s.malloc = capa + 1 // TERM_LEN of a single-byte terminator
 		}
 	case tArray:
-		if flags&(flUser1|flUser2) == 0 { // owns its heap buffer
+		if flags&(flUser1|o.sharedFlag()) == 0 { // owns its heap buffer
 			capa := le64(b, o.aryCapa)
 			if capa > maxCapa {
 				s.bad = true

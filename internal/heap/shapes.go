@@ -8,23 +8,43 @@ import (
 	"github.com/rbscope/rbscope/internal/target"
 )
 
-// The 3.3 shape tree (shape.c): rb_shape_tree_ptr points at a malloc'd
-// rb_shape_tree_t {shape_list, root_shape, next_shape_id, ...} whose
-// shape_list is an mmap'd array of rb_shape_t. Init_default_shapes makes
-// shapes 0 to SIZE_POOL_COUNT-1 the roots of each size pool (type
-// SHAPE_ROOT, parent INVALID_SHAPE_ID, size_pool_index i), and root_shape
-// point at shape 0.
+// The shape tree (shape.c, 3.3-3.4): rb_shape_tree_ptr points at a
+// malloc'd rb_shape_tree_t {shape_list, root_shape, next_shape_id, ...}
+// whose shape_list is an mmap'd array of rb_shape_t; root_shape points at
+// shape 0, the root (type SHAPE_ROOT, parent INVALID_SHAPE_ID, pool 0).
+// Init_default_shapes makes, on 3.3, shapes 0 to SIZE_POOL_COUNT-1 the
+// roots of each size pool (shape 1: SHAPE_ROOT of pool 1); on 3.4 shape 1
+// the special-constant shape (SHAPE_FROZEN, parent 0), 2 the too-complex
+// shape (parent 0), and 3 to 3+HEAP_COUNT-1 the T_OBJECT shape of each
+// heap (SHAPE_T_OBJECT, parent INVALID_SHAPE_ID, heap_index i).
 const (
 	shapeRoot      = 0
+	shapeFrozen    = 2
+	shapeTObject   = 3
 	shapePool      = 25
 	shapeParent    = 28
 	invalidShapeID = 0xffffffff
 	shapeScanChunk = 1 << 20
 )
 
+// rootShapes are the first shapes of a tree as Init_default_shapes makes
+// them, for Ruby version ver: type, parent and pool of each.
+func rootShapes(ver int) [][3]uint64 {
+	if ver >= 30400 {
+		return [][3]uint64{
+			{shapeRoot, invalidShapeID, 0},
+			{shapeFrozen, 0, 0},
+			{shapeTooComplex, 0, 0},
+			{shapeTObject, invalidShapeID, 0},
+			{shapeTObject, invalidShapeID, 1},
+		}
+	}
+	return [][3]uint64{{shapeRoot, invalidShapeID, 0}, {shapeRoot, invalidShapeID, 1}}
+}
+
 // checkShapeTree checks that tree (the value of rb_shape_tree_ptr) has the
 // shape of Ruby's shape tree.
-func checkShapeTree(t target.Target, tree uint64) error {
+func checkShapeTree(t target.Target, tree uint64, ver int) error {
 	if !isPtr(tree) {
 		return fmt.Errorf("shape tree pointer 0x%x", tree)
 	}
@@ -32,18 +52,19 @@ func checkShapeTree(t target.Target, tree uint64) error {
 	if err := t.ReadAt(b[:], tree); err != nil {
 		return fmt.Errorf("read the shape tree: %w", err)
 	}
+	roots := rootShapes(ver)
 	list, root, n := le64(b[:], 0), le64(b[:], 8), le32(b[:], treeNextShapeID)
-	if !isPtr(list) || root != list || n < 2 || n > maxShapes {
+	if !isPtr(list) || root != list || n < uint64(len(roots)) || n > maxShapes {
 		return fmt.Errorf("shape tree 0x%x: list 0x%x, root 0x%x, %d shapes", tree, list, root, n)
 	}
-	var sh [2 * shapeSize]byte
-	if err := t.ReadAt(sh[:], list); err != nil {
+	sh := make([]byte, len(roots)*shapeSize)
+	if err := t.ReadAt(sh, list); err != nil {
 		return fmt.Errorf("read the root shapes: %w", err)
 	}
-	for i := uint64(0); i < 2; i++ {
+	for i, want := range roots {
 		r := sh[i*shapeSize:]
-		if r[shapeType] != shapeRoot || le32(r, shapeParent) != invalidShapeID || uint64(r[shapePool]) != i {
-			return fmt.Errorf("shape tree 0x%x: shapes 0 and 1 are not the roots of size pools 0 and 1", tree)
+		if got := [3]uint64{uint64(r[shapeType]), le32(r, shapeParent), uint64(r[shapePool])}; got != want {
+			return fmt.Errorf("shape tree 0x%x: shape %d has type, parent and pool %v, Init_default_shapes makes %v", tree, i, got, want)
 		}
 	}
 	return nil
@@ -60,7 +81,7 @@ func findShapeTree(p *ruby.Process) (uint64, string, error) {
 		if err := t.ReadAt(b[:], addr); err != nil {
 			return 0, "", fmt.Errorf("read rb_shape_tree_ptr: %w", err)
 		}
-		if err := checkShapeTree(t, le64(b[:], 0)); err != nil {
+		if err := checkShapeTree(t, le64(b[:], 0), p.VersionNumber()); err != nil {
 			return 0, "", err
 		}
 		return addr, "rb_shape_tree_ptr: symbol", nil
@@ -125,7 +146,7 @@ func scanShapeTree(p *ruby.Process) (uint64, error) {
 			if !isPtr(list) || root != list || n < 2 || n > maxShapes {
 				continue
 			}
-			if checkShapeTree(t, rq.Addr) == nil {
+			if checkShapeTree(t, rq.Addr, p.VersionNumber()) == nil {
 				found = append(found, cands[i+k])
 			}
 		}

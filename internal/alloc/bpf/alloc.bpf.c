@@ -15,6 +15,8 @@
 #define ANON_CLASS 1 /* class "pointer" of anonymous classes' objects */
 #define MAX_SITES 65536
 #define MAX_CLASSES 16384
+#define T_MASK 0x1f  /* RBasic.flags: the object's type */
+#define T_IMEMO 0x1a /* internal memo (include/ruby/internal/value_type.h) */
 
 /* Argument kinds, as in package usdt. */
 #define ARG_NONE 0
@@ -29,7 +31,8 @@ enum kind {
 	KIND_HASH = 3,   /* hash__create(long length, file, line) */
 	KIND_STRING = 4, /* string__create(long length, file, line) */
 	KIND_SYMBOL = 5, /* symbol__create(const char *str, file, line) */
-	KIND_NEWOBJ = 6, /* newobj function entry: arg 0 is the klass VALUE */
+	KIND_NEWOBJ = 6, /* newobj function entry: arg 0 is the klass VALUE,
+			    arg 1 (when given) the new object's flags */
 	KIND_CLASS_NEW = 7, /* Class#new entry (rb_class_new_instance*): klass */
 	KIND_RETURN = 8, /* after the allocation call a create probe precedes:
 			    rax is the new object (retained mode) */
@@ -924,8 +927,21 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 		return 0;
 
 	__u64 a0 = 0, a1 = 0, a2 = 0;
-	if (read_arg(ctx, &spec->args[0], &a0) ||
-	    (want_sites && (read_arg(ctx, &spec->args[1], &a1) || read_arg(ctx, &spec->args[2], &a2)))) {
+	if (kind == KIND_NEWOBJ) {
+		/* Symbols mode: args[1] is the flags. An imemo's klass slot
+		 * holds no class of its: Ruby 3.4's rb_imemo_new passes its v0
+		 * (a call cache's receiver class) as klass through the
+		 * exported allocation functions. Skipped before the Class#new
+		 * pairing, which it must not consume. */
+		if (read_arg(ctx, &spec->args[0], &a0) || read_arg(ctx, &spec->args[1], &a1)) {
+			stat_add(STAT_ARG_ERRORS, 1);
+			return 0;
+		}
+		if ((a1 & T_MASK) == T_IMEMO)
+			return 0;
+		a1 = 0;
+	} else if (read_arg(ctx, &spec->args[0], &a0) ||
+		   (want_sites && (read_arg(ctx, &spec->args[1], &a1) || read_arg(ctx, &spec->args[2], &a2)))) {
 		stat_add(STAT_ARG_ERRORS, 1);
 		return 0;
 	}
