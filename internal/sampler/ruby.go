@@ -150,15 +150,16 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		if cs == oncpu.Running {
 			switch since := s.since(th.TID); {
 			case since == oncpu.Stayed:
-			case since == oncpu.Slept && th.Activity == stack.ActivityGVLWait:
+			case since == oncpu.Slept && th.Activity == stack.ActivityGVLWait && yielded(th.Frames):
 				// On a CPU at the deadline, it has since given the GVL
 				// up (a late tick: the thread it waits for took it) and
-				// waits where it was running, as it was then: a thread
-				// waits for the GVL only from the interrupt check
-				// between two instructions. Dropping these samples (as
+				// waits where it was running, as it was then: a holder
+				// yields the GVL at the interrupt check between two
+				// instructions of Ruby code. Dropping these samples (as
 				// waiting for the GVL) left the cpu profile of a thread
 				// that shares the GVL 15-55 % short under load.
 				th.Activity = stack.ActivityRunning
+				th.Frames = th.Frames[1:]
 			case th.Activity != stack.ActivityGVLWait:
 				// Switched in again (it may have run anywhere since),
 				// or gone to sleep where it is read (Thread::Queue#pop,
@@ -269,6 +270,16 @@ func (s *RubySource) cpuState(tid int) oncpu.State {
 // movedOn marks a thread running at the deadline whose stack, read later,
 // is from a later stretch on a CPU (see movedOn).
 const movedOn = oncpu.State(255)
+
+// yielded reports whether frames (innermost first) are those of a thread
+// that waits for the GVL where it gave it up: "(waiting for GVL)" on a
+// Ruby frame. One waiting on a C function (Kernel#sleep, IO#read,
+// Thread::Queue#pop) is taking the GVL back after a blocking region: on
+// a CPU at the deadline, it was waking up, not running Ruby code (the
+// sleeping thread of TestAgentPyroscope showed in its cpu profile).
+func yielded(frames []stack.Frame) bool {
+	return len(frames) > 1 && frames[0].Kind == stack.KindGVL && frames[1].Kind == stack.KindRuby
+}
 
 // movedOn reports whether thread tid was switched onto a CPU, or went to
 // sleep, after this tick's deadline and before its stack was read (see
