@@ -108,7 +108,13 @@ func TestAgentPumaFork(t *testing.T) {
 		log := filepath.Join(dir, rb.Name+".forks")
 		p := rb.StartCmd(t, rb.Command(script, log))
 		masters = append(masters, master{rb, p.Pid, log})
-		builds[rb.Exe] = true
+		// A build is the binary the VM is in, by build id: a stripped
+		// copy (3.4.5-stripped) is the same build as its original.
+		vm := rb.Exe
+		if rb.Shared {
+			vm = rb.LibRuby(t)
+		}
+		builds[testutil.FileBuildID(t, vm)] = true
 	}
 	agentStart := time.Now()
 	a := startAgent(t, Config{URL: acceptAll(t), Interval: 2 * time.Second, FlushTimeout: 5 * time.Second,
@@ -177,7 +183,8 @@ func TestAgentPumaFork(t *testing.T) {
 	st := a.Stats()
 	t.Logf("runtimes after %d processes: %+v", len(all), st.Runtime)
 	// One resolution per Ruby build (the *-yjit and *-nodebug
-	// configurations run the same binaries as their siblings).
+	// configurations run the same binaries as their siblings, the
+	// *-stripped one a stripped copy with the same build id).
 	if st.Runtime.LayoutResolutions != int64(len(builds)) || st.Runtime.LayoutHits != int64(len(all)-len(builds)) {
 		t.Errorf("%d layout resolutions and %d shared for %d processes of %d builds: want %d and %d",
 			st.Runtime.LayoutResolutions, st.Runtime.LayoutHits, len(all), len(builds), len(builds), len(all)-len(builds))
