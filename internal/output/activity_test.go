@@ -114,11 +114,28 @@ func TestFlamegraphTimelineInChromium(t *testing.T) {
 	if want := []string{"running@0+50", "blocked@50+50", "gvl_wait@0+50", "gc@50+50"}; strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("runs %v, want %v", got, want)
 	}
-	if f := frames(dom); f["Web#handle"] != "25" || f["IO#read"] != "25" || f["(marking)"] != "25" || f["(waiting for GVL)"] != "25" {
-		t.Errorf("whole recording: frames %v", f)
+	// By default web's 50 samples blocked in IO#read are idle, hidden:
+	// the others share the graph.
+	if f := frames(dom); f["Web#handle"] != "33.3333" || f["IO#read"] != "" || f["(marking)"] != "33.3333" || f["(waiting for GVL)"] != "33.3333" {
+		t.Errorf("whole recording, idle hidden: frames %v", f)
 	}
 	if !strings.Contains(dom, "200 samples: running 25.0%, gvl_wait 25.0%, blocked 25.0%, gc 25.0%") {
 		t.Errorf("no activity shares for the whole recording")
+	}
+	if !strings.Contains(dom, `<span id="idleinfo">50 idle samples hidden (25.0%`) {
+		t.Errorf("the page does not say that 50 idle samples are hidden")
+	}
+	dom = string(chromium(t, url+"#idle=1", "--dump-dom"))
+	if f := frames(dom); f["Web#handle"] != "25" || f["IO#read"] != "25" || f["(marking)"] != "25" || f["(waiting for GVL)"] != "25" {
+		t.Errorf("whole recording, idle shown: frames %v", f)
+	}
+	if !strings.Contains(dom, "(50 idle samples shown)") {
+		t.Errorf("the page does not say that 50 idle samples are shown")
+	}
+	// Choosing the activity blocked shows the idle samples.
+	dom = string(chromium(t, url+"#act=blocked", "--dump-dom"))
+	if f := frames(dom); f["IO#read"] != "100" || f["Web#handle"] != "" {
+		t.Errorf("activity blocked: frames %v", f)
 	}
 
 	// The first half: Web#handle and the GVL wait only.

@@ -22,7 +22,14 @@ var flamegraphTmpl = template.Must(template.New("flamegraph").Parse(flamegraphHT
 // Frames are merged per function (see the package comment) along each
 // path from the root, sorted alphabetically at every level as in Brendan
 // Gregg's flamegraph.pl; the heading shows the title and the pid(s),
-// duration and sample count. In the page: hover shows a frame's function,
+// duration and sample count. The graph is an icicle, the root on top and
+// callees below, so that the page opens on the roots and the hot paths;
+// a chain of frames that adds nothing (each the only callee of the one
+// above, with all its samples) longer than a few frames is folded into
+// one row, which a click expands. Idle samples, those whose thread was
+// blocked (had released the GVL to sleep in the kernel: sleep, IO,
+// select, Queue#pop), are hidden until the "Show idle threads" box is
+// ticked, and the page says how many; GVL waits are not idle. In the page: hover shows a frame's function,
 // file, samples and percentage; click zooms into a frame (click the root
 // or press Escape to zoom out); the search box (a regular expression, or
 // Ctrl-F) highlights matching frames and shows the share of samples they
@@ -31,8 +38,8 @@ var flamegraphTmpl = template.Must(template.New("flamegraph").Parse(flamegraphHT
 // per thread coloured by activity over time, and dragging across it
 // selects a time range that the graph then shows alone (click to clear).
 // The URL fragment can preset all of these:
-// page.html#s=fib&z=%3Cmain%3E&th=4243&act=gvl_wait&r=1000-2500 (r in
-// milliseconds from the first sample).
+// page.html#s=fib&z=%3Cmain%3E&th=4243&act=gvl_wait&r=1000-2500&idle=1 (r
+// in milliseconds from the first sample; idle=1 shows idle samples).
 type flamegraph struct {
 	counter
 	root    *fgNode
