@@ -50,8 +50,10 @@ var pumaIdle = [][]string{
 
 // pumaSamples: one second at 100 Hz of a puma-shaped process. Thread
 // 11 runs a 160-frame stack, its leaf JSON's generate 7 ticks in 10 and
-// String#gsub! 3; thread 12 waits for the GVL in that gsub! path; the 7
-// threads of pumaIdle are blocked all along (700 of the 900 samples).
+// String#gsub! 3; thread 12 waits for the GVL in that gsub! path; thread
+// 13 hashes a password in a C function that released the GVL (blocked,
+// but on a CPU: not idle); the 7 threads of pumaIdle are blocked and off
+// CPU all along (700 of the 1000 samples).
 func pumaSamples() []stack.Sample {
 	// frames makes names a stack, its leaf of kind leaf.
 	frames := func(names []string, leaf string) []stack.Frame {
@@ -73,7 +75,9 @@ func pumaSamples() []stack.Sample {
 			busy.Frames = gsub
 		}
 		out = append(out, busy,
-			stack.Sample{Time: at, Pid: 50, TID: 12, ThreadName: "puma srv tp 002", Activity: stack.ActivityGVLWait, Frames: wait})
+			stack.Sample{Time: at, Pid: 50, TID: 12, ThreadName: "puma srv tp 002", Activity: stack.ActivityGVLWait, Frames: wait},
+			stack.Sample{Time: at, Pid: 50, TID: 13, ThreadName: "hasher", Activity: stack.ActivityBlocked, OnCPU: true,
+				Frames: frames([]string{"block in Hasher#run", "BCrypt::Engine.__bc_crypt"}, stack.KindCFunc)})
 		for j, names := range pumaIdle {
 			out = append(out, stack.Sample{Time: at, Pid: 50, TID: 20 + j, ThreadName: "idle " + strconv.Itoa(j),
 				Activity: stack.ActivityBlocked, Frames: frames(names, stack.KindCFunc)})
@@ -99,12 +103,13 @@ type fsState struct {
 }
 
 // TestFlamegraphFirstScreen opens the flame graph of a puma-shaped
-// recording (a 160-frame busy stack, a thread waiting for the GVL, 7
-// idle threads) at 1400x1000 in headless Chromium, without scrolling:
-// the root and every frame of the busy leaf's path (drawn, or folded into
-// a row that says how many frames it stands for) are in the first
-// 1000 px; the idle threads' frames are absent, and the page says 700
-// idle samples are hidden; ticking "Show idle threads" brings them back;
+// recording (a 160-frame busy stack, a thread waiting for the GVL, one
+// working in C without the GVL, 7 idle threads) at 1400x1000 in headless
+// Chromium, without scrolling: the root and every frame of the busy
+// leaves' paths (drawn, or folded into a row that says how many frames it
+// stands for) are in the first 1000 px, the GVL wait and the C function
+// too; the idle threads' frames are absent, and the page says 700 idle
+// samples are hidden; ticking "Show idle threads" brings them back;
 // clicking the folded row draws its frames. Screenshots are logged.
 func TestFlamegraphFirstScreen(t *testing.T) {
 	mods := npmModules(t, "puppeteer-core")
@@ -181,8 +186,8 @@ func TestFlamegraphFirstScreen(t *testing.T) {
 			}
 		}
 	}
-	// The leaves' widths are their shares of the 200 samples shown.
-	for name, want := range map[string]float64{"JSON::Ext::Generator::State#generate": 0.35, "String#gsub!": 0.65, stack.FrameGVLWait: 0.5} {
+	// The leaves' widths are their shares of the 300 samples shown.
+	for name, want := range map[string]float64{"JSON::Ext::Generator::State#generate": 0.7 / 3, "String#gsub!": 1.3 / 3, stack.FrameGVLWait: 1.0 / 3, "BCrypt::Engine.__bc_crypt": 1.0 / 3} {
 		f, ok := drawn[name]
 		if !ok || !onScreen(f) || f.Width < want*drawn["all"].Width-2 || f.Width > want*drawn["all"].Width+2 {
 			t.Errorf("%s: %+v, want %.0f%% of the root's width on screen", name, f, 100*want)
@@ -197,8 +202,8 @@ func TestFlamegraphFirstScreen(t *testing.T) {
 	if b := st.IdleBox; b.Checked || !b.Visible || b.Top < 0 || b.Bottom > screen {
 		t.Errorf("the Show idle threads box is not visible, unticked, on screen: %+v", b)
 	}
-	if !strings.HasPrefix(st.IdleInfo, "700 idle samples hidden (77.8%") {
-		t.Errorf("idle line %q, want 700 idle samples hidden (77.8%%)", st.IdleInfo)
+	if !strings.HasPrefix(st.IdleInfo, "700 idle samples hidden (70.0%") {
+		t.Errorf("idle line %q, want 700 idle samples hidden (70.0%%)", st.IdleInfo)
 	}
 
 	// Ticked: the idle threads' frames are back, the busy path shares the
@@ -215,8 +220,8 @@ func TestFlamegraphFirstScreen(t *testing.T) {
 	if !res.After.IdleBox.Checked || res.After.IdleInfo != "(700 idle samples shown)" {
 		t.Errorf("after the tick: box %+v, line %q", res.After.IdleBox, res.After.IdleInfo)
 	}
-	if f := shown["Thread::Mutex#sleep"]; f.Width < shown["all"].Width/3-2 || f.Width > shown["all"].Width/3+2 {
-		t.Errorf("the 3 waiting pool workers' Mutex#sleep: %+v, want a third of the root's width", f)
+	if f := shown["Thread::Mutex#sleep"]; f.Width < shown["all"].Width*0.3-2 || f.Width > shown["all"].Width*0.3+2 {
+		t.Errorf("the 3 waiting pool workers' Mutex#sleep: %+v, want 30%% of the root's width", f)
 	}
 
 	// Clicking the first folded row draws its frames.
