@@ -235,3 +235,30 @@ func TestFlamegraphFirstScreen(t *testing.T) {
 		}
 	}
 }
+
+// TestFlamegraphWithoutActivities: a recording that predates activities
+// (its samples' Activity is "", as raw files from before rbscope read
+// them) has no idle samples: the page draws every thread's frames and
+// keeps the "Show idle threads" box hidden.
+func TestFlamegraphWithoutActivities(t *testing.T) {
+	samples := pumaSamples()
+	for i := range samples {
+		samples[i].Activity, samples[i].OnCPU, samples[i].GVL = "", false, false
+	}
+	page := filepath.Join(artifactDir(t), "flamegraph-noactivity.html")
+	if err := os.WriteFile(page, renderSamples(t, "flamegraph", Options{RateHz: 100}, samples), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dom := string(chromium(t, "file://"+page, "--dump-dom"))
+	for _, n := range []string{"Thread::Mutex#sleep", "IO.select", "Thread::Queue#pop", "Thread#join", "JSON::Ext::Generator::State#generate"} {
+		if !strings.Contains(dom, ">"+n+"</div>") {
+			t.Errorf("%s not drawn", n)
+		}
+	}
+	if !strings.Contains(dom, `<label id="idlebox" hidden="">`) || !strings.Contains(dom, `<span id="idleinfo"></span>`) {
+		t.Errorf("the idle box or line shown for a recording without activities")
+	}
+	if !strings.Contains(dom, "1000 samples: unknown 100.0%") {
+		t.Errorf("shares line missing")
+	}
+}
