@@ -162,30 +162,10 @@ func TestFlamegraphTimelineInChromium(t *testing.T) {
 	t.Logf("timeline page %s, screenshot %s", page, shot)
 }
 
-// npmModules returns the node_modules directory where
-// scripts/install-deps.sh installs the npm packages the tests use (the
-// speedscope app, puppeteer-core), stopping the test when pkg is not there.
-func npmModules(t *testing.T, pkg string) string {
-	t.Helper()
-	dir := os.Getenv("RBSCOPE_NPM_DIR")
-	if dir == "" {
-		c, err := os.UserCacheDir()
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir = filepath.Join(c, "rbscope", "npm")
-	}
-	mods := filepath.Join(dir, "node_modules")
-	if _, err := os.Stat(filepath.Join(mods, pkg, "package.json")); err != nil {
-		testutil.Missing(t, "the npm package %s in %s (scripts/install-deps.sh installs it): %v", pkg, dir, err)
-	}
-	return mods
-}
-
 // speedscopeApp returns the index.html of the speedscope app from npm.
 func speedscopeApp(t *testing.T) string {
 	t.Helper()
-	return filepath.Join(npmModules(t, "speedscope"), "speedscope", "dist", "release", "index.html")
+	return filepath.Join(testutil.NPMModules(t, "speedscope"), "speedscope", "dist", "release", "index.html")
 }
 
 // TestFlamegraphTimelineDrag drags the mouse across the timeline in
@@ -193,7 +173,7 @@ func speedscopeApp(t *testing.T) string {
 // 300 ms of the 1 s recording) is shown, and the flame graph then holds
 // only the first half's frames, web's Web#handle and job's GVL wait.
 func TestFlamegraphTimelineDrag(t *testing.T) {
-	mods := npmModules(t, "puppeteer-core")
+	mods := testutil.NPMModules(t, "puppeteer-core")
 	node, err := exec.LookPath("node")
 	if err != nil {
 		testutil.Missing(t, "node (Debian package nodejs)")

@@ -112,7 +112,7 @@ type fsState struct {
 // samples are hidden; ticking "Show idle threads" brings them back;
 // clicking the folded row draws its frames. Screenshots are logged.
 func TestFlamegraphFirstScreen(t *testing.T) {
-	mods := npmModules(t, "puppeteer-core")
+	mods := testutil.NPMModules(t, "puppeteer-core")
 	node, err := exec.LookPath("node")
 	if err != nil {
 		testutil.Missing(t, "node (Debian package nodejs)")
