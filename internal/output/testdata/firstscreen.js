@@ -28,10 +28,16 @@ const puppeteer = require("puppeteer-core");
     });
     const before = await state();
     await page.screenshot({ path: process.argv[3] });
-    await page.click("#idle");
+    // A missing or hidden element is not clicked, and the states say so.
+    const click = async (sel) => {
+      const e = await page.$(sel);
+      if (!e || !(await e.boundingBox())) return;
+      await e.click();
+    };
+    await click("#idle");
     const after = await state();
     await page.screenshot({ path: process.argv[4] });
-    await page.click("#fg .f.chain");
+    await click("#fg .f.chain");
     const expanded = await state();
     console.log(JSON.stringify({ before, after, expanded }));
   } finally {
