@@ -132,10 +132,14 @@ func TestFlamegraphTimelineInChromium(t *testing.T) {
 	if !strings.Contains(dom, "(50 idle samples shown)") {
 		t.Errorf("the page does not say that 50 idle samples are shown")
 	}
-	// Choosing the activity blocked shows the idle samples.
+	// Choosing the activity blocked, or web's thread, shows the idle samples.
 	dom = string(chromium(t, url+"#act=blocked", "--dump-dom"))
 	if f := frames(dom); f["IO#read"] != "100" || f["Web#handle"] != "" {
 		t.Errorf("activity blocked: frames %v", f)
+	}
+	dom = string(chromium(t, url+"#th=11", "--dump-dom"))
+	if f := frames(dom); f["IO#read"] != "50" || f["Web#handle"] != "50" || !strings.Contains(dom, `<span id="idleinfo"></span>`) {
+		t.Errorf("thread 11: frames %v", f)
 	}
 
 	// The first half: Web#handle and the GVL wait only.

@@ -28,8 +28,9 @@ var flamegraphTmpl = template.Must(template.New("flamegraph").Parse(flamegraphHT
 // above, with all its samples) longer than a few frames is folded into
 // one row, which a click expands. Idle samples, those whose thread was
 // blocked (had released the GVL: sleep, IO, select, Queue#pop) and not on
-// a CPU, are hidden until the "Show idle threads" box is ticked, and the
-// page says how many; GVL waits are not idle. In the page: hover shows a frame's function,
+// a CPU, are hidden until the "Show idle threads" box is ticked (or the
+// activity blocked or one thread is chosen), and the page says how many;
+// GVL waits are not idle. In the page: hover shows a frame's function,
 // file, samples and percentage; click zooms into a frame (click the root
 // or press Escape to zoom out); the search box (a regular expression, or
 // Ctrl-F) highlights matching frames and shows the share of samples they
