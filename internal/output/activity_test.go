@@ -114,11 +114,32 @@ func TestFlamegraphTimelineInChromium(t *testing.T) {
 	if want := []string{"running@0+50", "blocked@50+50", "gvl_wait@0+50", "gc@50+50"}; strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("runs %v, want %v", got, want)
 	}
-	if f := frames(dom); f["Web#handle"] != "25" || f["IO#read"] != "25" || f["(marking)"] != "25" || f["(waiting for GVL)"] != "25" {
-		t.Errorf("whole recording: frames %v", f)
+	// By default web's 50 samples blocked in IO#read are idle, hidden:
+	// the others share the graph.
+	if f := frames(dom); f["Web#handle"] != "33.3333" || f["IO#read"] != "" || f["(marking)"] != "33.3333" || f["(waiting for GVL)"] != "33.3333" {
+		t.Errorf("whole recording, idle hidden: frames %v", f)
 	}
 	if !strings.Contains(dom, "200 samples: running 25.0%, gvl_wait 25.0%, blocked 25.0%, gc 25.0%") {
 		t.Errorf("no activity shares for the whole recording")
+	}
+	if !strings.Contains(dom, `<span id="idleinfo">50 idle samples hidden (25.0%`) {
+		t.Errorf("the page does not say that 50 idle samples are hidden")
+	}
+	dom = string(chromium(t, url+"#idle=1", "--dump-dom"))
+	if f := frames(dom); f["Web#handle"] != "25" || f["IO#read"] != "25" || f["(marking)"] != "25" || f["(waiting for GVL)"] != "25" {
+		t.Errorf("whole recording, idle shown: frames %v", f)
+	}
+	if !strings.Contains(dom, "(50 idle samples shown)") {
+		t.Errorf("the page does not say that 50 idle samples are shown")
+	}
+	// Choosing the activity blocked, or web's thread, shows the idle samples.
+	dom = string(chromium(t, url+"#act=blocked", "--dump-dom"))
+	if f := frames(dom); f["IO#read"] != "100" || f["Web#handle"] != "" {
+		t.Errorf("activity blocked: frames %v", f)
+	}
+	dom = string(chromium(t, url+"#th=11", "--dump-dom"))
+	if f := frames(dom); f["IO#read"] != "50" || f["Web#handle"] != "50" || !strings.Contains(dom, `<span id="idleinfo"></span>`) {
+		t.Errorf("thread 11: frames %v", f)
 	}
 
 	// The first half: Web#handle and the GVL wait only.
@@ -145,30 +166,10 @@ func TestFlamegraphTimelineInChromium(t *testing.T) {
 	t.Logf("timeline page %s, screenshot %s", page, shot)
 }
 
-// npmModules returns the node_modules directory where
-// scripts/install-deps.sh installs the npm packages the tests use (the
-// speedscope app, puppeteer-core), stopping the test when pkg is not there.
-func npmModules(t *testing.T, pkg string) string {
-	t.Helper()
-	dir := os.Getenv("RBSCOPE_NPM_DIR")
-	if dir == "" {
-		c, err := os.UserCacheDir()
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir = filepath.Join(c, "rbscope", "npm")
-	}
-	mods := filepath.Join(dir, "node_modules")
-	if _, err := os.Stat(filepath.Join(mods, pkg, "package.json")); err != nil {
-		testutil.Missing(t, "the npm package %s in %s (scripts/install-deps.sh installs it): %v", pkg, dir, err)
-	}
-	return mods
-}
-
 // speedscopeApp returns the index.html of the speedscope app from npm.
 func speedscopeApp(t *testing.T) string {
 	t.Helper()
-	return filepath.Join(npmModules(t, "speedscope"), "speedscope", "dist", "release", "index.html")
+	return filepath.Join(testutil.NPMModules(t, "speedscope"), "speedscope", "dist", "release", "index.html")
 }
 
 // TestFlamegraphTimelineDrag drags the mouse across the timeline in
@@ -176,7 +177,7 @@ func speedscopeApp(t *testing.T) string {
 // 300 ms of the 1 s recording) is shown, and the flame graph then holds
 // only the first half's frames, web's Web#handle and job's GVL wait.
 func TestFlamegraphTimelineDrag(t *testing.T) {
-	mods := npmModules(t, "puppeteer-core")
+	mods := testutil.NPMModules(t, "puppeteer-core")
 	node, err := exec.LookPath("node")
 	if err != nil {
 		testutil.Missing(t, "node (Debian package nodejs)")

@@ -22,7 +22,15 @@ var flamegraphTmpl = template.Must(template.New("flamegraph").Parse(flamegraphHT
 // Frames are merged per function (see the package comment) along each
 // path from the root, sorted alphabetically at every level as in Brendan
 // Gregg's flamegraph.pl; the heading shows the title and the pid(s),
-// duration and sample count. In the page: hover shows a frame's function,
+// duration and sample count. The graph is an icicle, the root on top and
+// callees below, so that the page opens on the roots and the hot paths;
+// a chain of frames that adds nothing (each the only callee of the one
+// above, with all its samples) longer than a few frames is folded into
+// one row, which a click expands. Idle samples, those whose thread was
+// blocked (had released the GVL: sleep, IO, select, Queue#pop) and not on
+// a CPU, are hidden until the "Show idle threads" box is ticked (or the
+// activity blocked or one thread is chosen), and the page says how many;
+// GVL waits are not idle. In the page: hover shows a frame's function,
 // file, samples and percentage; click zooms into a frame (click the root
 // or press Escape to zoom out); the search box (a regular expression, or
 // Ctrl-F) highlights matching frames and shows the share of samples they
@@ -31,8 +39,8 @@ var flamegraphTmpl = template.Must(template.New("flamegraph").Parse(flamegraphHT
 // per thread coloured by activity over time, and dragging across it
 // selects a time range that the graph then shows alone (click to clear).
 // The URL fragment can preset all of these:
-// page.html#s=fib&z=%3Cmain%3E&th=4243&act=gvl_wait&r=1000-2500 (r in
-// milliseconds from the first sample).
+// page.html#s=fib&z=%3Cmain%3E&th=4243&act=gvl_wait&r=1000-2500&idle=1 (r
+// in milliseconds from the first sample; idle=1 shows idle samples).
 type flamegraph struct {
 	counter
 	root    *fgNode
@@ -48,6 +56,7 @@ type fgSample struct {
 	t      time.Time
 	thread int
 	act    string
+	onCPU  bool
 	leaf   *fgNode
 }
 
@@ -111,16 +120,17 @@ func (fg *flamegraph) Add(s stack.Sample) {
 	if s.ThreadName != "" {
 		fg.thList[ti].name = s.ThreadName
 	}
-	fg.samples = append(fg.samples, fgSample{t: s.Time, thread: ti, act: s.Activity, leaf: n})
+	fg.samples = append(fg.samples, fgSample{t: s.Time, thread: ti, act: s.Activity, onCPU: s.OnCPU, leaf: n})
 }
 
 // fgData is the page's data: a string table and the tree as nested arrays
 // [name, file, kind, total, self, children...], all indexes into Strings
 // except total and self; the threads as [pid, tid, name]; and the samples
-// as one flat array of quadruples [milliseconds since the first sample,
-// thread index, activity (index into Strings), node] where node numbers
-// the tree's nodes in pre-order (the root is 0, then each child's subtree
-// in the order listed).
+// as one flat array of quintuples [milliseconds since the first sample,
+// thread index, activity (index into Strings), node, flags] where node
+// numbers the tree's nodes in pre-order (the root is 0, then each child's
+// subtree in the order listed) and flags is 1 when the thread was on a
+// CPU (stack.Sample.OnCPU), else 0.
 type fgData struct {
 	Strings []string `json:"strings"`
 	Root    []any    `json:"root"`
@@ -164,7 +174,7 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 		d.Threads[i] = [3]any{t.pid, t.tid, str(t.name)}
 	}
 	first := fg.first
-	d.Samples = make([]int64, 0, 4*len(fg.samples))
+	d.Samples = make([]int64, 0, 5*len(fg.samples))
 	for _, s := range fg.samples {
 		ms := int64(0)
 		if !s.t.IsZero() && !first.IsZero() {
@@ -174,7 +184,11 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 		if act == "" {
 			act = stack.ActivityUnknown
 		}
-		d.Samples = append(d.Samples, ms, int64(s.thread), int64(str(act)), int64(s.leaf.id))
+		flags := int64(0)
+		if s.onCPU {
+			flags = 1
+		}
+		d.Samples = append(d.Samples, ms, int64(s.thread), int64(str(act)), int64(s.leaf.id), flags)
 	}
 	d.Period = float64(fg.period()) / float64(time.Millisecond)
 	// html/template escapes the title for HTML and encodes the data as
