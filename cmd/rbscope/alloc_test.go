@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -37,82 +35,16 @@ func allocNeedRoot(t *testing.T) {
 	}
 }
 
-// allocRuby runs one of internal/alloc's handshake scripts.
-type allocRuby struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
-}
-
-func startAllocRuby(t *testing.T, rb testutil.RubyUnderTest, cred *syscall.Credential, name string, args ...string) *allocRuby {
+// startAllocRuby runs one of internal/alloc's handshake scripts on rb, as
+// user cred when not nil.
+func startAllocRuby(t *testing.T, rb testutil.RubyUnderTest, cred *syscall.Credential, name string, args ...string) *testutil.Script {
 	t.Helper()
 	path := filepath.Join(testutil.RepoRoot(t), "internal", "alloc", "testdata", name)
 	cmd := rb.Command(append([]string{path}, args...)...)
 	if cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	p := &allocRuby{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	return p
-}
-
-func (p *allocRuby) expect(t *testing.T, want string) {
-	t.Helper()
-	deadline := time.After(60 * time.Second)
-	for {
-		select {
-		case l, ok := <-p.lines:
-			if !ok {
-				t.Fatalf("script ended before printing %q", want)
-			}
-			if l == want {
-				return
-			}
-		case <-deadline:
-			t.Fatalf("timed out waiting for %q", want)
-		}
-	}
-}
-
-// expectInt waits for a line "<prefix>N" and returns N.
-func (p *allocRuby) expectInt(t *testing.T, prefix string) int64 {
-	t.Helper()
-	deadline := time.After(60 * time.Second)
-	for {
-		select {
-		case l, ok := <-p.lines:
-			if !ok {
-				t.Fatalf("script ended before printing %q", prefix)
-			}
-			if rest, found := strings.CutPrefix(l, prefix); found {
-				n, err := strconv.ParseInt(rest, 10, 64)
-				if err != nil {
-					t.Fatalf("line %q: %v", l, err)
-				}
-				return n
-			}
-		case <-deadline:
-			t.Fatalf("timed out waiting for %q", prefix)
-		}
-	}
+	return testutil.StartScript(t, cmd)
 }
 
 // objectPlan is alloc's plan for pid.
@@ -244,8 +176,8 @@ func TestAllocTargetExits(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		const n = 2500
 		p := startAllocRuby(t, rb, nil, "exits.rb", strconv.Itoa(n))
-		p.expect(t, "ready")
-		pid := p.cmd.Process.Pid
+		p.Expect(t, "ready")
+		pid := p.Pid
 		cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--format", "json", "--exact")
 		cmd.Env = rb.ProfilerEnv(t)
 		var out bytes.Buffer
@@ -256,8 +188,8 @@ func TestAllocTargetExits(t *testing.T) {
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		errb.wait(t, 30*time.Second)
-		io.WriteString(p.stdin, "go\n")
-		p.expect(t, "done")
+		p.Send(t, "go")
+		p.Expect(t, "done")
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
 		select {
@@ -313,8 +245,8 @@ func TestAllocSIGKILLReleasesSemaphore(t *testing.T) {
 	allocNeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		p := startAllocRuby(t, rb, nil, "alloc.rb", "10")
-		p.expect(t, "ready")
-		pid := p.cmd.Process.Pid
+		p.Expect(t, "ready")
+		pid := p.Pid
 		if got := objectSemaphore(t, pid); got != 0 {
 			t.Fatalf("semaphore %d before attaching", got)
 		}
@@ -338,8 +270,8 @@ func TestAllocSIGTERM(t *testing.T) {
 	allocNeedRoot(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		p := startAllocRuby(t, rb, nil, "alloc.rb", "1000")
-		p.expect(t, "ready")
-		pid := p.cmd.Process.Pid
+		p.Expect(t, "ready")
+		pid := p.Pid
 		cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(pid), "--by", "class", "--exact")
 		cmd.Env = rb.ProfilerEnv(t)
 		var out bytes.Buffer
@@ -350,8 +282,8 @@ func TestAllocSIGTERM(t *testing.T) {
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		errb.wait(t, 30*time.Second)
-		io.WriteString(p.stdin, "go\n")
-		p.expect(t, "done")
+		p.Send(t, "go")
+		p.Expect(t, "done")
 		time.Sleep(1200 * time.Millisecond) // at least one live line
 		cmd.Process.Signal(syscall.SIGTERM)
 		if err := cmd.Wait(); err != nil {
@@ -376,11 +308,11 @@ func TestAllocNotRoot(t *testing.T) {
 	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
 	// Debian's Ruby: the builds live under root's home, closed to nobody.
 	p := startAllocRuby(t, testutil.SystemRuby(t), nobody, "alloc.rb", "10")
-	p.expect(t, "ready")
+	p.Expect(t, "ready")
 	if err := os.Chmod(filepath.Dir(binPath), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.cmd.Process.Pid), "--duration", "1s")
+	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.Pid), "--duration", "1s")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: nobody}
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
@@ -417,8 +349,8 @@ func TestAllocUpload(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		const secs = 3.5
 		p := startAllocRuby(t, rb, nil, "stacks.rb", "2000", fmt.Sprint(secs))
-		p.expect(t, "ready")
-		pid := p.cmd.Process.Pid
+		p.Expect(t, "ready")
+		pid := p.Pid
 		app := "ci-alloc-" + strings.ReplaceAll(rb.Name, ".", "_")
 		local := filepath.Join(t.TempDir(), "alloc.json")
 		start := time.Now()
@@ -433,9 +365,9 @@ func TestAllocUpload(t *testing.T) {
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		errb.wait(t, 30*time.Second)
 		tGo := time.Now()
-		io.WriteString(p.stdin, "go\n")
-		made := p.expectInt(t, "widgets ")
-		p.expect(t, "done")
+		p.Send(t, "go")
+		made := p.ExpectInt(t, "widgets ")
+		p.Expect(t, "done")
 		cmd.Process.Signal(syscall.SIGINT)
 		if err := cmd.Wait(); err != nil {
 			t.Fatalf("rbscope alloc --upload: %v\n%s", err, errb.String())
@@ -560,8 +492,8 @@ func TestAllocJobExits(t *testing.T) {
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
 				p := startAllocRuby(t, rb, nil, "exiting.rb", c.secs)
-				p.expect(t, "ready")
-				pid := p.cmd.Process.Pid
+				p.Expect(t, "ready")
+				pid := p.Pid
 				out := filepath.Join(t.TempDir(), "report."+c.format)
 				args := append([]string{"alloc", "--pid", strconv.Itoa(pid), "--format", c.format, "-o", out}, c.args...)
 				cmd := exec.Command(binPath, args...)
@@ -573,10 +505,10 @@ func TestAllocJobExits(t *testing.T) {
 				}
 				t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 				errb.wait(t, 30*time.Second)
-				io.WriteString(p.stdin, "go\n")
+				p.Send(t, "go")
 				var before, after, gc0, gc1, widgets int64
 				select {
-				case l := <-p.lines:
+				case l := <-p.Lines:
 					if _, err := fmt.Sscanf(l, "stat %d %d %d %d %d", &before, &after, &gc0, &gc1, &widgets); err != nil {
 						t.Fatalf("script said %q: %v", l, err)
 					}
@@ -675,9 +607,9 @@ func TestAllocNoStacks(t *testing.T) {
 	allocNeedRoot(t)
 	rb := testutil.SystemRuby(t)
 	p := startAllocRuby(t, rb, nil, "exiting.rb", "0")
-	p.expect(t, "ready")
+	p.Expect(t, "ready")
 	out := filepath.Join(t.TempDir(), "report.speedscope")
-	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.cmd.Process.Pid), "--format", "speedscope", "-o", out)
+	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.Pid), "--format", "speedscope", "-o", out)
 	cmd.Env = rb.ProfilerEnv(t)
 	errb := newAttachedWriter()
 	cmd.Stderr = errb
@@ -686,7 +618,7 @@ func TestAllocNoStacks(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	errb.wait(t, 30*time.Second)
-	io.WriteString(p.stdin, "go\n")
+	p.Send(t, "go")
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {

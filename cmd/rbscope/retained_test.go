@@ -34,13 +34,13 @@ func TestRetainedFormats(t *testing.T) {
 			p := startAllocRuby(t, rb, nil, "leaky.rb", "1")
 			var where string
 			select {
-			case l := <-p.lines:
+			case l := <-p.Lines:
 				where = strings.TrimPrefix(l, "ready ")
 			case <-time.After(60 * time.Second):
 				t.Fatal("no ready line")
 			}
 			out := filepath.Join(t.TempDir(), "out")
-			cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.cmd.Process.Pid), "--retained", "--exact", "--format", format, "-o", out)
+			cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.Pid), "--retained", "--exact", "--format", format, "-o", out)
 			cmd.Env = rb.ProfilerEnv(t)
 			errb := newAttachedWriter()
 			cmd.Stderr = errb
@@ -49,20 +49,20 @@ func TestRetainedFormats(t *testing.T) {
 			}
 			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 			errb.wait(t, 30*time.Second)
-			p.stdin.Write([]byte("go\n"))
-			p.expect(t, "stopped")
+			p.Send(t, "go")
+			p.Expect(t, "stopped")
 			// Ctrl-C ends the window after the script's last GC.
 			cmd.Process.Signal(syscall.SIGINT)
 			if err := cmd.Wait(); err != nil {
 				t.Fatalf("rbscope alloc --retained: %v\n%s", err, errb.String())
 			}
-			p.stdin.Write([]byte("go\n"))
+			p.Send(t, "go")
 			var truth struct {
 				Kept        int64 `json:"kept"`
 				NodeMemsize int64 `json:"node_memsize"`
 			}
 			select {
-			case l := <-p.lines:
+			case l := <-p.Lines:
 				if err := json.Unmarshal([]byte(l), &truth); err != nil {
 					t.Fatalf("truth %q: %v", l, err)
 				}
@@ -142,14 +142,14 @@ func TestRetainedUpload(t *testing.T) {
 	rb := testutil.SystemRuby(t)
 	p := startAllocRuby(t, rb, nil, "leaky.rb", "1")
 	select {
-	case <-p.lines:
+	case <-p.Lines:
 	case <-time.After(60 * time.Second):
 		t.Fatal("no ready line")
 	}
 	app := "ci-retained"
 	local := filepath.Join(t.TempDir(), "retained.json")
 	start := time.Now()
-	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.cmd.Process.Pid), "--retained", "--exact",
+	cmd := exec.Command(binPath, "alloc", "--pid", strconv.Itoa(p.Pid), "--retained", "--exact",
 		"--format", "json", "-o", local, "--upload", srv.URL(), "--app-name", app)
 	cmd.Env = rb.ProfilerEnv(t)
 	errb := newAttachedWriter()
@@ -159,8 +159,8 @@ func TestRetainedUpload(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	errb.wait(t, 30*time.Second)
-	p.stdin.Write([]byte("go\n"))
-	p.expect(t, "stopped")
+	p.Send(t, "go")
+	p.Expect(t, "stopped")
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("rbscope alloc --retained --upload: %v\n%s", err, errb.String())

@@ -1,32 +1,19 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/pyroscopetest"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
-
-// allocJob is one run of alloc's testdata/exiting.rb under the agent.
-type allocJob struct {
-	rb      testutil.RubyUnderTest
-	service string
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
-	lines   chan string
-}
 
 // TestAgentAlloc runs one agent with --alloc over a job of every Ruby under
 // test at once: each job (alloc's exiting.rb) waits until the agent has
@@ -43,38 +30,18 @@ func TestAgentAlloc(t *testing.T) {
 	srv := pyroscopetest.Start(t)
 	debugRoots(t, rubies)
 	script := filepath.Join(testutil.RepoRoot(t), "internal", "alloc", "testdata", "exiting.rb")
-	var jobs []*allocJob
+	type job struct {
+		rb      testutil.RubyUnderTest
+		service string
+		*testutil.Script
+	}
+	var jobs []job
 	for _, rb := range rubies {
-		j := &allocJob{rb: rb, service: "agentalloc_" + strings.ReplaceAll(rb.Name, ".", "_"), lines: make(chan string, 16)}
-		j.cmd = rb.Command(script, "2")
-		j.cmd.Env = append(os.Environ(), "PYROSCOPE_APPLICATION_NAME="+j.service)
-		j.cmd.Stderr = os.Stderr
-		j.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		var err error
-		if j.stdin, err = j.cmd.StdinPipe(); err != nil {
-			t.Fatal(err)
-		}
-		out, err := j.cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := j.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			syscall.Kill(-j.cmd.Process.Pid, syscall.SIGKILL)
-			j.cmd.Wait()
-		})
-		go func() {
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				j.lines <- sc.Text()
-			}
-			close(j.lines)
-		}()
-		if l := <-j.lines; l != "ready" {
-			t.Fatalf("%s: the job said %q, want ready", rb.Name, l)
-		}
+		service := "agentalloc_" + strings.ReplaceAll(rb.Name, ".", "_")
+		cmd := rb.Command(script, "2")
+		cmd.Env = append(os.Environ(), "PYROSCOPE_APPLICATION_NAME="+service)
+		j := job{rb, service, testutil.StartScript(t, cmd)}
+		j.Expect(t, "ready")
 		jobs = append(jobs, j)
 	}
 	start := time.Now()
@@ -89,21 +56,17 @@ func TestAgentAlloc(t *testing.T) {
 		}
 	}
 	for _, j := range jobs {
-		io.WriteString(j.stdin, "go\n")
+		j.Send(t, "go")
 	}
 	type truth struct{ allocated, widgets int64 }
 	truths := make([]truth, len(jobs))
 	for i, j := range jobs {
-		select {
-		case l := <-j.lines:
-			var before, after, gc0, gc1, n int64
-			if _, err := fmt.Sscanf(l, "stat %d %d %d %d %d", &before, &after, &gc0, &gc1, &n); err != nil {
-				t.Fatalf("%s: the job said %q: %v", j.rb.Name, l, err)
-			}
-			truths[i] = truth{after - before, n}
-		case <-time.After(60 * time.Second):
-			t.Fatalf("%s: the job did not finish", j.rb.Name)
+		l := j.ExpectPrefix(t, "stat ")
+		var before, after, gc0, gc1, n int64
+		if _, err := fmt.Sscanf(l, "stat %d %d %d %d %d", &before, &after, &gc0, &gc1, &n); err != nil {
+			t.Fatalf("%s: the job said %q: %v", j.rb.Name, l, err)
 		}
+		truths[i] = truth{after - before, n}
 	}
 	// Each count ends with its job (Ruby's teardown probe) and pushes its
 	// last interval.
