@@ -476,14 +476,21 @@ func TestAllocJobExits(t *testing.T) {
 	// cycle, one counted allocation in 64 with its stack) the 0.3 s one
 	// may end, on a loaded machine, with no stack sampled at all (then
 	// the view is empty and rbscope says why, see TestAllocNoStacks).
+	// Likewise a class's share: the 0.3 s job's default-mode totals are
+	// Ruby's own counter's, and are checked; its Widgets, estimated from
+	// the events of about 3 windows of 3 ms (fewer when a loaded machine
+	// starves the job or rbscope), are checked on the 1 s job (CI at load
+	// 13: 0 Widgets estimated of 27,000, the total right), logged on the
+	// 0.3 s one, as TestExitingJob does.
 	cases := []struct {
 		name, format, secs string
 		args               []string
 	}{
 		{"default-json", "json", "0.3", nil},
+		{"default-json-1s", "json", "1", nil},
 		{"exact-text", "text", "0.3", []string{"--exact"}},
 		{"exact-nosites-json", "json", "0.3", []string{"--exact", "--no-sites"}},
-		{"nosites-pprof", "pprof", "0.3", []string{"--no-sites"}},
+		{"nosites-pprof", "pprof", "1", []string{"--no-sites"}},
 		{"default-flamegraph", "flamegraph", "1", nil},
 		{"default-speedscope", "speedscope", "1", nil},
 		{"default-collapsed", "collapsed", "1", nil},
@@ -532,7 +539,7 @@ func TestAllocJobExits(t *testing.T) {
 				if err != nil {
 					t.Fatalf("no report: %v\n%s", err, errb.String())
 				}
-				checkExitReport(t, c.format, c.args, b, after-before, widgets)
+				checkExitReport(t, c.format, c.args, c.secs == "0.3", b, after-before, widgets)
 			})
 		}
 	})
@@ -540,11 +547,18 @@ func TestAllocJobExits(t *testing.T) {
 
 // checkExitReport checks a report of testdata/exiting.rb in format: it
 // names Widget; a JSON report's Widgets are the job's (exactly with
-// --exact, within 5% otherwise) and a default-mode one's total is within
-// 5% of what Ruby counted, read at the job's exit.
-func checkExitReport(t *testing.T, format string, args []string, b []byte, allocated, widgets int64) {
+// --exact, within 5% otherwise, but for a short job's estimate: logged)
+// and a default-mode one's total is within 5% of what Ruby counted, read
+// at the job's exit.
+func checkExitReport(t *testing.T, format string, args []string, short bool, b []byte, allocated, widgets int64) {
 	t.Helper()
 	exact := slices.Contains(args, "--exact")
+	// A short job's class shares in the default mode are logged only
+	// (see TestAllocJobExits).
+	classErrorf := t.Errorf
+	if short && !exact {
+		classErrorf = t.Logf
+	}
 	switch format {
 	case "pprof":
 		p, err := profile.ParseData(b)
@@ -558,7 +572,7 @@ func checkExitReport(t *testing.T, format string, args []string, b []byte, alloc
 			}
 		}
 		if math.Abs(float64(n)/float64(widgets)-1) > 0.05 {
-			t.Errorf("pprof: %d Widgets, the job made %d", n, widgets)
+			classErrorf("pprof: %d Widgets, the job made %d", n, widgets)
 		}
 	case "json":
 		var doc struct {
@@ -583,7 +597,7 @@ func checkExitReport(t *testing.T, format string, args []string, b []byte, alloc
 		case exact && n != widgets:
 			t.Errorf("--exact: %d Widgets, the job made %d", n, widgets)
 		case !exact && math.Abs(float64(n)/float64(widgets)-1) > 0.05:
-			t.Errorf("%d Widgets estimated, the job made %d", n, widgets)
+			classErrorf("%d Widgets estimated, the job made %d", n, widgets)
 		}
 		if !exact {
 			if doc.Scaling != "counter" || doc.CounterEnd != "exit" {
