@@ -659,3 +659,87 @@ func (c *calibration) enumerate(prev, now [][]uint64, sure uint64) []calCand {
 
 // failed reports whether no candidate is left.
 func (c *calibration) failed() bool { return c.cands != nil && len(c.cands) == 0 }
+
+// Ruby 3.4's rb_heap_t (gc/default/default.c, 64-bit): short slot_size;
+// size_t total_allocated_pages, force_major_gc_count,
+// force_incremental_marking_finish_count, total_allocated_objects,
+// total_freed_objects, final_slots_count, freed_slots, empty_slots; struct
+// heap_page *free_pages; struct ccan_list_head pages; sweeping_page,
+// compact_cursor, compact_cursor_index, pooled_pages; size_t total_pages,
+// total_slots: 144 bytes. rb_objspace's heaps[HEAP_COUNT] begin at +40,
+// after malloc_params, gc_config, flags, hook_events and next_object_id
+// (the header package ruby finds the objspace by).
+const (
+	heaps34Off       = 40
+	heap34Size       = 144
+	heap34Allocated  = 32
+	heap34Freed      = 40
+	heap34TotalPages = 128
+	heap34TotalSlots = 136
+	heap34Count      = 5
+	// heap34PageSlots bounds the slots of one page of the smallest
+	// slots (HEAP_PAGE_SIZE 64 KiB / 40 bytes).
+	heap34PageSlots = 64 << 10 / calBaseSlotSize
+)
+
+// counterFromHeaps locates Ruby 3.4's counter without DWARF: the sum of
+// the heaps' total_allocated_objects, at gc/default/default.c's layout,
+// checked on the process. The heaps' array is where their slot sizes
+// (40, 80, ... 640 bytes, each heap's first field) sit: at exactly one
+// stride, which must be rb_heap_t's size; and each heap's counters must
+// say what Ruby's GC.stat derives from them: no more freed objects than
+// allocated, no more live (allocated - freed, heap_live_slots) than the
+// heap has slots (heap_available_slots), no more slots than its pages
+// hold. The first heap has allocated (Ruby's boot does).
+func counterFromHeaps(t target.Target, p *ruby.Process) (*rubyCounter, error) {
+	if ver := p.VersionNumber(); ver < 30400 || ver >= 30500 {
+		return nil, fmt.Errorf("no built-in rb_heap_t layout for Ruby %s", p.Version())
+	}
+	os, src, err := p.Objspace()
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, heaps34Off+heap34Count*calMaxStride*8)
+	if err := t.ReadAt(b, os); err != nil {
+		return nil, fmt.Errorf("read rb_objspace at 0x%x: %w", os, err)
+	}
+	var strides []int
+	for s := 8 * calMinPoolWords; s <= 8*calMaxStride; s += 8 {
+		match := true
+		for i := 0; i < heap34Count && match; i++ {
+			match = binary.LittleEndian.Uint16(b[heaps34Off+i*s:]) == calBaseSlotSize<<i
+		}
+		if match {
+			strides = append(strides, s)
+		}
+	}
+	if len(strides) != 1 || strides[0] != heap34Size {
+		return nil, fmt.Errorf("rb_objspace at 0x%x: heaps' slot sizes at strides %v, want one at rb_heap_t's %d bytes", os, strides, heap34Size)
+	}
+	c := &rubyCounter{t: t}
+	for i := 0; i < heap34Count; i++ {
+		h := b[heaps34Off+i*heap34Size:]
+		alloc, freed := le64(h, heap34Allocated), le64(h, heap34Freed)
+		pages, slots := le64(h, heap34TotalPages), le64(h, heap34TotalSlots)
+		switch {
+		case alloc >= 1<<48 || freed > alloc:
+			return nil, fmt.Errorf("heaps[%d]: %d objects allocated, %d freed", i, alloc, freed)
+		case alloc-freed > slots:
+			return nil, fmt.Errorf("heaps[%d]: %d objects live in %d slots", i, alloc-freed, slots)
+		case slots > pages*(heap34PageSlots>>i):
+			return nil, fmt.Errorf("heaps[%d]: %d slots in %d pages", i, slots, pages)
+		case i == 0 && alloc == 0:
+			return nil, errors.New("heaps[0] allocated nothing")
+		}
+		c.addrs = append(c.addrs, os+heaps34Off+uint64(i*heap34Size)+heap34Allocated)
+	}
+	c.source = fmt.Sprintf("gc/default/default.c 3.4: the heaps' total_allocated_objects (+%d in each %d-byte rb_heap_t from +%d, where their slot sizes are), checked on the heaps' counts; objspace from %s", heap34Allocated, heap34Size, heaps34Off, src)
+	return c, nil
+}
+
+func le64(b []byte, off int) uint64 {
+	if off+8 > len(b) {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(b[off:])
+}
