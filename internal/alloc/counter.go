@@ -666,7 +666,7 @@ func (c *calibration) failed() bool { return c.cands != nil && len(c.cands) == 0
 // element total_allocated_objects, total_freed_objects and the pages'
 // total_pages and total_slots (3.3: the eden heap's).
 type heapsLayout struct {
-	minVer, maxVer int // [minVer, maxVer)
+	minVer, maxVer string // [minVer, maxVer)
 	source         string
 	off, size      int
 	allocated      int
@@ -695,8 +695,18 @@ type heapsLayout struct {
 //	  compact_cursor_index, pooled_pages, total_pages, total_slots: 144
 //	  bytes.
 var heapsLayouts = []heapsLayout{
-	{30300, 30400, "gc.c 3.3: size_pools[].total_allocated_objects", 32, 224, 48, 56, 80 + 56, 80 + 64},
-	{30400, 30500, "gc/default/default.c 3.4: heaps[].total_allocated_objects", 40, 144, 32, 40, 128, 136},
+	{"3.3", "3.4", "gc.c 3.3: size_pools[].total_allocated_objects", 32, 224, 48, 56, 80 + 56, 80 + 64},
+	{"3.4", "3.5", "gc/default/default.c 3.4: heaps[].total_allocated_objects", 40, 144, 32, 40, 128, 136},
+}
+
+// heapsLayoutFor returns the heaps' layout of Ruby version, nil if none.
+func heapsLayoutFor(version string) *heapsLayout {
+	for i, l := range heapsLayouts {
+		if layout.CompareVersions(version, l.minVer) >= 0 && layout.CompareVersions(version, l.maxVer) < 0 {
+			return &heapsLayouts[i]
+		}
+	}
+	return nil
 }
 
 // heapsCount is how many heaps (size pools) Ruby 3.2-3.4 keep on 64-bit
@@ -718,12 +728,7 @@ const (
 // more slots than its pages hold. The first heap has allocated (Ruby's
 // boot does). The objspace is package ruby's (DWARF, or its shape).
 func counterFromHeaps(t target.Target, p *ruby.Process) (*rubyCounter, error) {
-	var lay *heapsLayout
-	for i := range heapsLayouts {
-		if v := p.VersionNumber(); v >= heapsLayouts[i].minVer && v < heapsLayouts[i].maxVer {
-			lay = &heapsLayouts[i]
-		}
-	}
+	lay := heapsLayoutFor(p.Version())
 	if lay == nil {
 		return nil, fmt.Errorf("no built-in layout of the heaps' counters for Ruby %s", p.Version())
 	}
