@@ -659,3 +659,124 @@ func (c *calibration) enumerate(prev, now [][]uint64, sure uint64) []calCand {
 
 // failed reports whether no candidate is left.
 func (c *calibration) failed() bool { return c.cands != nil && len(c.cands) == 0 }
+
+// heapsLayout is where one Ruby series keeps its per-heap (3.4) or
+// per-size-pool (3.3) allocation counters, from its GC's source, 64-bit:
+// the array's offset in rb_objspace, its element's size, and in each
+// element total_allocated_objects, total_freed_objects and the pages'
+// total_pages and total_slots (3.3: the eden heap's).
+type heapsLayout struct {
+	minVer, maxVer string // [minVer, maxVer)
+	source         string
+	off, size      int
+	allocated      int
+	freed          int
+	pages, slots   int
+}
+
+// heapsLayouts are the layouts counterFromHeaps knows, each proven equal
+// to DWARF on a build of its series (TestCounterFromHeaps):
+//
+//	3.3 (gc.c): rb_objspace's size_pools[5] at +32, after malloc_params,
+//	  flags, hook_events, next_object_id; rb_size_pool_t: short
+//	  slot_size; size_t allocatable_pages, total_allocated_pages,
+//	  total_freed_pages, force_major_gc_count,
+//	  force_incremental_marking_finish_count, total_allocated_objects,
+//	  total_freed_objects, freed_slots, empty_slots; rb_heap_t eden_heap,
+//	  tomb_heap (72 bytes each: free_pages, pages, sweeping_page,
+//	  compact_cursor, compact_cursor_index, pooled_pages, total_pages,
+//	  total_slots): 224 bytes.
+//	3.4 (gc/default/default.c): heaps[5] at +40, after malloc_params,
+//	  gc_config, flags, hook_events, next_object_id; rb_heap_t: short
+//	  slot_size; size_t total_allocated_pages, force_major_gc_count,
+//	  force_incremental_marking_finish_count, total_allocated_objects,
+//	  total_freed_objects, final_slots_count, freed_slots, empty_slots;
+//	  free_pages, pages, sweeping_page, compact_cursor,
+//	  compact_cursor_index, pooled_pages, total_pages, total_slots: 144
+//	  bytes.
+var heapsLayouts = []heapsLayout{
+	{"3.3", "3.4", "gc.c 3.3: size_pools[].total_allocated_objects", 32, 224, 48, 56, 80 + 56, 80 + 64},
+	{"3.4", "3.5", "gc/default/default.c 3.4: heaps[].total_allocated_objects", 40, 144, 32, 40, 128, 136},
+}
+
+// heapsLayoutFor returns the heaps' layout of Ruby version, nil if none.
+func heapsLayoutFor(version string) *heapsLayout {
+	for i, l := range heapsLayouts {
+		if layout.CompareVersions(version, l.minVer) >= 0 && layout.CompareVersions(version, l.maxVer) < 0 {
+			return &heapsLayouts[i]
+		}
+	}
+	return nil
+}
+
+// heapsCount is how many heaps (size pools) Ruby 3.2-3.4 keep on 64-bit
+// Linux, and heapPageSlots bounds the slots of one page of the smallest
+// slots (HEAP_PAGE_SIZE 64 KiB / 40 bytes).
+const (
+	heapsCount    = 5
+	heapPageSlots = 64 << 10 / calBaseSlotSize
+)
+
+// counterFromHeaps locates Ruby 3.3's or 3.4's counter without DWARF:
+// the sum of the heaps' (size pools') total_allocated_objects, at the
+// GC source's layout (heapsLayouts), checked on the process. The array
+// is where the heaps' slot sizes (40, 80, ... 640 bytes, each one's first
+// field) sit: at exactly one stride, which must be the element's size;
+// and each heap's counts must say what Ruby's GC.stat derives from them:
+// no more freed objects than allocated, no more live (allocated - freed,
+// heap_live_slots) than the heap has slots (heap_available_slots), no
+// more slots than its pages hold. The first heap has allocated (Ruby's
+// boot does). The objspace is package ruby's (DWARF, or its shape).
+func counterFromHeaps(t target.Target, p *ruby.Process) (*rubyCounter, error) {
+	lay := heapsLayoutFor(p.Version())
+	if lay == nil {
+		return nil, fmt.Errorf("no built-in layout of the heaps' counters for Ruby %s", p.Version())
+	}
+	os, src, err := p.Objspace()
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, lay.off+heapsCount*calMaxStride*8)
+	if err := t.ReadAt(b, os); err != nil {
+		return nil, fmt.Errorf("read rb_objspace at 0x%x: %w", os, err)
+	}
+	var strides []int
+	for s := 8 * calMinPoolWords; s <= 8*calMaxStride; s += 8 {
+		match := true
+		for i := 0; i < heapsCount && match; i++ {
+			match = binary.LittleEndian.Uint16(b[lay.off+i*s:]) == calBaseSlotSize<<i
+		}
+		if match {
+			strides = append(strides, s)
+		}
+	}
+	if len(strides) != 1 || strides[0] != lay.size {
+		return nil, fmt.Errorf("rb_objspace at 0x%x: the heaps' slot sizes from +%d at strides %v, want one at %d bytes (%s)", os, lay.off, strides, lay.size, lay.source)
+	}
+	c := &rubyCounter{t: t}
+	for i := 0; i < heapsCount; i++ {
+		h := b[lay.off+i*lay.size:]
+		alloc, freed := le64(h, lay.allocated), le64(h, lay.freed)
+		pages, slots := le64(h, lay.pages), le64(h, lay.slots)
+		switch {
+		case alloc >= 1<<48 || freed > alloc:
+			return nil, fmt.Errorf("heap %d: %d objects allocated, %d freed (%s)", i, alloc, freed, lay.source)
+		case alloc-freed > slots:
+			return nil, fmt.Errorf("heap %d: %d objects live in %d slots (%s)", i, alloc-freed, slots, lay.source)
+		case slots > pages*(heapPageSlots>>i):
+			return nil, fmt.Errorf("heap %d: %d slots in %d pages (%s)", i, slots, pages, lay.source)
+		case i == 0 && alloc == 0:
+			return nil, fmt.Errorf("heap 0 allocated nothing (%s)", lay.source)
+		}
+		c.addrs = append(c.addrs, os+uint64(lay.off+i*lay.size+lay.allocated))
+	}
+	c.source = fmt.Sprintf("%s: +%d in each %d-byte element from +%d, where the heaps' slot sizes are, checked on their counts; objspace from %s", lay.source, lay.allocated, lay.size, lay.off, src)
+	return c, nil
+}
+
+func le64(b []byte, off int) uint64 {
+	if off+8 > len(b) {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(b[off:])
+}

@@ -3,9 +3,14 @@ package alloc
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
 )
 
 // memTarget is a process image in a map of 8-byte words, for the
@@ -288,4 +293,82 @@ func TestCalibrationQuietWindows(t *testing.T) {
 	if len(found.addrs) != 1 || found.addrs[0] != counter || grown != want {
 		t.Errorf("chose %x grown %d, want %x grown %d", found.addrs, grown, uint64(counter), want)
 	}
+}
+
+// TestCounterFromHeaps: on Ruby 3.3 and 3.4, the counter found from the
+// heaps' layout without DWARF (what stripped builds use) is the one DWARF says
+// (the same words, where DWARF is), and reads what Ruby's own
+// GC.stat(:total_allocated_objects) says while the script waits (the
+// script allocates between its reads; it prints GC.stat's count and
+// blocks in gets, which allocates nothing counted before the read).
+// Other versions have no such layout: it refuses them.
+func TestCounterFromHeaps(t *testing.T) {
+	// What the script allocates between GC.stat and the read: the
+	// printed line, puts' and gets' buffers (3 to 10 objects on 3.4.5;
+	// the heaps' freed counter, the next word, is tens of thousands
+	// behind, and one heap's counter alone thousands).
+	const counterReadSlack = 32
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		p := startRuby(t, rb, "-e", `$stdout.sync = true
+3.times do |i|
+  keep = Array.new(20_000 * (i + 1)) { |j| "s#{j}" }
+  n = GC.stat(:total_allocated_objects)
+  puts "stat #{n}"
+  STDIN.gets
+end`)
+		line := p.expectPrefix(t, "stat ")
+		tg, err := target.OpenLive(p.cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tg.Close()
+		rp, err := ruby.Open(tg, ruby.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := counterFromHeaps(tg, rp)
+		if heapsLayoutFor(rp.Version()) == nil {
+			if err == nil {
+				t.Fatalf("Ruby %s: counter %s from the heaps' layout, want a refusal", rp.Version(), c.source)
+			}
+			t.Logf("Ruby %s: %v", rp.Version(), err)
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s", rb.Name, c.source)
+		if rb.HasDWARF {
+			vm, err := rp.VMAddress()
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := counterFromDWARF(tg, rp, vm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(c.addrs, d.addrs) {
+				t.Errorf("heaps' layout says the counter is at %#x, DWARF (%s) at %#x", c.addrs, d.source, d.addrs)
+			}
+		}
+		for i := 0; i < 3; i++ {
+			if i > 0 {
+				p.send(t)
+				line = p.expectPrefix(t, "stat ")
+			}
+			truth, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(line, "stat ")), 10, 64)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			v, err := c.read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("read %d, GC.stat %d (%+d)", v, truth, int64(v-truth))
+			if v < truth || v > truth+counterReadSlack {
+				t.Errorf("counter read %d, GC.stat said %d just before", v, truth)
+			}
+		}
+		p.send(t)
+	})
 }

@@ -38,10 +38,12 @@ var errNoCall = errors.New("no call follows the probe site")
 // code (which starts at vaddr base). A path stops at a call that
 // allocates for sure: an indirect call (the allocator after
 // object__create) or a call to a function named in allocFuncs; other
-// calls (a helper that says whether a string fits in its slot, say) are
-// return sites too, at most maxCallsPerPath of them: the program pairs the
-// first one that returns an object of the probe's type and ignores the
-// others. name names a direct call's target ("" when unknown).
+// calls are followed through, at most maxCallsPerPath of them, and are
+// return sites too unless the code after them uses only part of rax or
+// drops it (returnsWord: a helper that says whether a string fits in its
+// slot returns a bool, and the rest of rax is stale): the program pairs
+// the first one that returns an object of the probe's type and ignores
+// the others. name names a direct call's target ("" when unknown).
 func returnSites(code []byte, base, probe uint64, name func(uint64) string) ([]uint64, error) {
 	if probe < base || probe >= base+uint64(len(code)) {
 		return nil, fmt.Errorf("probe 0x%x outside the code read (0x%x+%d)", probe, base, len(code))
@@ -79,10 +81,13 @@ func returnSites(code []byte, base, probe uint64, name func(uint64) string) ([]u
 			stop := false
 			switch {
 			case inst.Op == x86asm.CALL:
-				rets[next] = true
 				calls++
 				rel, direct := inst.Args[0].(x86asm.Rel)
-				if !direct || allocFuncs[name(uint64(int64(next)+int64(rel)))] || calls >= maxCallsPerPath {
+				alloc := !direct || allocFuncs[name(uint64(int64(next)+int64(rel)))]
+				if alloc || returnsWord(code, base, next) {
+					rets[next] = true
+				}
+				if alloc || calls >= maxCallsPerPath {
 					stop = true
 				}
 			case inst.Op == x86asm.RET, inst.Op == x86asm.UD2, inst.Op == x86asm.HLT:
@@ -122,6 +127,108 @@ func returnSites(code []byte, base, probe uint64, name func(uint64) string) ([]u
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out, nil
+}
+
+// returnsWord reports whether the code at pc (after a call) may use the
+// call's result as a 64-bit word: false when the first instruction that
+// touches rax reads only part of it (al, ax, eax: the callee returns a
+// bool or an int) or overwrites it unread (the result is dropped). The
+// upper bits of rax after a function that returns a bool are whatever
+// it held before: Ruby 3.4's str_enc_new asks rb_gc_size_allocatable_p
+// whether a string fits in a slot right after its probe, and rax still
+// holds the probe's source path, the buffer of a live String, whose slot
+// the return probe then took for the new string. The code is followed
+// straight on, up to maxWordScan instructions; a jump, call or return
+// before rax is touched, or code that does not decode, says "may".
+func returnsWord(code []byte, base, pc uint64) bool {
+	for k := 0; k < maxWordScan; k++ {
+		if pc < base || pc >= base+uint64(len(code)) {
+			return true
+		}
+		inst, err := x86asm.Decode(code[pc-base:], 64)
+		if err != nil {
+			return true
+		}
+		switch use := raxUse(inst); use {
+		case raxFull:
+			return true
+		case raxPart, raxWritten:
+			return false
+		}
+		switch {
+		case inst.Op == x86asm.CALL, inst.Op == x86asm.RET, inst.Op == x86asm.JMP, isCondJump(inst.Op):
+			return true
+		}
+		pc += uint64(inst.Len)
+	}
+	return true
+}
+
+// maxWordScan bounds the instructions returnsWord reads after a call.
+const maxWordScan = 16
+
+// How an instruction uses rax.
+const (
+	raxNone    = iota
+	raxFull    // reads all of rax (a register operand, or an address)
+	raxPart    // reads al, ah, ax or eax and not rax
+	raxWritten // writes rax (or part of it) without reading it
+)
+
+// raxUse says how inst uses rax. The destination (the first operand in
+// x86asm's Intel order) of a move, a load of an address or a set is
+// written only; xor or sub of a register with itself is a zeroing idiom.
+func raxUse(inst x86asm.Inst) int {
+	writeOnly := false
+	switch inst.Op {
+	case x86asm.MOV, x86asm.MOVZX, x86asm.MOVSX, x86asm.MOVSXD, x86asm.LEA, x86asm.POP,
+		x86asm.SETA, x86asm.SETAE, x86asm.SETB, x86asm.SETBE, x86asm.SETE, x86asm.SETG, x86asm.SETGE,
+		x86asm.SETL, x86asm.SETLE, x86asm.SETNE, x86asm.SETNO, x86asm.SETNP, x86asm.SETNS, x86asm.SETO,
+		x86asm.SETP, x86asm.SETS:
+		writeOnly = true
+	case x86asm.XOR, x86asm.SUB:
+		if a, ok := inst.Args[0].(x86asm.Reg); ok && inst.Args[1] == a {
+			writeOnly = true
+		}
+	}
+	full, part, written := false, false, false
+	for i, a := range inst.Args {
+		switch a := a.(type) {
+		case nil:
+		case x86asm.Reg:
+			if a == x86asm.RAX {
+				if i == 0 && writeOnly {
+					written = true
+				} else {
+					full = true
+				}
+				continue
+			}
+			if a == x86asm.AL || a == x86asm.AH || a == x86asm.AX || a == x86asm.EAX {
+				if i == 0 && writeOnly {
+					written = true
+				} else {
+					part = true
+				}
+			}
+		case x86asm.Mem:
+			if a.Base == x86asm.RAX || a.Index == x86asm.RAX {
+				full = true
+			}
+			if a.Base == x86asm.EAX || a.Index == x86asm.EAX {
+				part = true
+			}
+		}
+	}
+	switch {
+	case full:
+		return raxFull
+	case part:
+		return raxPart
+	case written:
+		return raxWritten
+	}
+	return raxNone
 }
 
 // maxCallsPerPath bounds the calls a path from a probe is followed

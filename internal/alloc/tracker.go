@@ -88,6 +88,9 @@ type Options struct {
 	// ClassName resolves a klass VALUE to its name (the fallback mode
 	// counts klass pointers). Nil: names are shown as addresses.
 	ClassName func(klass uint64) (string, error)
+	// calibrate finds the counter by calibration even where the heaps'
+	// layout knows it (tests of the calibration on live processes).
+	calibrate bool
 }
 
 // Tracker counts one process's allocations until closed.

@@ -12,7 +12,8 @@ import (
 )
 
 // findCounter opens the Ruby VM and locates its allocation counter: from
-// DWARF where there is some, else (default mode only) by calibration over
+// DWARF where there is some, else on Ruby 3.3-3.4 from its heaps' layout
+// (counterFromHeaps), else (default mode only) by calibration over
 // the first counting windows. Failing both, estimates are scaled by time
 // and counterNote says why.
 func (tr *Tracker) findCounter() {
@@ -33,6 +34,12 @@ func (tr *Tracker) findCounter() {
 		return
 	}
 	tr.counterNote = fmt.Sprintf("no DWARF for the object space (%v)", err)
+	if c, herr := counterFromHeaps(tr.t, p); herr == nil && !tr.opts.calibrate {
+		tr.counter = c
+		return
+	} else if herr != nil {
+		tr.counterNote += fmt.Sprintf("; %v", herr)
+	}
 	if tr.opts.Exact {
 		return
 	}
