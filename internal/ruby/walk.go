@@ -269,6 +269,12 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	}
 	if pre != nil {
 		if frames, ok := p.sameStack(ref.addr, cfp, pre, prefix); ok {
+			if !ref.still {
+				// The same bytes, read again by this tick's batch: the
+				// kept copy stands from this batch on (see stillStack).
+				k := p.lastFrames[ref.addr]
+				k.readAt, k.tid = p.regionsAt, th.TID
+			}
 			th.Frames = frames
 			return th, nil
 		}
