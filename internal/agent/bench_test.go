@@ -76,6 +76,12 @@ func BenchmarkAgentTick(b *testing.B) {
 			b.ReportMetric(float64(a.stats.tickNanos.Load())/pt, "ns/process-tick")
 			b.ReportMetric(100*float64(st.CPU)/float64(st.End.Sub(st.Start)), "%cpu")
 			b.ReportMetric(float64(a.stats.samples.Load())/pt, "samples/process-tick")
+			skips := uint64(0)
+			for _, t := range c.targets {
+				skips += t.src.Process().StillSkips()
+			}
+			// Threads whose frames were not read: not run since.
+			b.ReportMetric(float64(skips)/pt, "unread-threads/process-tick")
 		})
 	}
 }

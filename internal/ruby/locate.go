@@ -154,6 +154,7 @@ type threadRef struct {
 	tidAt      uint64  // the native thread tid was read from (0: none)
 	region     []byte  // the control frames from regionCFP, consistent
 	regionCFP  uint64  // where region starts, or the latest cfp seen
+	still      bool    // region is the kept copy of a thread that has not run since (stillStack)
 	regionTorn bool    // the stack changed while it was read
 }
 

@@ -44,6 +44,9 @@ type caches struct {
 	lastFrames  map[uint64]*keptStack // each thread's last stack, by thread address
 	keptBytes   int                   // the regions kept in lastFrames
 	walks       uint64                // stacks walked (see sameStack)
+	offCPU      OffCPUWatch           // see SetOffCPUWatch (nil: none)
+	stillSkips  uint64                // threads not read: not run since (see stillStack)
+	regionsAt   int64                 // when this tick's region batch began (offCPU's clock; 0: not usable)
 	envs        map[uint64]*frameData
 	walkFds     []frameData // the frames of the walk in progress
 	envsIndexed bool        // envs indexes walkFds

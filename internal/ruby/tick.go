@@ -24,7 +24,9 @@ import (
 // between the two (prefetchHeads). Environments, iseq headers and method
 // entries are read only for frames that changed (walk), and a thread
 // whose frames are the bytes of the last two ticks is not walked at all
-// (sameStack). More VM words per tick go into the first batch. When the
+// (sameStack). With an OffCPUWatch (Mode cpu, nonblocking), a thread that
+// has not been on a CPU since its frames were last read is not read
+// either (stillStack). More VM words per tick go into the first batch. When the
 // caller stopped only the GVL's holder (SnapshotHolderStopped), the owner
 // read in the first batch must name it (checkHolder) before the regions
 // are read, once, as from a stopped process.
@@ -266,6 +268,11 @@ func (p *Process) prefetchRegions(refs []threadRef) {
 		if cfp == 0 || start == 0 || cfp < start || cfp >= end {
 			continue
 		}
+		if k := p.stillStack(r, cfp); k != nil {
+			// Not on a CPU since its frames were read: they stand.
+			r.region, r.regionCFP, r.still = k.region, k.cfp, true
+			continue
+		}
 		lo, n := p.frameSpan(start, end, cfp, !p.stopped)
 		if n == 0 {
 			continue
@@ -284,6 +291,9 @@ func (p *Process) prefetchRegions(refs []threadRef) {
 	p.tickReqs = reqs[:0]
 	if len(reqs) == 0 {
 		return
+	}
+	if p.offCPU != nil {
+		p.regionsAt = p.offCPU.Now()
 	}
 	if err := p.t.ReadBatch(reqs); err != nil {
 		for i := range refs {

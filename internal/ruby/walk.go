@@ -103,6 +103,7 @@ func (p *Process) HolderKnown() bool { return p.act.owner.ok }
 func (p *Process) snapshot(holder int) ([]stack.Thread, error) {
 	p.scratch.reset()
 	p.gcFresh = false
+	p.regionsAt = 0
 	// Until the holder is seen to hold the GVL, the other threads may run.
 	p.stopped = p.stoppedAll && holder == 0
 	defer func() { p.stopped = p.stoppedAll }()
@@ -125,6 +126,11 @@ func (p *Process) snapshot(holder int) ([]stack.Thread, error) {
 		gc = p.decodeGC()
 	} else {
 		gc = p.readGC()
+	}
+	if !gc.known || gc.duringGC || p.ractors > 1 {
+		// A GC may be moving what the frames point to: the regions of
+		// this tick are not kept for stillStack.
+		p.regionsAt = 0
 	}
 	ownerKnown := p.act.owner.ok
 	for _, ref := range refs {
@@ -263,6 +269,12 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	}
 	if pre != nil {
 		if frames, ok := p.sameStack(ref.addr, cfp, pre, prefix); ok {
+			if !ref.still {
+				// The same bytes, read again by this tick's batch: the
+				// kept copy stands from this batch on (see stillStack).
+				k := p.lastFrames[ref.addr]
+				k.readAt, k.tid = p.regionsAt, th.TID
+			}
 			th.Frames = frames
 			return th, nil
 		}
@@ -289,10 +301,13 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	if cap(frames) > cap(p.frameBuf) {
 		p.frameBuf = frames[:0]
 	}
-	if err != nil || p.incomplete != misses {
+	if err != nil || p.incomplete != misses || ref.still {
+		// (A kept region walked again, its stack not trusted: it is not
+		// kept again, as if read by this tick's batch, which began after
+		// stillStack looked.)
 		walked = nil
 	}
-	th.Frames = p.keepFrames(ref.addr, frames, walked, cfp, len(prefix))
+	th.Frames = p.keepFrames(ref.addr, frames, walked, cfp, len(prefix), th.TID)
 	if err != nil {
 		if len(frames) == 0 || target.IsExited(err) {
 			return th, err
@@ -645,6 +660,11 @@ type keptStack struct {
 	cfp       uint64
 	epoch     uint64
 	prefixLen int
+	// readAt is when the batch that read region began, on the OffCPUWatch's
+	// clock, and tid the thread it was read for (0: not read by a batch
+	// in a GC-free moment; see stillStack).
+	readAt int64
+	tid    int
 }
 
 // keepFrames returns a stack of its own for frames (which are scratch):
@@ -654,7 +674,7 @@ type keptStack struct {
 // returned), else a copy, remembered for the next snapshot with the
 // region it was named from (nil: none to compare with next time; see
 // sameStack).
-func (p *Process) keepFrames(thread uint64, frames []stack.Frame, region []byte, cfp uint64, prefixLen int) []stack.Frame {
+func (p *Process) keepFrames(thread uint64, frames []stack.Frame, region []byte, cfp uint64, prefixLen, tid int) []stack.Frame {
 	if len(frames) == 0 {
 		return nil
 	}
@@ -679,8 +699,12 @@ func (p *Process) keepFrames(thread uint64, frames []stack.Frame, region []byte,
 		}
 		k.region = append(k.region[:0], region...)
 		k.regionOK, k.cfp, k.epoch, k.prefixLen = true, cfp, p.epoch, prefixLen
+		k.readAt, k.tid = p.regionsAt, tid
 	} else {
 		k.trusted = false
+	}
+	if !k.regionOK {
+		k.readAt, k.tid = 0, 0
 	}
 	return k.frames
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
@@ -79,10 +81,11 @@ func benchSample(b *testing.B, pid int) {
 			defer src.Close()
 			frames, fails := 0, 0
 			rc, _ := p.Target().(target.ReadCounter)
-			var reads0 uint64
+			var reads0, iov0 uint64
 			if rc != nil {
-				reads0 = rc.ReadCalls()
+				reads0, iov0 = rc.ReadCalls(), rc.ReadIovecs()
 			}
+			cpu0 := cpuTime(b)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -97,12 +100,14 @@ func benchSample(b *testing.B, pid int) {
 				}
 			}
 			b.StopTimer()
+			b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/sample")
 			if ok := b.N - fails; ok > 0 {
 				b.ReportMetric(float64(frames)/float64(ok), "frames/sample")
 			}
 			b.ReportMetric(float64(fails)/float64(b.N), "errors/sample")
 			if rc != nil {
 				b.ReportMetric(float64(rc.ReadCalls()-reads0)/float64(b.N), "readv/sample")
+				b.ReportMetric(float64(rc.ReadIovecs()-iov0)/float64(b.N), "iovecs/sample")
 			}
 			b.ReportMetric(float64(src.states.reads)/float64(b.N), "procreads/sample")
 			if tk.cpuErr != nil {
@@ -140,4 +145,15 @@ func BenchmarkRunOverhead(b *testing.B) {
 	if err != nil || st.Ticks != b.N {
 		b.Fatalf("%v: %d ticks for %d", err, st.Ticks, b.N)
 	}
+}
+
+// cpuTime is the CPU time this process has used: a sample's cost on a
+// machine whose cores the spinning target keeps busy, where ns/op also
+// counts the waits for a core.
+func cpuTime(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(unix.TimevalToNsec(ru.Utime) + unix.TimevalToNsec(ru.Stime))
 }

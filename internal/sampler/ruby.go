@@ -76,6 +76,10 @@ type RubySource struct {
 	cpu       *oncpu.Threads
 	cpuAt     int64
 	cpuStates []oncpu.State
+	// letters are the kernel state letters the records give, per thread
+	// of the snapshot (0: none; see cpuLetter): at the deadline in Mode
+	// cpu, just after the read in nonblocking Mode wall.
+	letters []byte
 	// pausedAt is when this tick's pause began (CLOCK_MONOTONIC, 0: no
 	// pause), of threads pausedTIDs (nil: every thread): a thread that a
 	// pause stopped while it waited for a CPU is switched in to stop.
@@ -120,6 +124,11 @@ func (s *RubySource) Process() *ruby.Process { return s.p }
 // used for a thread whose records do not reach back to the deadline (its
 // first sample: threads are watched from the tick that finds them) or
 // that cannot be watched (the tick's cpuErr says why).
+//
+// Nonblocking ticks of Mode wall watch the context switches too: the
+// state just after the read comes from them instead of /proc, where they
+// reach back to it. In either mode, a thread they show off every CPU
+// since its frames were last read is not read again (ruby.OffCPUWatch).
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	now := time.Now()
 	tk := tickOf(ctx)
@@ -130,8 +139,24 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		}
 		s.cpuAt = oncpu.Mono(tk.deadline)
 	}
+	// Nonblocking ticks watch the threads' context switches in Mode wall
+	// too (wallWatch): not for the on-CPU state at the deadline, but to
+	// skip reading the frames of threads that have not run since they
+	// were last read, and for the kernel state after the read in place of
+	// /proc. Where the kernel refuses, /proc and every read stay.
+	wallWatch := tk != nil && !tk.cpu && s.pauser == nil
+	if wallWatch && s.cpu == nil {
+		s.cpu = oncpu.New(s.pid)
+	}
 	s.stopStates = s.stopStates[:0]
 	s.pausedAt, s.pausedTIDs, s.readAt = 0, nil, 0
+	if s.cpu != nil && s.pauser == nil && (s.cpuAt != 0 || wallWatch) {
+		// The records also say which threads have not run since their
+		// frames were last read: those are not read again.
+		s.p.SetOffCPUWatch(offCPUWatch{s.cpu})
+	} else {
+		s.p.SetOffCPUWatch(nil)
+	}
 	threads, err := s.snapshot()
 	if s.cpuAt != 0 {
 		s.readAt = oncpu.Now()
@@ -139,10 +164,14 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	if err != nil {
 		return s.offCPUError(now, err)
 	}
+	wallAt := int64(0)
+	if wallWatch {
+		wallAt = oncpu.Now()
+	}
 	if len(s.stopStates) != len(threads) {
 		s.stopStates = append(s.stopStates[:0], make([]byte, len(threads))...)
 	}
-	s.cpuStates = s.cpuStates[:0]
+	s.cpuStates, s.letters = s.cpuStates[:0], s.letters[:0]
 	s.sampledTIDs, s.needState = s.sampledTIDs[:0], s.needState[:0]
 	for i := range threads {
 		th := &threads[i]
@@ -173,9 +202,16 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 			}
 		}
 		s.cpuStates = append(s.cpuStates, cs)
+		letter := cpuLetter(cs)
+		if letter == 0 && wallAt != 0 && th.TID != 0 {
+			// The kernel state just after the read, as /proc would say.
+			st, _ := s.cpu.At(th.TID, wallAt, math.MaxInt64)
+			letter = cpuLetter(st)
+		}
+		s.letters = append(s.letters, letter)
 		if th.TID != 0 {
 			s.sampledTIDs = append(s.sampledTIDs, th.TID)
-			s.needState = append(s.needState, s.stopStates[i] == 0 && cpuLetter(cs) == 0 && needsKernelState(th))
+			s.needState = append(s.needState, s.stopStates[i] == 0 && letter == 0 && needsKernelState(th))
 		}
 	}
 	s.states.read(s.sampledTIDs, s.needState)
@@ -183,6 +219,8 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		if err := s.cpu.Watch(s.sampledTIDs); err != nil && tk.cpuErr == nil {
 			tk.cpuErr = err
 		}
+	} else if wallWatch {
+		_ = s.cpu.Watch(s.sampledTIDs) // refused: /proc and every read, as without
 	}
 	s.out = s.out[:0]
 	// A thread that changed under the walker (created, ending, or read
@@ -203,7 +241,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		cs := s.cpuStates[i]
 		kstate := s.stopStates[i]
 		if kstate == 0 {
-			kstate = cpuLetter(cs)
+			kstate = s.letters[i]
 		}
 		if kstate == 0 {
 			kstate = s.states.state(th.TID)
@@ -751,4 +789,17 @@ func openRubyOnce(pid int, opts ruby.Options) (*ruby.Process, error) {
 		return nil, fmt.Errorf("first snapshot: %w", err)
 	}
 	return p, nil
+}
+
+// offCPUWatch answers ruby.OffCPUWatch from the threads' context-switch
+// records.
+type offCPUWatch struct{ w *oncpu.Threads }
+
+func (o offCPUWatch) Now() int64 { return oncpu.Now() }
+
+// OffSince: off a CPU at instant at (preempted or asleep) and not switched
+// onto one since; false when the records do not reach back to it.
+func (o offCPUWatch) OffSince(tid int, at int64) bool {
+	st, since := o.w.At(tid, at, math.MaxInt64)
+	return st.Known() && st != oncpu.Running && since == oncpu.Stayed
 }

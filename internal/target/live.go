@@ -21,20 +21,28 @@ import (
 const maxIovecs = 1024
 
 type live struct {
-	pid   int
-	exe   string
-	calls atomic.Uint64
-	ns    nsTIDs
+	pid    int
+	exe    string
+	calls  atomic.Uint64
+	iovecs atomic.Uint64
+	ns     nsTIDs
 }
 
 // ReadCounter is implemented by targets that count the system calls their
 // reads cost (live processes: process_vm_readv calls).
 type ReadCounter interface {
 	ReadCalls() uint64
+	// ReadIovecs is the number of remote iovecs of those calls: the
+	// kernel pins and looks up each on its own (~0.3 µs apiece here,
+	// against ~1 µs a call and ~0.1 µs a KiB copied).
+	ReadIovecs() uint64
 }
 
 // ReadCalls returns the number of process_vm_readv calls made so far.
 func (l *live) ReadCalls() uint64 { return l.calls.Load() }
+
+// ReadIovecs returns the number of remote iovecs read so far.
+func (l *live) ReadIovecs() uint64 { return l.iovecs.Load() }
 
 // OpenLive opens the running process pid for reading. It checks that the
 // process exists and that its memory can be read.
@@ -85,6 +93,7 @@ func (l *live) ReadAt(p []byte, addr uint64) error {
 	local[0].SetLen(len(p))
 	remote := [1]unix.RemoteIovec{{Base: uintptr(addr), Len: len(p)}}
 	l.calls.Add(1)
+	l.iovecs.Add(1)
 	n, err := vmReadv(l.pid, local[:], remote[:])
 	if err != nil {
 		return l.readErr(err, addr, len(p))
@@ -170,6 +179,7 @@ func (l *live) ReadBatch(reqs []Read) error {
 			continue
 		}
 		l.calls.Add(1)
+		l.iovecs.Add(uint64(len(remote)))
 		got, err := vmReadv(l.pid, local, remote)
 		if err == nil && got == total {
 			continue
