@@ -15,7 +15,7 @@ import (
 )
 
 // rubies are the subtest names testutil.EachRuby gives, in column order.
-var rubies = []string{"system", "3.3.8", "3.3.8-yjit", "3.3.8-static", "3.3.8-static-nodebug"}
+var rubies = []string{"system", "3.3.8", "3.3.8-yjit", "3.3.8-static", "3.3.8-static-nodebug", "3.4.5", "3.4.5-yjit", "3.4.5-stripped"}
 
 type event struct {
 	Action  string
