@@ -655,12 +655,15 @@ Process.wait(pid)`)
 // TestRecordOnCPU: --on-cpu keeps the spinning thread and drops the one
 // sleeping in a queue pop. The spinner is kept at as many ticks as it had
 // a CPU (on a loaded machine, not all of them): its share of the
-// recording's 100 ticks (kept, or unread: a thread off a CPU is dropped
+// recording's ticks (kept, or unread: a thread off a CPU is dropped
 // whatever its stack) is the share of wall time it measures itself
-// (CLOCK_THREAD_CPUTIME_ID against CLOCK_MONOTONIC, written when sent
-// SIGUSR1 before and after the recording), within 2 + 3 sigma (sigma =
-// sqrt(p(1-p)/n)) plus the ticks that were late, which may have been
-// skipped.
+// between the recording's start and end (CLOCK_THREAD_CPUTIME_ID against
+// CLOCK_REALTIME, logged every 10,000 iterations and written when sent
+// SIGUSR1), within 2 + 3 sigma (sigma = sqrt(p(1-p)/n)) plus the ticks
+// that were late, which may have been skipped. (Measured from before to
+// after the whole rbscope run, the share took in rbscope's start-up, when
+// it competes with the spinner: with a CPU hog on each core the spinner had
+// a CPU 85 % of that time and at every tick of the recording.)
 func TestRecordOnCPU(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		recBinary(t)
@@ -673,35 +676,55 @@ def oncpu_spin
   loop do
     x += 1
     next if x % 10_000 != 0
-    $spin = [Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond),
-             Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond)]
+    $spin.push(Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond), Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond))
+    $spin.shift(2) if $spin.size > 200_000
   end
 end
 def offcpu_wait; Queue.new.pop; end
-trap("USR1") { File.write(ARGV[0] + ".tmp", $spin.join(" ")); File.rename(ARGV[0] + ".tmp", ARGV[0]) }
+trap("USR1") { File.write(ARGV[0] + ".tmp", $spin.dup.join(" ")); File.rename(ARGV[0] + ".tmp", ARGV[0]) }
 Thread.new { offcpu_wait }.name = "waiter"
 Thread.new { oncpu_spin }.name = "spinner"
 sleep 0.2
 puts "ready"; $stdout.flush
 sleep`, mark)
-		// spinMark asks the spinner for its latest wall and CPU clocks.
-		spinMark := func() (wall, cpu int64) {
+		// spinShare asks the spinner for its log of (CLOCK_REALTIME,
+		// its CPU clock) pairs and returns the share of [from, to] it
+		// had a CPU: its CPU clock at an instant is the last pair's at or
+		// before it (it grows only while the spinner runs, and a pair is
+		// logged every ~0.3 ms of that).
+		spinShare := func(from, to time.Time) float64 {
 			t.Helper()
 			os.Remove(mark)
 			if err := p.Cmd.Process.Signal(syscall.SIGUSR1); err != nil {
 				t.Fatal(err)
 			}
+			var b []byte
 			for i := 0; i < 500; i++ {
-				if b, err := os.ReadFile(mark); err == nil {
-					if _, err := fmt.Sscanf(string(b), "%d %d", &wall, &cpu); err != nil {
-						t.Fatalf("mark %q: %v", b, err)
-					}
-					return wall, cpu
+				var err error
+				if b, err = os.ReadFile(mark); err == nil {
+					break
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			t.Fatal("the script wrote no mark")
-			return 0, 0
+			f := strings.Fields(string(b))
+			if len(f) < 4 || len(f)%2 != 0 {
+				t.Fatalf("the script's log of clocks: %d numbers", len(f))
+			}
+			cpuAt := func(at time.Time) int64 {
+				var cpu int64 = -1
+				for i := 0; i < len(f); i += 2 {
+					wall, _ := strconv.ParseInt(f[i], 10, 64)
+					if wall > at.UnixNano() {
+						break
+					}
+					cpu, _ = strconv.ParseInt(f[i+1], 10, 64)
+				}
+				if cpu < 0 {
+					t.Fatalf("the script's log of clocks begins after %v", at)
+				}
+				return cpu
+			}
+			return float64(cpuAt(to)-cpuAt(from)) / float64(to.Sub(from).Nanoseconds())
 		}
 		for _, onCPU := range []bool{false, true} {
 			raw := filepath.Join(dir, fmt.Sprintf("r-%v.gz", onCPU))
@@ -710,9 +733,7 @@ sleep`, mark)
 			if onCPU {
 				args = append(args, "--on-cpu")
 			}
-			w0, c0 := spinMark()
 			res := recRun(t, rb, args...)
-			w1, c1 := spinMark()
 			if res.err != nil {
 				t.Fatalf("record: %v\n%s", res.err, res.stderr)
 			}
@@ -731,8 +752,8 @@ sleep`, mark)
 				// A sample --on-cpu could not read is one of a thread on
 				// a CPU (an off-CPU thread's is dropped whatever its
 				// stack): it counts.
-				share := float64(c1-c0) / float64(w1-w0)
 				st := recRawStats(t, raw)
+				share := spinShare(h.Start, st.End)
 				unread := 0
 				for _, u := range st.Unread {
 					if u.Name == "spinner" {
@@ -741,9 +762,10 @@ sleep`, mark)
 						}
 					}
 				}
-				want := 100 * share
-				sigma := 100 * math.Sqrt(share*(1-share)/100)
-				t.Logf("spinner kept at %d ticks, unread at %d; it had a CPU %.1f%% of the time; %d ticks late", byThread["spinner"], unread, 100*share, st.Late)
+				ticks := math.Round(st.End.Sub(h.Start).Seconds() * 100)
+				want := ticks * share
+				sigma := ticks * math.Sqrt(share*(1-share)/ticks)
+				t.Logf("spinner kept at %d ticks, unread at %d; it had a CPU %.1f%% of the recording's %.0f ticks' time; %d ticks late", byThread["spinner"], unread, 100*share, ticks, st.Late)
 				if got := float64(byThread["spinner"] + unread); !(math.Abs(got-want) <= 2+3*sigma+float64(st.Late)) || byThread["spinner"] == 0 {
 					t.Errorf("--on-cpu kept the spinner at %d ticks (%d unread), want %.0f: samples by thread %v", byThread["spinner"], unread, want, byThread)
 				}
