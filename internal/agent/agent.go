@@ -71,7 +71,7 @@ type counters struct {
 	overLimit     atomic.Int64
 	ticks         atomic.Int64
 	samples       atomic.Int64
-	errors        [sampler.ErrMovedOn + 1]atomic.Int64
+	errors        [sampler.KindMovedOn + 1]atomic.Int64
 	profiles      atomic.Int64
 	profileErrs   atomic.Int64
 	tickNanos     atomic.Int64
@@ -284,13 +284,13 @@ func (a *Agent) Stats() Stats {
 // errorKindName is a metric-friendly name of an error kind.
 func errorKindName(k sampler.ErrorKind) string {
 	switch k {
-	case sampler.ErrExited:
+	case sampler.KindExited:
 		return "exited"
-	case sampler.ErrUnmapped:
+	case sampler.KindUnmapped:
 		return "inconsistent"
-	case sampler.ErrPermission:
+	case sampler.KindPermission:
 		return "permission"
-	case sampler.ErrMovedOn:
+	case sampler.KindMovedOn:
 		return "moved_on"
 	}
 	return "other"

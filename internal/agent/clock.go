@@ -86,7 +86,7 @@ func (c *clock) Sample(ctx context.Context) ([]stack.Sample, error) {
 		}
 		if err != nil {
 			k := sampler.Classify(err)
-			if k == sampler.ErrExited {
+			if k == sampler.KindExited {
 				st.exited.Add(1)
 				c.drop(i, "process exited")
 				continue

@@ -118,7 +118,7 @@ func script(t testing.TB, name string) string {
 func attachOrMissing(t testing.TB, pid int, opts Options) *Tracker {
 	t.Helper()
 	tr, err := Attach(pid, opts)
-	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes) {
+	if errors.Is(err, ErrBPFDenied) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes) {
 		testutil.Missing(t, "a kernel that lets rbscope attach uprobes: %v", err)
 	}
 	if err != nil {

@@ -227,5 +227,5 @@ const gcSlack = 2
 // isKernelRefusal reports whether err says the kernel would not load or
 // attach the probes (a need of the test, not a failure).
 func isKernelRefusal(err error) bool {
-	return errors.Is(err, ErrPermission) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes)
+	return errors.Is(err, ErrBPFDenied) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes)
 }

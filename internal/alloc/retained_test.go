@@ -292,7 +292,7 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 // refused the probes; it reports whether it did.
 func errorsMissing(t *testing.T, err error) bool {
 	t.Helper()
-	if errors.Is(err, ErrPermission) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes) {
+	if errors.Is(err, ErrBPFDenied) || errors.Is(err, ErrNoBPF) || errors.Is(err, ErrNoUprobes) {
 		testutil.Missing(t, "a kernel that lets rbscope attach uprobes: %v", err)
 		return true
 	}

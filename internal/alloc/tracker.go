@@ -21,10 +21,10 @@ import (
 
 // Errors users hit, each with what to do. They wrap the underlying error.
 var (
-	// ErrPermission: the kernel refused to load or attach. Perf-event
+	// ErrBPFDenied: the kernel refused to load or attach. Perf-event
 	// uprobes need CAP_SYS_ADMIN; uprobe_multi links (Linux 6.6+) were
 	// measured to work with CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE.
-	ErrPermission = errors.New("attaching eBPF uprobes needs CAP_SYS_ADMIN: run as root (on Linux 6.6+, CAP_BPF+CAP_PERFMON+CAP_SYS_PTRACE also do)")
+	ErrBPFDenied = errors.New("attaching eBPF uprobes needs CAP_SYS_ADMIN: run as root (on Linux 6.6+, CAP_BPF+CAP_PERFMON+CAP_SYS_PTRACE also do)")
 	// ErrNoBPF: the kernel cannot load the program.
 	ErrNoBPF = errors.New("this kernel cannot run the eBPF program (needs BPF with kprobe programs, attach cookies: Linux 5.15+)")
 	// ErrNoUprobes: the kernel has no uprobe support.
@@ -352,7 +352,7 @@ func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 			}
 			tr.prog.Close()
 			tr.prog, tr.multi = nil, false
-			if errors.Is(err, ErrPermission) {
+			if errors.Is(err, ErrBPFDenied) {
 				return err
 			}
 			// Otherwise (a probe held by another tracer, say) the
@@ -834,7 +834,7 @@ func classifyLoad(err error) error {
 	}
 	switch {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return &reasonError{ErrPermission, err}
+		return &reasonError{ErrBPFDenied, err}
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EINVAL):
 		return fmt.Errorf("%w: load program: %v", ErrNoBPF, err)
 	}
@@ -845,7 +845,7 @@ func classifyAttach(err error, pid int, s Site) error {
 	where := fmt.Sprintf("attach to %s at offset 0x%x", s.Name, s.Offset)
 	switch {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return &reasonError{ErrPermission, err}
+		return &reasonError{ErrBPFDenied, err}
 	case errors.Is(err, unix.ESRCH):
 		return fmt.Errorf("%s: %w", where, target.ErrProcessExited{Pid: pid})
 	case errors.Is(err, unix.EINVAL) && s.RefCtrOffset != 0:

@@ -89,7 +89,7 @@ func (r *rec) summarize(st sampler.Stats) {
 			cpu.Seconds(), 100*cpu.Seconds()/wall, 100*st.CPU.Seconds()/wall, perTick)
 	}
 	r.busyHint()
-	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.ErrOther]+st.Errors[sampler.ErrPermission] > 0 {
+	if st.ErrorCount() > 0 && st.LastError != nil && st.Errors[sampler.KindOther]+st.Errors[sampler.KindPermission] > 0 {
 		r.con.say("last error: %v", st.LastError)
 	}
 	if r.cfg.Subprocesses {

@@ -304,7 +304,7 @@ const refusedTicks = 5
 // once, instead of recording nothing until Ctrl-C; the report's last
 // error then names what refused.
 func (r *rec) progress(st sampler.Stats) {
-	perm := st.Errors[sampler.ErrPermission]
+	perm := st.Errors[sampler.KindPermission]
 	if st.Samples+st.Filtered == 0 && perm >= refusedTicks && perm == st.ErrorCount() {
 		r.cancel(fmt.Errorf("stopped: the kernel refused all %d samples so far (the last error says why)", perm))
 	}

@@ -407,7 +407,7 @@ type ThreadError struct {
 
 // ThreadErrors is returned with the other threads' samples when some
 // threads of a sample could not be read. It counts as an inconsistent
-// read (ErrUnmapped).
+// read (KindUnmapped).
 type ThreadErrors struct {
 	Pid     int
 	Threads []ThreadError
@@ -662,7 +662,7 @@ const inconsistentTries = 12
 // retryInconsistent calls try until it succeeds, and returns its last
 // error when it fails for good: any failure once timeout has passed (a
 // process still starting fails in many ways until it is ready), except a
-// read that raced with the running process (Classify says ErrUnmapped: a
+// read that raced with the running process (Classify says KindUnmapped: a
 // thread being created, a stack that changed while it was read), which is
 // tried up to inconsistentTries times whatever the timeout; never again
 // once the process is gone or the kernel refused. Tries are 5 ms apart at
@@ -676,7 +676,7 @@ func retryInconsistent(ctx context.Context, timeout time.Duration, try func() er
 		if err == nil {
 			return nil
 		}
-		transient := Classify(err) == ErrUnmapped && attempt < inconsistentTries
+		transient := Classify(err) == KindUnmapped && attempt < inconsistentTries
 		if target.IsExited(err) || (time.Now().After(deadline) && !transient) {
 			return err
 		}

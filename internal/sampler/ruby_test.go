@@ -182,7 +182,7 @@ func testRubySource(t *testing.T, rb testutil.RubyUnderTest) {
 			if !blocking {
 				busyMin = st.Ticks * 95 / 100
 			}
-			if st.Ticks < 20 || seen["busy"] < busyMin || seen["idle"] != st.Ticks || st.ErrorCount() != st.Errors[ErrUnmapped] {
+			if st.Ticks < 20 || seen["busy"] < busyMin || seen["idle"] != st.Ticks || st.ErrorCount() != st.Errors[KindUnmapped] {
 				t.Fatalf("ticks %d, samples per thread %v, errors %s (%v)", st.Ticks, seen, st.ErrorSummary(), st.LastError)
 			}
 			// The busy thread competes for the GVL with the main thread

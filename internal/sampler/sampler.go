@@ -81,13 +81,13 @@ type ErrorKind int
 
 // Error kinds.
 const (
-	ErrExited     ErrorKind = iota // the target process exited
-	ErrUnmapped                    // an unmapped or inconsistent read (the stack changed under us)
-	ErrPermission                  // the kernel refused access
-	ErrOther                       // anything else
-	// ErrMovedOn: Mode cpu, a late tick: a thread on a CPU at the
+	KindExited     ErrorKind = iota // the target process exited
+	KindUnmapped                    // an unmapped or inconsistent read (the stack changed under us)
+	KindPermission                  // the kernel refused access
+	KindOther                       // anything else
+	// KindMovedOn: Mode cpu, a late tick: a thread on a CPU at the
 	// deadline was switched in again or went to sleep before its stack was read.
-	ErrMovedOn
+	KindMovedOn
 	numErrorKinds
 )
 
@@ -107,19 +107,19 @@ func Classify(err error) ErrorKind {
 	var inc interface{ Inconsistent() bool }
 	switch {
 	case target.IsExited(err):
-		return ErrExited
+		return KindExited
 	case errors.As(err, &perm):
-		return ErrPermission
+		return KindPermission
 	case errors.As(err, &unmapped):
-		return ErrUnmapped
+		return KindUnmapped
 	case movedOnly(err):
-		return ErrMovedOn
+		return KindMovedOn
 	case errors.As(err, &inc) && inc.Inconsistent():
-		return ErrUnmapped
+		return KindUnmapped
 	case errors.Is(err, ruby.ErrInvalid):
-		return ErrUnmapped
+		return KindUnmapped
 	}
-	return ErrOther
+	return KindOther
 }
 
 // ThreadSpan records when a thread was seen.
@@ -392,7 +392,7 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 				break
 			}
 			k := Classify(err)
-			if k == ErrExited {
+			if k == KindExited {
 				// The end of the target ends sampling; it is not a
 				// failed sample.
 				st.Exited = true

@@ -220,7 +220,7 @@ func TestErrorKinds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [numErrorKinds]int{ErrUnmapped: 5, ErrPermission: 1, ErrOther: 1, ErrMovedOn: 1}
+	want := [numErrorKinds]int{KindUnmapped: 5, KindPermission: 1, KindOther: 1, KindMovedOn: 1}
 	if st.Errors != want {
 		t.Errorf("errors %v, want %v", st.Errors, want)
 	}
