@@ -753,7 +753,9 @@ sleep`, mark)
 				// a CPU (an off-CPU thread's is dropped whatever its
 				// stack): it counts.
 				st := recRawStats(t, raw)
-				share := spinShare(h.Start, st.End)
+				// The clocks' granularity can put a spinner that had a
+				// CPU all along a hair over 100 %.
+				share := min(max(spinShare(h.Start, st.End), 0), 1)
 				unread := 0
 				for _, u := range st.Unread {
 					if u.Name == "spinner" {
