@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -264,25 +263,8 @@ func (r RubyUnderTest) Start(t testing.TB, script string, args ...string) *Proc 
 // must be unset; its Stderr goes to the test's stderr unless set.
 func (r RubyUnderTest) StartCmd(t testing.TB, cmd *exec.Cmd) *Proc {
 	t.Helper()
-	if cmd.Stderr == nil {
-		cmd.Stderr = os.Stderr
-	}
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Setpgid = true
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", r.Name, err)
-	}
+	stdout := startGroup(t, cmd, r.Name)
 	p := &Proc{Cmd: cmd, Pid: cmd.Process.Pid, out: bufio.NewReader(stdout)}
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-	})
 	done := make(chan error, 1)
 	go func() {
 		for {

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -28,28 +29,11 @@ type Script struct {
 // unless set; the group is killed when the test ends.
 func StartScript(t testing.TB, cmd *exec.Cmd) *Script {
 	t.Helper()
-	if cmd.Stderr == nil {
-		cmd.Stderr = os.Stderr
-	}
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Setpgid = true
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v: %v", cmd.Args, err)
-	}
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-	})
+	stdout := startGroup(t, cmd, fmt.Sprint(cmd.Args))
 	lines := make(chan string, 64)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -60,6 +44,32 @@ func StartScript(t testing.TB, cmd *exec.Cmd) *Script {
 		close(lines)
 	}()
 	return &Script{Cmd: cmd, Pid: cmd.Process.Pid, Stdin: stdin, Lines: lines}
+}
+
+// startGroup starts cmd in a process group of its own, its standard
+// error to the test's unless set, and returns its standard output; the
+// group is killed when the test ends. what names it in a failure.
+func startGroup(t testing.TB, cmd *exec.Cmd, what string) io.ReadCloser {
+	t.Helper()
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", what, err)
+	}
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	})
+	return stdout
 }
 
 // scriptWait bounds each Expect.
