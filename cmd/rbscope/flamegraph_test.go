@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -49,16 +48,7 @@ func TestRecordFlamegraphFirstScreen(t *testing.T) {
 		t.Fatalf("record: exit %d: %s", code, stderr)
 	}
 	before, after := filepath.Join(dir, "deepidle.png"), filepath.Join(dir, "deepidle-idle.png")
-	cmd := exec.Command(node, filepath.Join(testutil.RepoRoot(t), "internal", "output", "testdata", "firstscreen.js"), page, before, after)
-	cmd.Env = append(os.Environ(), "NODE_PATH="+mods, "PROFILE_DIR="+t.TempDir())
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("firstscreen.js: %v\n%s", err, stderr)
-	}
+	out := testutil.RunNodeScript(t, node, mods, filepath.Join(testutil.RepoRoot(t), "internal", "output", "testdata", "firstscreen.js"), page, before, after)
 	type frame struct {
 		Text, Cls   string
 		Frames      int

@@ -188,16 +188,7 @@ func TestFlamegraphTimelineDrag(t *testing.T) {
 		t.Fatal(err)
 	}
 	shot := filepath.Join(dir, "flamegraph-drag.png")
-	cmd := exec.Command(node, filepath.Join("testdata", "drag.js"), page, shot)
-	cmd.Env = append(os.Environ(), "NODE_PATH="+mods, "PROFILE_DIR="+t.TempDir())
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("drag.js: %v\n%s", err, stderr)
-	}
+	out := testutil.RunNodeScript(t, node, mods, filepath.Join("testdata", "drag.js"), page, shot)
 	var res struct {
 		Frames []string
 		Range  string

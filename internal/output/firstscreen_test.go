@@ -123,16 +123,7 @@ func TestFlamegraphFirstScreen(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, after := filepath.Join(dir, "flamegraph-firstscreen.png"), filepath.Join(dir, "flamegraph-firstscreen-idle.png")
-	cmd := exec.Command(node, filepath.Join("testdata", "firstscreen.js"), page, before, after)
-	cmd.Env = append(os.Environ(), "NODE_PATH="+mods, "PROFILE_DIR="+t.TempDir())
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("firstscreen.js: %v\n%s", err, stderr)
-	}
+	out := testutil.RunNodeScript(t, node, mods, filepath.Join("testdata", "firstscreen.js"), page, before, after)
 	var res struct{ Before, After, Expanded fsState }
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("firstscreen.js printed %q: %v", out, err)

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
@@ -26,4 +27,23 @@ func NPMModules(t testing.TB, pkg string) string {
 		Missing(t, "the npm package %s in %s (scripts/install-deps.sh installs it): %v", pkg, dir, err)
 	}
 	return mods
+}
+
+// RunNodeScript runs node on script with args, the npm modules in mods
+// (see NPMModules) on its NODE_PATH and a fresh PROFILE_DIR for the
+// browser it drives, and returns what it printed; the test fails with
+// the script's standard error when it fails.
+func RunNodeScript(t testing.TB, node, mods, script string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(node, append([]string{script}, args...)...)
+	cmd.Env = append(os.Environ(), "NODE_PATH="+mods, "PROFILE_DIR="+t.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("%s: %v\n%s", filepath.Base(script), err, stderr)
+	}
+	return out
 }
