@@ -183,8 +183,14 @@ const (
 	// sleep, which may be past where it ran at the instant (a
 	// Queue#pop, a read), or the same place (waiting for the GVL).
 	Slept
-	// SwitchedIn: switched onto a CPU: it may have run anywhere since.
+	// SwitchedIn: switched onto a CPU, and asleep again by the later
+	// instant: it may have run anywhere since, and its stack then is
+	// where it went to sleep.
 	SwitchedIn
+	// Resumed: switched onto a CPU, and on one, or preempted while on
+	// one, at the later instant: its stack then is where it ran then
+	// (not at the first instant: its stretch on a CPU was cut in between).
+	Resumed
 )
 
 func (s Since) String() string {
@@ -195,6 +201,8 @@ func (s Since) String() string {
 		return "slept"
 	case SwitchedIn:
 		return "switched in"
+	case Resumed:
+		return "resumed"
 	}
 	return "since?"
 }
@@ -317,6 +325,9 @@ func (th *thread) at(at, until int64) (State, Since) {
 	oldest := uint16(0) // misc of the oldest switch seen after at
 	seen, since := false, Stayed
 	state := Unknown
+	// switchedIn: a switch in after at, by until; then: the state at
+	// until, from the newest record by then (the walk goes newest first).
+	switchedIn, then := false, Unknown
 	for walked < size {
 		off := (head + walked) & mask
 		typ := binary.LittleEndian.Uint32(data[off:])
@@ -337,12 +348,16 @@ func (th *thread) at(at, until int64) (State, Since) {
 				break
 			}
 			oldest, seen = misc, true
-			switch {
-			case t > until:
-			case misc&miscOut == 0:
-				since = SwitchedIn
-			case misc&miscPreempt == 0:
-				since = max(since, Slept)
+			if t <= until {
+				if then == Unknown {
+					then = fromRecord(misc)
+				}
+				switch {
+				case misc&miscOut == 0:
+					switchedIn = true
+				case misc&miscPreempt == 0:
+					since = Slept
+				}
 			}
 		}
 		walked += n
@@ -351,6 +366,12 @@ func (th *thread) at(at, until int64) (State, Since) {
 	// stands if the bytes written meanwhile did not reach it.
 	if written := head - atomic.LoadUint64(&th.meta.Data_head); written+walked > size {
 		return Unknown, Stayed
+	}
+	if switchedIn {
+		since = SwitchedIn
+		if then == Running || then == Runnable {
+			since = Resumed
+		}
 	}
 	switch {
 	case state != Unknown:

@@ -100,7 +100,8 @@ func TestAtFollowsCPUTime(t *testing.T) {
 
 // TestAtAsleepAndStopped: a process asleep in nanosleep is never running;
 // one stopped by SIGSTOP is asleep from its stop on, and not switched in
-// again until continued; an instant before the watch began is unknown.
+// again until continued (then resumed while it spins, switched in once
+// stopped again); an instant before the watch began is unknown.
 func TestAtAsleepAndStopped(t *testing.T) {
 	sl := exec.Command("sleep", "100")
 	if err := sl.Start(); err != nil {
@@ -159,17 +160,36 @@ func TestAtAsleepAndStopped(t *testing.T) {
 	} else {
 		t.Logf("spinning process before its stop: %v, since: %v", s, since)
 	}
-	// Continued, it is switched in again after the stop.
+	// Continued, it is switched in again after the stop, and spins on
+	// (on a CPU or preempted): resumed.
 	continued := Now()
 	sp.Process.Signal(syscall.SIGCONT)
 	time.Sleep(20 * time.Millisecond)
-	if s, since := w.At(pid, stopped, math.MaxInt64); s != Asleep || since != SwitchedIn {
-		t.Errorf("continued process at its stop: %v (since: %v), want asleep and switched in since", s, since)
+	if s, since := w.At(pid, stopped, math.MaxInt64); s != Asleep || since != Resumed {
+		t.Errorf("continued process at its stop: %v (since: %v), want asleep and resumed since", s, since)
 	}
 	if _, since := w.At(pid, stopped, continued); since != Stayed {
 		t.Errorf("since its stop and before SIGCONT: %v, want stayed", since)
 	}
-	if _, since := w.At(pid, spinning, math.MaxInt64); since != SwitchedIn {
-		t.Errorf("spinning process since before its stop, continued: %v, want switched in", since)
+	if _, since := w.At(pid, spinning, math.MaxInt64); since != Resumed {
+		t.Errorf("spinning process since before its stop, continued: %v, want resumed", since)
+	}
+	// Stopped again: switched in since its first stop, and asleep now.
+	running := Now()
+	if err := sp.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; procfs.TaskState(pid, pid) != 'T'; i++ {
+		if i > 1000 {
+			t.Fatalf("process %d not stopped again", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, since := w.At(pid, stopped, math.MaxInt64); since != SwitchedIn {
+		t.Errorf("continued and stopped again since its first stop: %v, want switched in", since)
+	}
+	if _, since := w.At(pid, stopped, running); since != Resumed {
+		t.Errorf("continued since its first stop, until it ran again: %v, want resumed", since)
 	}
 }

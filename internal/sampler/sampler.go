@@ -86,7 +86,7 @@ const (
 	KindPermission                  // the kernel refused access
 	KindOther                       // anything else
 	// KindMovedOn: Mode cpu, a late tick: a thread on a CPU at the
-	// deadline was switched in again or went to sleep before its stack was read.
+	// deadline was asleep when its stack was read (see errMovedOn).
 	KindMovedOn
 	numErrorKinds
 )
