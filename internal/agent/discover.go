@@ -55,11 +55,24 @@ type discovery struct {
 	// Opening a process (its first snapshot resolves every name on its
 	// stacks: 15 ms on an idle machine, up to a second on a busy one)
 	// is done by openWorkers goroutines, so that a scan never waits for
-	// one: serial opens let short processes come and go unseen.
-	requests chan openRequest
+	// one: serial opens let short processes come and go unseen. The
+	// processes waiting for a worker are queued; every other open takes
+	// the newest: when processes start faster than they can be opened
+	// (a loaded host, short jobs), a first-come queue only grew while the
+	// processes in it died before their turn (TestAgentChurn: 80 of 200
+	// opened). The others take the oldest, so that a long-lived process
+	// is never starved by a stream of short ones; those that exited
+	// while queued leave the queue at the next scan (prune).
+	requests chan openRequest // unbuffered: a ready worker takes the one offered
+	queue    []openRequest    // waiting for a worker, newest last
+	oldest   bool             // the next open takes the oldest queued
 	results  chan openResult
-	inflight int
+	inflight int // queued or being opened
 }
+
+// maxQueued bounds the processes waiting for a worker: past it the oldest
+// is dropped (asked for again at the next scan if still there).
+const maxQueued = 4096
 
 // openWorkers is how many processes are opened at once.
 const openWorkers = 4
@@ -77,7 +90,7 @@ type openResult struct {
 
 func newDiscovery(a *Agent) *discovery {
 	return &discovery{a: a, self: os.Getpid(), seen: map[int]*seen{}, alive: map[int]bool{},
-		requests: make(chan openRequest, 4096), results: make(chan openResult, 64)}
+		requests: make(chan openRequest), results: make(chan openResult, 64)}
 }
 
 // run scans /proc every Rescan, and takes the workers' opens as they
@@ -123,15 +136,54 @@ func (d *discovery) run(ctx context.Context) {
 	defer t.Stop()
 	d.scan(ctx)
 	for {
+		var out chan openRequest // nil (never ready) when nothing waits
+		at := d.next()
+		var next openRequest
+		if at >= 0 {
+			out, next = d.requests, d.queue[at]
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case out <- next:
+			d.take(at)
 		case r := <-d.results:
 			d.opened(ctx, r)
 		case <-t.C:
 			d.scan(ctx)
 		}
 	}
+}
+
+// next is the index in the queue of the process to open next (-1: none
+// waits): the newest and the oldest in turn.
+func (d *discovery) next() int {
+	at := len(d.queue) - 1
+	if d.oldest && at > 0 {
+		at = 0
+	}
+	return at
+}
+
+// take removes the queue's process at index at, handed to a worker.
+func (d *discovery) take(at int) {
+	d.queue = slices.Delete(d.queue, at, at+1)
+	d.oldest = !d.oldest
+}
+
+// prune drops from the queue the processes that exited or exec'd since
+// they were queued.
+func (d *discovery) prune() {
+	kept := d.queue[:0]
+	for _, r := range d.queue {
+		if s := d.seen[r.pid]; s != nil && s.ident == r.ident {
+			kept = append(kept, r)
+			continue
+		}
+		d.inflight--
+	}
+	clear(d.queue[len(kept):])
+	d.queue = kept
 }
 
 // scan lists /proc once: new process images are examined, images gone
@@ -195,6 +247,7 @@ func (d *discovery) scan(ctx context.Context) {
 			delete(d.seen, pid)
 		}
 	}
+	d.prune()
 }
 
 // untrack tells the clock to drop process pid.
@@ -296,8 +349,8 @@ func (d *discovery) filteredOut(pid int, cmd []string) string {
 	return ""
 }
 
-// request has a worker open a pending Ruby process, unless MaxProcesses
-// processes are profiled or being opened.
+// request queues a pending Ruby process for a worker to open, unless
+// MaxProcesses processes are profiled, queued or being opened.
 func (d *discovery) request(pid int, s *seen) {
 	if max := d.a.cfg.MaxProcesses; max > 0 && d.tracked+d.inflight >= max {
 		d.a.stats.overLimit.Add(1)
@@ -308,13 +361,19 @@ func (d *discovery) request(pid int, s *seen) {
 		}
 		return
 	}
-	select {
-	case d.requests <- openRequest{pid: pid, ident: s.ident}:
-		s.opening = true
-		d.inflight++
-	default:
-		// Thousands waiting: the next scan asks again.
+	if len(d.queue) >= maxQueued {
+		// Thousands waiting: the oldest is asked for again at the next
+		// scan, if it is still there.
+		old := d.queue[0]
+		d.queue = slices.Delete(d.queue, 0, 1)
+		d.inflight--
+		if o := d.seen[old.pid]; o != nil && o.ident == old.ident {
+			o.opening = false
+		}
 	}
+	d.queue = append(d.queue, openRequest{pid: pid, ident: s.ident})
+	s.opening = true
+	d.inflight++
 }
 
 // opened takes a worker's open: hands the process to the clock, or
