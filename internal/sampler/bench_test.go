@@ -141,7 +141,7 @@ func BenchmarkRunOverhead(b *testing.B) {
 	n := 0
 	b.ReportAllocs()
 	b.ResetTimer()
-	st, err := run(context.Background(), src, Config{Rate: 1000, Duration: time.Duration(b.N) * time.Millisecond}, func(s []stack.Sample) { n += len(s) }, clk)
+	st, err := run(context.Background(), src, Config{Rate: 1000, Duration: time.Duration(b.N) * time.Millisecond}, func(s []stack.Sample) { n += len(s) }, clk, 0)
 	if err != nil || st.Ticks != b.N {
 		b.Fatalf("%v: %d ticks for %d", err, st.Ticks, b.N)
 	}

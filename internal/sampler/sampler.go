@@ -1,8 +1,9 @@
 // Package sampler takes stack samples of Ruby processes at a fixed rate.
 //
 // A Sampler calls a Source (one or more Ruby processes) on an absolute
-// schedule (deadline n = start + n*period, optionally jittered), so that
-// the rate does not drift however long a sample takes. A sample taken more
+// schedule (deadline n = start + n*period, moved at random within its
+// period, see spread), so that the rate does not drift however long a
+// sample takes. A sample taken more
 // than one period after its deadline is counted late; ticks that could no
 // longer be taken in time are skipped and counted as missed. Failed
 // samples are counted by kind (the target exited, an unmapped or
@@ -57,11 +58,6 @@ type Config struct {
 	// Duration stops sampling after this long; 0 samples until the context
 	// is cancelled or the target exits.
 	Duration time.Duration
-	// Jitter, between 0 and 1, moves each deadline by a random amount of
-	// up to Jitter*period/2 either way (to avoid lock-step with periodic
-	// work in the target). Deadlines stay anchored to the start: jitter
-	// never accumulates. Mode cpu jitters by at least cpuJitter.
-	Jitter float64
 	// OnCPUOnly drops samples of threads that were not running on a CPU.
 	OnCPUOnly bool
 	// Realtime runs rbscope's threads at real-time priority while
@@ -255,20 +251,25 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 	if err != nil {
 		// No timerfd (never seen on Linux since 2.6.25): sleep the
 		// thread instead.
-		return run(ctx, src, cfg, sink, threadClock{})
+		return run(ctx, src, cfg, sink, threadClock{}, spread)
 	}
 	defer t.Close()
-	return run(ctx, src, cfg, sink, t)
+	return run(ctx, src, cfg, sink, t, spread)
 }
 
-// cpuJitter is the least jitter of Mode cpu. A sample in blocking mode
-// stops a thread that was on a CPU at its deadline, which hands that CPU
-// to another task for a while: at evenly spaced deadlines the thread's
-// state then falls in step with the sampler's own stops (in
-// TestModeCPU, a thread sharing a CPU with a hog was on it at 6 % of
-// the deadlines for 17 % of its time). Deadlines spread over a whole
-// period are not.
-const cpuJitter = 1.0
+// spread is how far Run moves each deadline at random, as a share of the
+// period (half of it either way); deadlines stay anchored to the start,
+// so the moves never accumulate. Evenly spaced deadlines fall in step
+// with what the sampler's own work does to the target on a shared CPU: a
+// sample in blocking mode stops a thread that was on a CPU at its
+// deadline, which hands that CPU to another task for a while, and the
+// scheduler's slices then follow the ticks. In TestModeCPU a thread
+// sharing a CPU with a hog was on it at 6 % of the deadlines for 17 % of
+// its time; in TestRecordProportions under a CPU hog per core, a method
+// with 6-8 % of the wall time got 2.7-13 % of the samples, bimodal (6.5-9.5
+// % with the deadlines spread). Deadlines spread over a whole period are
+// not in step with anything.
+const spread = 1.0
 
 // tick is what Run tells a source about the tick it samples, through
 // the context given to Sample (tickOf finds it). One is made per run and
@@ -310,16 +311,16 @@ type clock interface {
 	SleepUntil(ctx context.Context, deadline time.Time) error
 }
 
-func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample), clk clock) (Stats, error) {
+// run is Run on clock clk, each deadline moved at random by up to
+// jitter*period/2 either way (0: evenly spaced, for tests that count
+// ticks exactly).
+func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample), clk clock, jitter float64) (Stats, error) {
 	rate := cfg.Rate
 	if rate == 0 {
 		rate = DefaultRate
 	}
 	if rate < 0 || rate > MaxRate {
 		return Stats{}, fmt.Errorf("rate %g Hz is outside 0..%d", rate, MaxRate)
-	}
-	if cfg.Jitter < 0 || cfg.Jitter > 1 {
-		return Stats{}, fmt.Errorf("jitter %g is outside 0..1", cfg.Jitter)
 	}
 	period := time.Duration(float64(time.Second) / rate)
 	if period <= 0 {
@@ -354,10 +355,6 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	nextProgress := start.Add(progressEvery)
 	var kept []stack.Sample
 	tk := &tick{Context: ctx, cpu: cfg.Mode == stack.ModeCPU || cfg.OnCPUOnly}
-	jitter := cfg.Jitter
-	if tk.cpu {
-		jitter = max(jitter, cpuJitter)
-	}
 
 	for n := int64(0); ; n++ {
 		deadline := start.Add(time.Duration(n) * period)

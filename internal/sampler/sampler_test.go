@@ -54,7 +54,7 @@ func TestScheduleExact(t *testing.T) {
 		clk.advance(100 * time.Microsecond)
 		return []stack.Sample{{Pid: 1, TID: 1, Time: clk.Now()}}, nil
 	})
-	st, err := run(context.Background(), src, Config{Rate: 1000, Duration: time.Second}, nil, clk)
+	st, err := run(context.Background(), src, Config{Rate: 1000, Duration: time.Second}, nil, clk, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestJitterStaysAnchored(t *testing.T) {
 		calls = append(calls, clk.Now())
 		return nil, nil
 	})
-	st, err := run(context.Background(), src, Config{Rate: 500, Duration: time.Second, Jitter: 1}, nil, clk)
+	st, err := run(context.Background(), src, Config{Rate: 500, Duration: time.Second}, nil, clk, spread)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestSlowSourceSkipsTicks(t *testing.T) {
 		clk.advance(25 * time.Millisecond)
 		return nil, nil
 	})
-	st, err := run(context.Background(), src, Config{Rate: 100, Duration: time.Second}, nil, clk)
+	st, err := run(context.Background(), src, Config{Rate: 100, Duration: time.Second}, nil, clk, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestLateCounted(t *testing.T) {
 		return 0
 	}
 	src := SourceFunc(func(ctx context.Context) ([]stack.Sample, error) { return nil, nil })
-	st, err := run(context.Background(), src, Config{Rate: 200, Duration: time.Second}, nil, clk)
+	st, err := run(context.Background(), src, Config{Rate: 200, Duration: time.Second}, nil, clk, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestProgress(t *testing.T) {
 	})
 	var seen []int
 	_, err := run(context.Background(), src, Config{Rate: 100, Duration: time.Second, ProgressEvery: 250 * time.Millisecond,
-		Progress: func(st Stats) { seen = append(seen, st.Samples) }}, nil, clk)
+		Progress: func(st Stats) { seen = append(seen, st.Samples) }}, nil, clk, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,8 +168,10 @@ func TestProgress(t *testing.T) {
 }
 
 // TestRealClock: with the real clock, 1000 slots at 1 kHz are all
-// accounted for (taken or missed), none runs early, and the run lasts the
-// duration. (How many are missed depends on the machine's load.)
+// accounted for (taken or missed), none runs earlier than half a period
+// before its slot (deadlines are spread over their period, see spread),
+// and the run lasts until its last slot. (How many are missed depends on the
+// machine's load.)
 func TestRealClock(t *testing.T) {
 	var times []time.Time
 	src := SourceFunc(func(ctx context.Context) ([]stack.Sample, error) {
@@ -183,12 +185,14 @@ func TestRealClock(t *testing.T) {
 	if st.Ticks+st.Missed != 1000 || st.Ticks == 0 {
 		t.Fatalf("ticks %d + missed %d, want 1000", st.Ticks, st.Missed)
 	}
-	if d := st.End.Sub(st.Start); d < 999*time.Millisecond {
-		t.Errorf("run took %v, less than its duration", d)
+	// The last slot is at 999 ms, and its tick may come half a period
+	// earlier.
+	if d := st.End.Sub(st.Start); d < 998500*time.Microsecond {
+		t.Errorf("run took %v, less than its last slot allows", d)
 	}
 	for i, tm := range times {
-		if tm.Before(st.Start.Add(time.Duration(i) * time.Millisecond)) {
-			t.Fatalf("call %d ran before its slot", i)
+		if tm.Before(st.Start.Add(time.Duration(i)*time.Millisecond - time.Millisecond/2)) {
+			t.Fatalf("call %d ran more than half a period before its slot", i)
 		}
 	}
 	t.Logf("%d ticks, %d missed, %d late", st.Ticks, st.Missed, st.Late)
@@ -264,7 +268,7 @@ func TestThreadsOverTime(t *testing.T) {
 				}
 			}
 			got += len(b)
-		}, clk)
+		}, clk, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +313,7 @@ func TestCancelStops(t *testing.T) {
 
 func TestBadConfig(t *testing.T) {
 	src := SourceFunc(func(ctx context.Context) ([]stack.Sample, error) { return nil, nil })
-	for _, c := range []Config{{Rate: -1}, {Rate: MaxRate + 1}, {Jitter: 2}} {
+	for _, c := range []Config{{Rate: -1}, {Rate: MaxRate + 1}} {
 		if _, err := Run(context.Background(), src, c, nil); err == nil {
 			t.Errorf("config %+v accepted", c)
 		}
