@@ -61,6 +61,7 @@ func (a *Agent) waitAllocs() { a.allocs.wg.Wait() }
 func (a *Agent) countAllocs(ctx context.Context, t *proc) {
 	iv := alloc.NewIntervals()
 	from := time.Now()
+	var pushed uint64 // allocations queued in this process's profiles
 	push := func(r *alloc.Report) {
 		now := time.Now()
 		d := iv.Next(r)
@@ -78,6 +79,7 @@ func (a *Agent) countAllocs(ctx context.Context, t *proc) {
 			return
 		}
 		a.stats.allocProfiles.Add(1)
+		pushed += n
 		from = now
 	}
 	attached := false
@@ -95,12 +97,18 @@ func (a *Agent) countAllocs(ctx context.Context, t *proc) {
 	})
 	if err != nil {
 		var ex target.ErrProcessExited
-		if errors.As(err, &ex) || ctx.Err() != nil {
+		if !attached && (errors.As(err, &ex) || ctx.Err() != nil) {
 			return // gone before its probes were attached, or stopping
 		}
+		// Counted, then lost: the intervals since the last push are
+		// missing from the server.
 		a.stats.allocErrors.Add(1)
 		a.log.Warn("cannot count allocations", "service_name", t.service, "pid", t.pid, "err", err)
 		return
 	}
 	push(r)
+	a.log.Info("allocation count ended", "service_name", t.service, "pid", t.pid,
+		"allocated", r.RubyAllocated, "queued", pushed, "scaling", r.Scaling,
+		"counter_source", r.CounterSource, "counter_end", r.CounterEnd, "loose_windows", r.LooseWindows,
+		"counted_fraction", math.Round(1000*r.Attached)/1000, "duration", r.Duration.Round(time.Millisecond))
 }

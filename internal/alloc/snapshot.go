@@ -97,6 +97,10 @@ type Report struct {
 	// teardown, exit! or a signal: what it allocated after the last
 	// counting window is not in the totals); "" without a counter.
 	CounterEnd string `json:"-"`
+	// LooseWindows counts the counting windows whose growth of Ruby's
+	// counter was taken at the others' growth per event, because an edge
+	// could not be read tightly (the tracker preempted mid-read).
+	LooseWindows int `json:"-"`
 	// ExitProbe is false when the Ruby binary has no exitFunc to hook:
 	// a process that exits then loses what it allocated after the last
 	// counting window.
@@ -149,6 +153,7 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	r.Scale, r.Scaling, r.RubyAllocated = scale, how, rubyTotal
 	r.Estimated = how != "exact" || scale != 1
 	r.ExitProbe = tr.plan.HasExitProbe()
+	r.LooseWindows = tr.looseWindows
 	if tr.counter != nil {
 		r.CounterSource = tr.counter.source
 		r.CounterEnd = tr.counterEndHow

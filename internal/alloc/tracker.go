@@ -151,6 +151,11 @@ type Tracker struct {
 	calGrowth     uint64
 	winCounter    uint64
 	winEvents     uint64
+	// winLoose: the current window's start is known only to within more
+	// than pairSpread events (see readPair); looseWindows counts the
+	// windows whose growth was extrapolated for a loose edge.
+	winLoose     bool
+	looseWindows int
 	// winOpenEvents are the events when the window opened (winEvents
 	// moves on at each calibration checkpoint), for winRate.
 	winOpenEvents uint64
