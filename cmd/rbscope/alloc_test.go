@@ -576,9 +576,12 @@ func checkExitReport(t *testing.T, format string, args []string, short bool, b [
 		}
 	case "json":
 		var doc struct {
-			Scaling    string `json:"scaling"`
-			CounterEnd string `json:"counter_end"`
-			ByClass    []struct {
+			Scaling       string  `json:"scaling"`
+			CounterEnd    string  `json:"counter_end"`
+			CounterSource string  `json:"counter_source"`
+			Attached      float64 `json:"attached_fraction"`
+			Loose         int     `json:"loose_windows"`
+			ByClass       []struct {
 				Class string `json:"class"`
 				Count int64  `json:"count"`
 			} `json:"by_class"`
@@ -600,6 +603,8 @@ func checkExitReport(t *testing.T, format string, args []string, short bool, b [
 			classErrorf("%d Widgets estimated, the job made %d", n, widgets)
 		}
 		if !exact {
+			t.Logf("estimated: %d allocations (%d Widgets), GC.stat %d (%d Widgets made); scaling %s, counter %s, counter_end %s, counted %.1f%% of the time, %d loose windows",
+				total, n, allocated, widgets, doc.Scaling, doc.CounterSource, doc.CounterEnd, 100*doc.Attached, doc.Loose)
 			if doc.Scaling != "counter" || doc.CounterEnd != "exit" {
 				t.Errorf("scaling %q, counter_end %q: want Ruby's counter, read at exit", doc.Scaling, doc.CounterEnd)
 			}

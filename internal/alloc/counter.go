@@ -472,17 +472,6 @@ func (c *calibration) chosenValue(now [][]uint64) (uint64, bool) {
 	return v, true
 }
 
-// onGrowth is what the chosen counter's growth inside the calibration's
-// windows counts for when scaling, if no later window measured the growth
-// per event (Tracker.calOn): the events counted
-// in them, or its growth if less. Its growth itself is inflated by the
-// windows' edges: reading every candidate block takes milliseconds before
-// the gate opens and after it closes, while the target allocates (the
-// probes attached): +19% on a tight loop, which scaled the totals 14% low.
-func (c *calibration) onGrowth(grown uint64) uint64 {
-	return min(grown, c.events)
-}
-
 // calMinPoolWords is the least size of a size pool struct, in words.
 const calMinPoolWords = 8
 

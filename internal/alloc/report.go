@@ -24,6 +24,7 @@ type jsonReport struct {
 	Attached      float64      `json:"attached_fraction"`
 	CounterSource string       `json:"counter_source,omitempty"`
 	CounterEnd    string       `json:"counter_end,omitempty"`
+	LooseWindows  int          `json:"loose_windows,omitempty"`
 	ByClass       []ClassCount `json:"by_class"`
 	BySite        []SiteCount  `json:"by_site"`
 	TopStacks     []StackCount `json:"top_stacks,omitempty"`
@@ -45,7 +46,9 @@ type retainedSite struct {
 // {"pid", "duration_s", "estimated", "scaling", "scale",
 // "ruby_allocated" (when known), "attached_fraction", "counter_source"
 // (when not exact), "counter_end" (how Ruby's counter was last read:
-// "live", "stop", "exit" or "last read", see Report.CounterEnd), "by_class": [{"class", "count", "bytes"}],
+// "live", "stop", "exit" or "last read", see Report.CounterEnd),
+// "loose_windows" (when any: windows valued at the others' growth per
+// event, see Report.LooseWindows), "by_class": [{"class", "count", "bytes"}],
 // "by_site": [{"class", "path", "line", "count"}], "top_stacks" (when
 // stacks were sampled): [{"class", "count", "bytes", "frames": [{"name",
 // "path", "line", "kind"}], "samples"}]}, the lists sorted by count,
@@ -58,9 +61,10 @@ func (r *Report) WriteJSON(w io.Writer, top int) error {
 		Estimated: r.Estimated,
 		Scaling:   r.Scaling, Scale: r.Scale, RubyAllocated: r.RubyAllocated,
 		Attached: r.Attached, CounterSource: r.CounterSource, CounterEnd: r.CounterEnd,
-		ByClass:   limit(r.ByClass, top),
-		TopStacks: limit(r.Stacks, topStacks(top)),
-		BySite:    limit(r.BySite, top),
+		LooseWindows: r.LooseWindows,
+		ByClass:      limit(r.ByClass, top),
+		TopStacks:    limit(r.Stacks, topStacks(top)),
+		BySite:       limit(r.BySite, top),
 	}
 	if j.ByClass == nil {
 		j.ByClass = []ClassCount{}

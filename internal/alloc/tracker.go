@@ -143,12 +143,10 @@ type Tracker struct {
 	counterOn      uint64
 	// counterEvents are the events counted in the windows counterOn
 	// covers. calEvents are those counted while the counter was being
-	// found, and calGrowth its growth then, clamped (see
-	// calibration.onGrowth): scaling values those windows at the
-	// growth per event of the later ones, whose edges are exact.
+	// found: scaling values those windows at the growth per event of the
+	// later ones, whose edges are exact (see calOn).
 	counterEvents uint64
 	calEvents     uint64
-	calGrowth     uint64
 	winCounter    uint64
 	winEvents     uint64
 	// winLoose: the current window's start is known only to within more
@@ -684,8 +682,8 @@ func (tr *Tracker) Stop() {
 	if tr.cal != nil && tr.cal.last != nil {
 		// A run too short for the usual evidence: choose on what there
 		// is, rather than scale by time.
-		if c, start, grown, cur := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
-			tr.adoptCounter(c, start, grown)
+		if c, start, _, cur := tr.cal.choose(tr.cal.last, calMinFinalWindows); c != nil {
+			tr.adoptCounter(c, start)
 			// Its value in the last read, unless read later below.
 			tr.counterEnd, tr.counterEndHow = cur, counterEndLost
 		}

@@ -438,9 +438,6 @@ func (tr *Tracker) settleCalibration() {
 		if !ok || v < tr.winCounter {
 			continue
 		}
-		// The last read follows the gate's closing: its growth is
-		// inflated by the edge, as onGrowth says.
-		tr.calGrowth += min(v-tr.winCounter, p.events)
 		tr.calEvents += p.events
 		tr.winCounter, tr.counterEnd = v, v
 	}
@@ -449,7 +446,7 @@ func (tr *Tracker) settleCalibration() {
 // calClose feeds one (part of a) window to the calibration; found says
 // whether it chose the counter, whose value in now is cur.
 func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, found bool) {
-	c, start, grown, cur := tr.cal.close(now, sure, events)
+	c, start, _, cur := tr.cal.close(now, sure, events)
 	if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
 		fmt.Fprintf(os.Stderr, "cal close: sure %d events %d: windows %d events %d cands %d chosen %v\n", sure, events, tr.cal.windows, tr.cal.events, len(tr.cal.cands), c != nil)
 	}
@@ -457,7 +454,7 @@ func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, fo
 		c.source += fmt.Sprintf(", found again since it counts (%s)", tr.counterNote)
 	}
 	if c != nil {
-		tr.adoptCounter(c, start, grown)
+		tr.adoptCounter(c, start)
 		tr.counterEnd = cur
 		return cur, true
 	}
@@ -482,7 +479,7 @@ func (tr *Tracker) dropCounter(why string) {
 	tr.counterNote = fmt.Sprintf("Ruby's allocation counter (%s) dropped: %s", tr.counter.source, why)
 	tr.counter = nil
 	tr.counterStart, tr.counterEnd, tr.counterOn, tr.winCounter = 0, 0, 0, 0
-	tr.counterEvents, tr.calEvents, tr.calGrowth = 0, 0, 0
+	tr.counterEvents, tr.calEvents = 0, 0
 	tr.counterEndHow = ""
 	if tr.calVM == 0 || tr.opts.Exact || tr.recalibrations >= maxRecalibrations || tr.exitFired() {
 		return
@@ -537,27 +534,32 @@ func (tr *Tracker) scaling(now time.Time, dur time.Duration) (scale float64, how
 	return scale, "time", rubyTotal
 }
 
-// adoptCounter ends the calibration with the counter it chose: its value
-// when counting began and its growth in the calibration's windows (see
-// calOn). Called with mu held.
-func (tr *Tracker) adoptCounter(c *rubyCounter, start, grown uint64) {
+// adoptCounter ends the calibration with the counter it chose, its value
+// when counting began (the calibration's windows count for their events,
+// see calOn). Called with mu held.
+func (tr *Tracker) adoptCounter(c *rubyCounter, start uint64) {
 	tr.counterStart = start
-	tr.calEvents, tr.calGrowth = tr.cal.events, tr.cal.onGrowth(grown)
+	tr.calEvents = tr.cal.events
 	tr.counter, tr.cal = c, nil
 }
 
 // calOn is what the calibration's windows count for in the counter's
 // growth inside windows: their events at the growth per event of the
 // windows since (Ruby allocates objects no probe reports: 6% more than
-// the events on testdata/mixed.rb), or failing those, their clamped
-// growth. Valuing them at the clamped growth alone scaled a short run's
-// totals 6% high. Called with mu held.
+// the events on testdata/mixed.rb), or failing those, their events, the
+// least a true counter grows by over them. Their measured growth is off
+// by their edges: inflated by the reads of the blocks before the gate
+// opens and after it closes (+19 % on a tight loop), short where a read's
+// events were counted after the counter's word was read (-9 % under two
+// CPU hogs); valued at the least of the two, per read, it scaled a 0.3 s
+// job's totals 6-18 % high (TestAllocJobExits, TestExitingJob on Debian's
+// Ruby, which has its counter calibrated). Called with mu held.
 func (tr *Tracker) calOn() uint64 {
 	if tr.calEvents == 0 {
 		return 0
 	}
 	if tr.counterEvents == 0 || tr.counterOn == 0 {
-		return tr.calGrowth
+		return tr.calEvents
 	}
 	return uint64(float64(tr.calEvents) * float64(tr.counterOn) / float64(tr.counterEvents))
 }
