@@ -102,9 +102,8 @@ func (tr *Tracker) openWindow() {
 		return
 	}
 	v, ev, tight, err := tr.readPair()
-	tr.winLoose = !tight
+	tr.winLoose = err == nil && !tight
 	if err != nil {
-		tr.winLoose = false
 		if tr.goneError(err) {
 			// The process is exiting: the window's growth will be
 			// extrapolated from the counter's last value.
@@ -175,10 +174,8 @@ func (tr *Tracker) closeWindow() {
 			// the others, and the counter's check waits for a window
 			// whose edges are known.
 			tr.winLoose = false
-			tr.counterEnd = v
 			tr.looseWindows++
-			tr.counterOn += tr.grownBy(events)
-			tr.counterEvents += events
+			tr.addGuessed(events)
 			break
 		}
 		if v < tr.winCounter || v-tr.winCounter+calSlack < events-events/dropShortfall {
@@ -216,21 +213,22 @@ func (tr *Tracker) goneError(err error) bool {
 // the windows before, which the totals are scaled by anyway. Called with
 // mu held.
 func (tr *Tracker) extrapolateWindow(events uint64) {
-	grown := tr.grownBy(events)
-	tr.counterOn += grown
-	tr.counterEvents += events
-	tr.counterEnd = tr.winCounter + grown
+	tr.counterEnd = tr.winCounter + tr.addGuessed(events)
 	tr.counterEndHow = counterEndLost
 }
 
-// grownBy is how much Ruby's counter grows over events counted events, at
-// the growth per event of the windows measured so far (one per event
-// before any). Called with mu held.
-func (tr *Tracker) grownBy(events uint64) uint64 {
-	if tr.counterEvents == 0 {
-		return events
+// addGuessed adds to the windows' growth a window whose growth of Ruby's
+// counter is unknown, valued at the growth per event of the windows so
+// far (one per event before any), and returns that growth. Called with mu
+// held.
+func (tr *Tracker) addGuessed(events uint64) uint64 {
+	grown := events
+	if tr.counterEvents > 0 {
+		grown = uint64(float64(events) * float64(tr.counterOn) / float64(tr.counterEvents))
 	}
-	return uint64(float64(events) * float64(tr.counterOn) / float64(tr.counterEvents))
+	tr.counterOn += grown
+	tr.counterEvents += events
+	return grown
 }
 
 // windowEvents is how many events a counting window aims at, and
