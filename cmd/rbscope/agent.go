@@ -26,7 +26,7 @@ type agentFlags struct {
 	interval, rescan, flushTimeout                              time.Duration
 	buffer                                                      int64
 	maxProcs                                                    int
-	alloc                                                       bool
+	alloc, realtime                                             bool
 }
 
 func init() {
@@ -59,7 +59,7 @@ the last profiles (for at most --flush-timeout) and exits. Credentials come
 from the environment, as for record --upload.`,
 		Example: `  rbscope agent --upload http://pyroscope:4040
   rbscope agent --upload http://pyroscope:4040 --tag env=prod --include puma --max-processes 100
-  rbscope agent --upload http://pyroscope:4040 --alloc --interval 30s
+  rbscope agent --upload http://pyroscope:4040 --alloc --interval 30s --realtime
   rbscope agent --upload http://127.0.0.1:4040 --user www-data --cgroup 'system.slice/shop'`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -77,6 +77,9 @@ from the environment, as for record --upload.`,
 	f.StringArrayVar(&o.users, "user", nil, "profile only processes of this user (name or uid; repeatable)")
 	f.StringVar(&o.cgroup, "cgroup", "", "profile only processes whose cgroup path matches this regular expression")
 	f.BoolVar(&o.alloc, "alloc", false, "also count allocations (eBPF) and push an allocation profile per interval")
+	f.BoolVar(&o.realtime, "realtime", false, "run the sampling clock at real-time priority (SCHED_FIFO 1; root or CAP_SYS_NICE):\n"+
+		"on a host whose CPUs are busy, an ordinary clock's reads wait for the targets' next\n"+
+		"system calls and the cpu profiles lean towards the code before them")
 	f.IntVar(&o.maxProcs, "max-processes", 0, "profile at most this many processes at once (0: no limit)")
 	f.DurationVar(&o.rescan, "rescan", agent.DefaultRescan, "how often to look for new processes")
 	f.DurationVar(&o.flushTimeout, "flush-timeout", agent.DefaultFlushTimeout, "how long to keep pushing after SIGTERM")
@@ -93,7 +96,7 @@ func (o *agentFlags) config() (agent.Config, error) {
 	cfg := agent.Config{
 		URL: o.url, Rate: o.rate, Interval: o.interval, Buffer: o.buffer, MaxProcesses: o.maxProcs,
 		Rescan: o.rescan, FlushTimeout: o.flushTimeout, MetricsAddr: o.metrics, Tags: map[string]string{},
-		Alloc: o.alloc,
+		Alloc: o.alloc, Realtime: o.realtime,
 	}
 	if o.rate <= 0 || o.rate > 1000 {
 		return cfg, usage("--rate %g: want 0 < rate <= 1000", o.rate)

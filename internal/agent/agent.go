@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/procfs"
+	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -135,6 +136,11 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Realtime {
+		if err := rtprio.Check(); err != nil {
+			return nil, fmt.Errorf("realtime clock: %w", err)
+		}
+	}
 	a := &Agent{
 		cfg:       cfg,
 		log:       cfg.Logger,
@@ -190,7 +196,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("serving metrics", "url", "http://"+a.metricsAddr+"/metrics")
 	}
 	a.log.Info("agent started", "upload", a.cfg.URL, "rate_hz", a.cfg.Rate, "interval", a.cfg.Interval.String(),
-		"buffer_bytes", a.cfg.Buffer, "alloc", a.cfg.Alloc, "pid", os.Getpid())
+		"buffer_bytes", a.cfg.Buffer, "alloc", a.cfg.Alloc, "realtime", a.cfg.Realtime, "pid", os.Getpid())
 
 	flushDone := make(chan struct{})
 	go func() {
@@ -210,7 +216,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// GVL is mostly waiting, and counting it as on a CPU leaned the cpu
 	// profiles towards the code it was preempted in. The clock keeps every
 	// sample for the wall profiles (it returns none to Run to filter).
-	_, err := sampler.Run(ctx, clk, sampler.Config{Rate: a.cfg.Rate, Mode: stack.ModeCPU}, nil)
+	_, err := sampler.Run(ctx, clk, sampler.Config{Rate: a.cfg.Rate, Mode: stack.ModeCPU, RealtimeClock: a.cfg.Realtime}, nil)
 	stopDisc()
 	<-discDone
 	// Targets discovery opened that the clock never took.

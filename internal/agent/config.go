@@ -50,6 +50,15 @@ type Config struct {
 	// by Ruby's own counter), and pushes an allocation profile
 	// (alloc_objects, alloc_space) per Interval. Needs root (BPF).
 	Alloc bool
+	// Realtime runs the clock, the one thread that wakes at each tick and
+	// reads every target, at real-time priority (SCHED_FIFO 1; root or
+	// CAP_SYS_NICE); uploads and scans stay ordinary. On a host whose CPUs
+	// are busy, an ordinary clock woken at a tick waits for the kernel to
+	// preempt a target, on a lazily preempting kernel mostly at the
+	// target's next system call: the cpu profiles then lean towards the
+	// code before system calls (Process.clock_gettime, IO). New refuses it
+	// where the priority may not be raised.
+	Realtime bool
 	// MaxProcesses caps the processes profiled at once (0: no cap).
 	MaxProcesses int
 	// Rescan is how often /proc is listed (DefaultRescan).

@@ -80,6 +80,27 @@ func Raise() (restore func(), err error) {
 	return undo, nil
 }
 
+// RaiseThread puts the calling OS thread alone under SCHED_FIFO at
+// Priority, with SCHED_RESET_ON_FORK so that the threads it starts are
+// ordinary, and returns the function that puts it back. The caller keeps
+// its goroutine on the thread (runtime.LockOSThread) while it runs raised,
+// and calls restore on it. For a long-lived sampler (the agent) whose
+// other work, uploads and scans of /proc, must not run above the targets.
+// A thread already at real-time priority is left alone.
+func RaiseThread() (restore func(), err error) {
+	pol, err := Policy(0)
+	if err != nil {
+		return nil, fmt.Errorf("read rbscope's scheduling policy: %w", err)
+	}
+	if pol != unix.SCHED_NORMAL && pol != unix.SCHED_BATCH {
+		return func() {}, nil
+	}
+	if err := setPolicy(0, unix.SCHED_FIFO|unix.SCHED_RESET_ON_FORK, Priority); err != nil {
+		return nil, raiseErr(err)
+	}
+	return func() { _ = setPolicy(0, pol, 0) }, nil
+}
+
 // Check reports whether Raise can succeed, by raising the calling thread
 // to real-time priority and back (a user's flag is refused before
 // anything starts, not after the target was opened).

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sort"
 	"time"
 	"unsafe"
@@ -63,6 +64,13 @@ type Config struct {
 	// Realtime runs rbscope's threads at real-time priority while
 	// sampling (see rtprio.Raise): ticks on time at high rates.
 	Realtime bool
+	// RealtimeClock runs only the sampling goroutine at real-time
+	// priority, on an OS thread of its own that waits for each tick itself
+	// (see rtprio.RaiseThread); rbscope's other threads stay ordinary. A
+	// sampler woken on a CPU busy with a target runs at once instead of at
+	// the kernel's next preemption point, often the target's next system
+	// call's exit, where the sample would land.
+	RealtimeClock bool
 	// Mode drops the samples a mode does not keep (stack.Mode.Keeps);
 	// "" and wall keep all.
 	Mode stack.Mode
@@ -246,6 +254,18 @@ func Run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample))
 			return Stats{}, err
 		}
 		defer restore()
+	}
+	if cfg.RealtimeClock {
+		// A timerfd read in Go's poller is noticed by whichever ordinary
+		// thread polls: the raised thread must wait on the timer itself.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		restore, err := rtprio.RaiseThread()
+		if err != nil {
+			return Stats{}, err
+		}
+		defer restore()
+		return run(ctx, src, cfg, sink, threadClock{announced: true}, spread)
 	}
 	t, err := newTickTimer(ctx)
 	if err != nil {
@@ -465,15 +485,21 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	return st, nil
 }
 
-// threadClock sleeps the calling goroutine's thread, where there is no
-// timerfd: an absolute-deadline clock_nanosleep made as a raw system call,
-// so that the runtime's monitor is not woken (see tickTimer), in steps of
-// at most maxSleep to notice a cancelled context.
-type threadClock struct{}
+// threadClock sleeps the calling goroutine's thread, in steps of at most
+// maxSleep to notice a cancelled context: where there is no timerfd, and
+// for Config.RealtimeClock.
+type threadClock struct {
+	// announced makes each absolute-deadline clock_nanosleep a system call
+	// the runtime knows of: its processor may serve other goroutines
+	// meanwhile, and a stop of the world need not wait for the sleep to
+	// end. Otherwise it is a raw one, so that the runtime's monitor is not
+	// woken (see tickTimer).
+	announced bool
+}
 
 func (threadClock) Now() time.Time { return time.Now() }
 
-func (threadClock) SleepUntil(ctx context.Context, deadline time.Time) error {
+func (c threadClock) SleepUntil(ctx context.Context, deadline time.Time) error {
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -489,8 +515,14 @@ func (threadClock) SleepUntil(ctx context.Context, deadline time.Time) error {
 		step := min(d, maxSleep)
 		at := unix.NsecToTimespec(now.Nano() + int64(step))
 		for {
-			_, _, e := unix.RawSyscall6(unix.SYS_CLOCK_NANOSLEEP, unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME,
-				uintptr(unsafe.Pointer(&at)), 0, 0, 0)
+			var e unix.Errno
+			if c.announced {
+				_, _, e = unix.Syscall6(unix.SYS_CLOCK_NANOSLEEP, unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME,
+					uintptr(unsafe.Pointer(&at)), 0, 0, 0)
+			} else {
+				_, _, e = unix.RawSyscall6(unix.SYS_CLOCK_NANOSLEEP, unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME,
+					uintptr(unsafe.Pointer(&at)), 0, 0, 0)
+			}
 			if e != unix.EINTR {
 				break
 			}
