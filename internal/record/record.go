@@ -245,7 +245,8 @@ func (r *rec) command() []string {
 // sample runs the sampler until the recording ends. It runs on the
 // calling goroutine, which also does the pausing.
 func (r *rec) sample() (sampler.Stats, error) {
-	ro := sampler.RubyOptions{NoGC: r.cfg.NoGC}
+	mode, _ := r.cfg.SampleMode() // checked by Validate
+	ro := sampler.RubyOptions{NoGC: r.cfg.NoGC, WatchCPU: mode == stack.ModeCPU}
 	if !r.cfg.Nonblocking {
 		// Run on this goroutine, which also runs the sampler: no thread
 		// hand-off per pause (the goroutine is locked to its OS thread
@@ -279,7 +280,6 @@ func (r *rec) sample() (sampler.Stats, error) {
 		}
 		r.sinks = sinks
 	}
-	mode, _ := r.cfg.SampleMode() // checked by Validate
 	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode, Realtime: r.realtime,
 		Progress: r.progress, ProgressEvery: 250 * time.Millisecond}
 	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -257,4 +259,73 @@ func TestModeCPU(t *testing.T) {
 func sigma(pct float64, n int) float64 {
 	p := pct / 100
 	return 100 * math.Sqrt(p*(1-p)/float64(n))
+}
+
+// TestModeCPULateFirstTick: a blocking Mode cpu run whose first tick is
+// late (taken after the next deadlines passed, as on a busy machine) never
+// counts a sleeping thread on a CPU. names.rb's threads sleep for good in
+// Kernel#sleep, Thread#join and Thread::Queue#pop beside two busy ones,
+// with a CPU hog on each CPU. The first tick's pause stops every thread,
+// which wakes the sleeping ones; the ticks that catch up at once after it
+// had no context-switch records for their deadlines when the threads were
+// watched only from the first tick's end, fell back on /proc, found the
+// woken threads still waiting for a CPU to go back to sleep ('R') and
+// counted each one on a CPU (TestTopModeAndThreads under load, once in
+// 10-20 runs). RubyOptions.WatchCPU watches them from the source's
+// creation.
+func TestModeCPULateFirstTick(t *testing.T) {
+	testutil.NeedRoot(t)
+	for cpu := 0; cpu < runtime.NumCPU(); cpu++ {
+		hog(t, cpu)
+	}
+	sleeping := []string{"Kernel#sleep", "Thread#join", "Thread::Queue#pop"}
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rb.SetProfilerEnv(t)
+		proc := rb.Start(t, "names.rb")
+		p, err := OpenRuby(context.Background(), proc.Pid, ruby.Options{}, 10*time.Second)
+		if err != nil {
+			t.Fatalf("open Ruby process %d: %v", proc.Pid, err)
+		}
+		defer p.Target().Close()
+		pz := target.NewThreadPauser()
+		defer pz.Close()
+		const rate, runs = 100, 12
+		on := map[string]int{}
+		kept, ticks := 0, 0
+		for i := 0; i < runs; i++ {
+			src := NewRubySource(p, RubyOptions{Pauser: pz, WatchCPU: true})
+			first := true
+			late := SourceFunc(func(ctx context.Context) ([]stack.Sample, error) {
+				if first {
+					first = false
+					time.Sleep(5 * time.Second / rate) // five deadlines pass
+				}
+				return src.Sample(ctx)
+			})
+			st, err := Run(context.Background(), late, Config{Rate: rate, Duration: 150 * time.Millisecond, Mode: stack.ModeCPU},
+				func(b []stack.Sample) {
+					for _, s := range b {
+						kept++
+						if len(s.Frames) > 0 && slices.Contains(sleeping, s.Frames[0].Name) {
+							on[fmt.Sprintf("%s (%s, tid %d)", s.Frames[0].Name, s.ThreadName, s.TID)]++
+						}
+					}
+				})
+			src.Close()
+			if err != nil {
+				t.Fatalf("sample: %v", err)
+			}
+			if st.CPUError != nil {
+				t.Fatalf("on-CPU states: %v", st.CPUError)
+			}
+			ticks += int(st.Ticks)
+		}
+		t.Logf("%d runs, %d ticks, %d samples kept", runs, ticks, kept)
+		if kept == 0 {
+			t.Fatalf("no sample kept: the busy threads were never found on a CPU")
+		}
+		if len(on) > 0 {
+			t.Errorf("sleeping threads counted on a CPU: %v", on)
+		}
+	})
 }

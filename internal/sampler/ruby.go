@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/oncpu"
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -43,6 +44,15 @@ type RubyOptions struct {
 	Pauser Pauser
 	// NoGC leaves out the GC pseudo-frames (the samples keep activity gc).
 	NoGC bool
+	// WatchCPU says the ticks will ask for on-CPU states (Mode cpu): the
+	// process's threads' context switches are watched from the source's
+	// creation, so that the records reach back to every tick's deadline,
+	// the first ones' included. Watched from the first tick only, a tick
+	// whose deadline came before the first one's end (a late first tick,
+	// on a busy machine) had no records and fell back on /proc, where the
+	// threads the first tick's pause woke from their sleep were still
+	// runnable: every sleeping thread was counted on a CPU once.
+	WatchCPU bool
 }
 
 // RubySource samples every Ruby thread of one process.
@@ -96,7 +106,17 @@ func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 	// Stacks of a paused target are read once; of a running one, read
 	// twice and compared (torn reads are detected, never emitted).
 	p.SetStopped(opts.Pauser != nil)
-	return &RubySource{p: p, pid: pid, pauser: opts.Pauser, noGC: opts.NoGC, states: newTaskStates(pid)}
+	s := &RubySource{p: p, pid: pid, pauser: opts.Pauser, noGC: opts.NoGC, states: newTaskStates(pid)}
+	if opts.WatchCPU {
+		// Every thread for now: which are Ruby's is known after the first
+		// tick, which stops watching the others. A refusal is the first
+		// tick's cpuErr.
+		s.cpu = oncpu.New(pid)
+		if tids, err := procfs.Tasks(pid); err == nil {
+			_ = s.cpu.Watch(tids)
+		}
+	}
+	return s
 }
 
 // Process is the Ruby process sampled.
@@ -225,7 +245,11 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	}
 	s.states.read(s.sampledTIDs, s.needState)
 	if s.cpuAt != 0 {
-		if err := s.cpu.Watch(s.sampledTIDs); err != nil && tk.cpuErr == nil {
+		err := s.cpu.Watch(s.sampledTIDs)
+		if err == nil {
+			err = s.cpu.Err() // a refusal when the source was made
+		}
+		if err != nil && tk.cpuErr == nil {
 			tk.cpuErr = err
 		}
 	} else if wallWatch {
