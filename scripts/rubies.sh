@@ -25,13 +25,14 @@
 # RBSCOPE_RUBIES_DIR overrides the cache directory.
 set -euo pipefail
 
-# The suite's Rubies (what `build` makes by default). 3.4.5 and
-# 3.4.5-stripped (a copy of 3.4.5, which it builds first) join the tests
-# when named (see the README's "Supported Rubies"): two of their tests
-# still fail now and then (TestAgentPyroscope's split, TestRetainedBySite's
-# sampled estimate on the stripped copy), which keeps them out of CI's list.
-names=(3.3.8 3.3.8-static)
-known=("${names[@]}" 3.4.5 3.4.5-stripped)
+# The suite's Rubies (what `build` makes by default): 3.3 (security fixes
+# only in 2026) as the static build, with and without its debug file; 3.4
+# (in normal maintenance) shared with DWARF, run with and without YJIT, and
+# stripped (3.4.5-stripped is a copy of 3.4.5, built first). 3.3.8 shared
+# (and run with --yjit) joins the tests when named (RBSCOPE_TEST_RUBIES,
+# outside CI; see the README's "Supported Rubies").
+names=(3.3.8-static 3.4.5 3.4.5-stripped)
+known=("${names[@]}" 3.3.8)
 cache=${RBSCOPE_RUBIES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rbscope/rubies}
 src_cache=$cache/src
 
