@@ -156,10 +156,15 @@ func loadRubies() {
 		return
 	}
 	script := filepath.Join(root, "scripts", "rubies.sh")
-	builds := []string{"3.3.8-static", "3.4.5"}
+	// CI's list is the script's (what `build` makes by default).
+	out, err := exec.Command(script, "list").Output()
+	if err != nil {
+		rubies.errs = append(rubies.errs, fmt.Sprintf("list the suite's Rubies (%s list): %v", script, err))
+		return
+	}
+	builds := strings.Fields(string(out))
 	named := strings.Split(os.Getenv("RBSCOPE_TEST_RUBIES"), ",")
-	// Not in CI's list (see scripts/rubies.sh): named by hand to work on
-	// them.
+	// Not in CI's list: named by hand to work on them.
 	if !InCI() && slices.ContainsFunc(named, func(n string) bool { return n == "3.3.8" || n == "3.3.8-yjit" }) {
 		builds = append([]string{"3.3.8"}, builds...)
 	}
