@@ -26,7 +26,7 @@ func OpenLive(ctx context.Context, t Target) (*ruby.Process, error) {
 // pausing. cfg.Rate and cfg.Realtime are taken from t (t.Realtime
 // resolved: see Realtime).
 func SampleLive(ctx context.Context, proc *ruby.Process, t Target, cfg sampler.Config, sink func([]stack.Sample)) (sampler.Stats, error) {
-	ro := sampler.RubyOptions{WatchCPU: cfg.Mode == stack.ModeCPU || cfg.OnCPUOnly}
+	ro := sampler.RubyOptions{WatchCPU: cfg.AsksCPU()}
 	if !t.Nonblocking {
 		pauser := target.NewThreadPauser()
 		defer pauser.Close()

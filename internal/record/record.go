@@ -246,7 +246,9 @@ func (r *rec) command() []string {
 // calling goroutine, which also does the pausing.
 func (r *rec) sample() (sampler.Stats, error) {
 	mode, _ := r.cfg.SampleMode() // checked by Validate
-	ro := sampler.RubyOptions{NoGC: r.cfg.NoGC, WatchCPU: mode == stack.ModeCPU}
+	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode, Realtime: r.realtime,
+		Progress: r.progress, ProgressEvery: 250 * time.Millisecond}
+	ro := sampler.RubyOptions{NoGC: r.cfg.NoGC, WatchCPU: scfg.AsksCPU()}
 	if !r.cfg.Nonblocking {
 		// Run on this goroutine, which also runs the sampler: no thread
 		// hand-off per pause (the goroutine is locked to its OS thread
@@ -280,8 +282,6 @@ func (r *rec) sample() (sampler.Stats, error) {
 		}
 		r.sinks = sinks
 	}
-	scfg := sampler.Config{Rate: r.cfg.Rate, Duration: r.cfg.Duration, Mode: mode, Realtime: r.realtime,
-		Progress: r.progress, ProgressEvery: 250 * time.Millisecond}
 	st, err := sampler.Run(r.ctx, r.sig.gate.wrap(r.tree), scfg, r.add)
 	for _, s := range r.sinks {
 		if serr := s.Finish(); serr != nil {

@@ -80,6 +80,11 @@ type Config struct {
 	ProgressEvery time.Duration
 }
 
+// AsksCPU reports whether the ticks ask the source for on-CPU states
+// (Mode cpu, or OnCPUOnly): a RubySource made for such a run watches the
+// threads from its creation (RubyOptions.WatchCPU).
+func (c Config) AsksCPU() bool { return c.Mode == stack.ModeCPU || c.OnCPUOnly }
+
 // ErrorKind classifies a failed sample.
 type ErrorKind int
 
@@ -374,7 +379,7 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	}
 	nextProgress := start.Add(progressEvery)
 	var kept []stack.Sample
-	tk := &tick{Context: ctx, cpu: cfg.Mode == stack.ModeCPU || cfg.OnCPUOnly}
+	tk := &tick{Context: ctx, cpu: cfg.AsksCPU()}
 
 	for n := int64(0); ; n++ {
 		deadline := start.Add(time.Duration(n) * period)
