@@ -553,16 +553,25 @@ func (tr *Tracker) dutyLoop() {
 			steps = max(1, min(calSteps, int(on/calStepMin)))
 		}
 		for i := 0; i < steps; i++ {
+			step := on / time.Duration(steps)
+			if i == steps-1 && step > quietGap {
+				// The last quietGap of the window is the first look
+				// for a quiet moment to end it at (untilQuiet).
+				step -= quietGap
+			}
 			select {
 			case <-tr.stop:
 				return
-			case <-time.After(on / time.Duration(steps)):
+			case <-time.After(step):
 			}
 			if i < steps-1 {
 				tr.mu.Lock()
 				tr.checkpoint()
 				tr.mu.Unlock()
 			}
+		}
+		if !tr.untilQuiet(on) {
+			return
 		}
 		tr.mu.Lock()
 		tr.detach()
