@@ -164,6 +164,9 @@ type Tracker struct {
 	// how long its gate was open, for offLength.
 	lastWinEvents uint64
 	lastWin       time.Duration
+	// quietMisses counts the windows since the last one that ended at a
+	// quiet moment (see untilQuiet).
+	quietMisses int
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader

@@ -279,6 +279,13 @@ func (tr *Tracker) offLength(full time.Duration) time.Duration {
 	if tr.lastWin > full && tr.opts.DutyCycle < 1 && tr.lastWinEvents > tr.overrunEvents() {
 		mean = time.Duration(float64(tr.lastWin) * (1/tr.opts.DutyCycle - 1))
 	}
+	if tr.cal == nil && tr.lastWinEvents > windowEvents {
+		// A window that waited for a quiet moment past windowEvents
+		// (untilQuiet) is followed by a pause in proportion to its
+		// events: the target pays per event, windowEvents per
+		// DutyWindow at most, as with windows that end on time.
+		mean = max(mean, time.Duration(float64(tr.opts.DutyWindow)*float64(tr.lastWinEvents)/windowEvents)-tr.lastWin)
+	}
 	if tr.cal != nil && tr.lastWinEvents >= calMinFirstEvents {
 		mean = min(mean, calOff)
 	}
@@ -323,8 +330,10 @@ func (tr *Tracker) windowLength(full time.Duration) time.Duration {
 }
 
 // quietGap is how long the target must go without an allocation for a
-// window to end (untilQuiet), and quietMaxEvents and quietMaxWait bound
-// how far past its length a window waits for one.
+// window to end (untilQuiet), quietMaxEvents and quietMaxWait bound how
+// far past its length a window waits for one, and quietRetry is how often
+// (in windows) a target that had none within those bounds is looked at
+// again.
 //
 // A window's edges are not neutral to the program's phase: the probes slow
 // the target while attached, so a window ending at a fixed time ends
@@ -343,20 +352,23 @@ const (
 	quietGap       = 2 * time.Millisecond
 	quietMaxEvents = 16 * windowEvents
 	quietMaxWait   = 250 * time.Millisecond
+	quietRetry     = 8
 )
 
 // untilQuiet waits, after a window's planned length on, until no
 // allocation was counted for quietGap (the last quietGap of on counts
 // as the first look), or the window counted quietMaxEvents, or it ran
-// quietMaxWait past on. It returns false when Stop was called meanwhile.
+// quietMaxWait past on. After a window that found no quiet moment within
+// those bounds (a target that never idles has no bursts to cut: waiting
+// would only make its windows longer and fewer), windows end on time,
+// but every quietRetry-th looks again. It returns false when Stop was
+// called meanwhile.
 func (tr *Tracker) untilQuiet(on time.Duration) bool {
 	tr.mu.Lock()
 	last, err := tr.statSum(statObjects)
 	open := tr.winOpenEvents
+	look := err == nil && tr.quietMisses%quietRetry == 0
 	tr.mu.Unlock()
-	if err != nil {
-		return true
-	}
 	deadline := time.Now().Add(quietMaxWait)
 	for {
 		// The first wait is the window's last quietGap (dutyLoop left
@@ -366,13 +378,27 @@ func (tr *Tracker) untilQuiet(on time.Duration) bool {
 			return false
 		case <-time.After(quietGap):
 		}
-		tr.mu.Lock()
-		cur, err := tr.statSum(statObjects)
-		tr.mu.Unlock()
-		if err != nil || cur == last || cur-open >= quietMaxEvents || time.Now().After(deadline) {
+		if !look {
+			tr.mu.Lock()
+			tr.quietMisses++
+			tr.mu.Unlock()
 			return true
 		}
-		last = cur
+		tr.mu.Lock()
+		cur, err := tr.statSum(statObjects)
+		switch {
+		case err != nil:
+		case cur == last:
+			tr.quietMisses = 0
+		case cur-open >= quietMaxEvents || time.Now().After(deadline):
+			tr.quietMisses++
+		default:
+			last = cur
+			tr.mu.Unlock()
+			continue
+		}
+		tr.mu.Unlock()
+		return true
 	}
 }
 

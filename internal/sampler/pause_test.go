@@ -20,6 +20,9 @@ type countingPauser struct {
 	all, some     int
 	maxSome       int
 	pausedThreads int
+	// misses are the source's pauses of a GVL holder that no longer
+	// held it, by reason (RubySource.holderMisses).
+	misses map[string]int
 }
 
 func (c *countingPauser) Pause(pid int) (func() error, error) {
@@ -53,6 +56,7 @@ func sampleCounted(t *testing.T, p *ruby.Process, f func(stack.Sample)) (Stats, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	pz.misses = src.holderMisses
 	return st, pz
 }
 
@@ -80,7 +84,10 @@ func TestPauseOnlyRubyThreads(t *testing.T) {
 			t.Fatalf("ticks %d, samples per thread %v, errors %s", st.Ticks, seen, st.ErrorSummary())
 		}
 		if pz.all != 1 || pz.some != st.Ticks-1 || pz.maxSome != 1 {
-			t.Errorf("pauses: %d of every thread, %d of Ruby threads (at most %d), for %d ticks; want 1, %d, 1", pz.all, pz.some, pz.maxSome, st.Ticks, st.Ticks-1)
+			// Seen once (CI, cold machine, 3.3.8-static): 201 pauses of
+			// at most 3 threads in 200 ticks, cause not known: the
+			// holder's pauses that missed say why.
+			t.Errorf("pauses: %d of every thread, %d of Ruby threads (at most %d), for %d ticks; want 1, %d, 1; holder's pauses that missed: %v", pz.all, pz.some, pz.maxSome, st.Ticks, st.Ticks-1, pz.misses)
 		}
 	})
 }

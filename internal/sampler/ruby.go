@@ -98,6 +98,10 @@ type RubySource struct {
 	// readAt is when this tick's snapshot ended (CLOCK_MONOTONIC, 0:
 	// not yet): a thread not paused was read by then.
 	readAt int64
+	// holderMisses counts the pauses of the GVL's holder that found it
+	// no longer held (ruby.HolderError), by reason, holder tids left
+	// out: each one costs the tick another pause (diagnostics).
+	holderMisses map[string]int
 }
 
 // NewRubySource samples the Ruby process p.
@@ -516,6 +520,7 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 			if !errors.As(err, &he) {
 				return threads, err
 			}
+			s.noteHolderMiss(he)
 			holder = he.Holder
 		}
 	}
@@ -537,6 +542,17 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 			return threads, nil
 		}
 	}
+}
+
+func (s *RubySource) noteHolderMiss(he *ruby.HolderError) {
+	if s.holderMisses == nil {
+		s.holderMisses = map[string]int{}
+	}
+	why := he.Why
+	if he.Holder != 0 {
+		why = "another thread holds the GVL"
+	}
+	s.holderMisses[why]++
 }
 
 // holderOffCPU reports whether, in Mode cpu, the thread that held the GVL

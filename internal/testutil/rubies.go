@@ -17,9 +17,9 @@ import (
 // RubyUnderTest is one Ruby the live tests run against: Debian's own, and
 // the builds scripts/rubies.sh makes (3.3.8 static with its DWARF in a
 // separate debug file or none at all; 3.4.5 shared with DWARF, run with
-// and without YJIT). 3.3.8 shared with DWARF (and -yjit) and a copy of
-// 3.4.5 with its libruby stripped as distributions ship it join only when
-// RBSCOPE_TEST_RUBIES names them, outside CI.
+// and without YJIT, and a copy of it with its libruby stripped as
+// distributions ship it). 3.3.8 shared with DWARF (and -yjit) joins only
+// when RBSCOPE_TEST_RUBIES names it, outside CI.
 type RubyUnderTest struct {
 	// Name identifies the configuration in subtest names:
 	// "system", "3.3.8", "3.3.8-yjit", "3.3.8-static", "3.3.8-static-nodebug",
@@ -117,7 +117,7 @@ func SystemRuby(t testing.TB) RubyUnderTest {
 // missing is a subtest of its own that fails under CI and skips elsewhere.
 // Outside CI, RBSCOPE_TEST_RUBIES (names, comma-separated: "3.4.5,system")
 // narrows the run to those Rubies, for working on one (and brings in the
-// 3.3.8 shared build and 3.4.5-stripped, not in CI's list); CI ignores it.
+// 3.3.8 shared build, not in CI's list); CI ignores it.
 func EachRuby(t *testing.T, f func(t *testing.T, rb RubyUnderTest)) {
 	t.Helper()
 	rubies.once.Do(loadRubies)
@@ -167,9 +167,6 @@ func loadRubies() {
 	// Not in CI's list: named by hand to work on them.
 	if !InCI() && slices.ContainsFunc(named, func(n string) bool { return n == "3.3.8" || n == "3.3.8-yjit" }) {
 		builds = append([]string{"3.3.8"}, builds...)
-	}
-	if !InCI() && slices.Contains(named, "3.4.5-stripped") {
-		builds = append(builds, "3.4.5-stripped")
 	}
 	for _, build := range builds {
 		prefix, err := builtPrefix(script, build)
