@@ -368,7 +368,13 @@ func (tr *Tracker) untilQuiet(on time.Duration) bool {
 	last, err := tr.statSum(statObjects)
 	open := tr.winOpenEvents
 	look := err == nil && tr.quietMisses%quietRetry == 0
+	if !look {
+		tr.quietMisses++
+	}
 	tr.mu.Unlock()
+	if !look && on <= quietGap {
+		return true
+	}
 	deadline := time.Now().Add(quietMaxWait)
 	for {
 		// The first wait is the window's last quietGap (dutyLoop left
@@ -379,9 +385,6 @@ func (tr *Tracker) untilQuiet(on time.Duration) bool {
 		case <-time.After(quietGap):
 		}
 		if !look {
-			tr.mu.Lock()
-			tr.quietMisses++
-			tr.mu.Unlock()
 			return true
 		}
 		tr.mu.Lock()
