@@ -22,6 +22,7 @@ const (
 	batchBytes = 2 << 20
 	batchPages = 256
 	listChunk  = 1024 // page pointers read at a time from heap_pages.sorted
+	listTries  = 4    // reads of a chunk when the list moved meanwhile (running process)
 )
 
 // Heap reads one process's object heap. Open it once; take as many
@@ -300,7 +301,27 @@ func (w *walk) run(ctx context.Context) error {
 			return nil
 		}
 		m := min(uint64(listChunk), n-i)
-		if err := t.ReadAt(list[:8*m], sorted+8*i); err != nil {
+		err := t.ReadAt(list[:8*m], sorted+8*i)
+		for try := 0; !w.stopped && try < listTries; try++ {
+			// Ruby reallocates the page list as the heap grows: a
+			// running process may have moved it while it was read,
+			// and the old copy holds stale or freed pointers (a
+			// census of a heap growing by 100,000 objects a second
+			// once found all 55 of its pages unreadable, and counted
+			// nothing). Read it again where it is now.
+			now, nn, perr := o.pageList(t)
+			if perr != nil || now == sorted {
+				break
+			}
+			sorted, n = now, nn
+			w.c.Pages = int(n)
+			if i >= n {
+				return nil
+			}
+			m = min(uint64(listChunk), n-i)
+			err = t.ReadAt(list[:8*m], sorted+8*i)
+		}
+		if err != nil {
 			if errors.As(err, new(target.ErrProcessExited)) {
 				return w.readErr("read heap_pages.sorted", err)
 			}
