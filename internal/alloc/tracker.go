@@ -555,12 +555,14 @@ func (tr *Tracker) dutyLoop() {
 		if tr.calibrating() {
 			steps = max(1, min(calSteps, int(on/calStepMin)))
 		}
+		carved := false
 		for i := 0; i < steps; i++ {
 			step := on / time.Duration(steps)
 			if i == steps-1 && step > quietGap {
 				// The last quietGap of the window is the first look
 				// for a quiet moment to end it at (untilQuiet).
 				step -= quietGap
+				carved = true
 			}
 			select {
 			case <-tr.stop:
@@ -573,7 +575,7 @@ func (tr *Tracker) dutyLoop() {
 				tr.mu.Unlock()
 			}
 		}
-		if !tr.untilQuiet(on) {
+		if !tr.untilQuiet(carved) {
 			return
 		}
 		tr.mu.Lock()

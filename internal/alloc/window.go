@@ -355,15 +355,16 @@ const (
 	quietRetry     = 8
 )
 
-// untilQuiet waits, after a window's planned length on, until no
-// allocation was counted for quietGap (the last quietGap of on counts
-// as the first look), or the window counted quietMaxEvents, or it ran
-// quietMaxWait past on. After a window that found no quiet moment within
+// untilQuiet waits, after a window's planned length, until no
+// allocation was counted for quietGap (the window's last quietGap counts
+// as the first look when dutyLoop carved it out of the window's steps),
+// or the window counted quietMaxEvents, or it ran quietMaxWait past its
+// length. After a window that found no quiet moment within
 // those bounds (a target that never idles has no bursts to cut: waiting
 // would only make its windows longer and fewer), windows end on time,
 // but every quietRetry-th looks again. It returns false when Stop was
 // called meanwhile.
-func (tr *Tracker) untilQuiet(on time.Duration) bool {
+func (tr *Tracker) untilQuiet(carved bool) bool {
 	tr.mu.Lock()
 	last, err := tr.statSum(statObjects)
 	open := tr.winOpenEvents
@@ -372,13 +373,13 @@ func (tr *Tracker) untilQuiet(on time.Duration) bool {
 		tr.quietMisses++
 	}
 	tr.mu.Unlock()
-	if !look && on <= quietGap {
+	if !look && !carved {
 		return true
 	}
 	deadline := time.Now().Add(quietMaxWait)
 	for {
-		// The first wait is the window's last quietGap (dutyLoop left
-		// it out of the window's steps), or past a window shorter.
+		// The first wait is the window's last quietGap when carved,
+		// else past the window's end.
 		select {
 		case <-tr.stop:
 			return false
