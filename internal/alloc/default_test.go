@@ -53,6 +53,14 @@ func runMixed(t *testing.T, rb testutil.RubyUnderTest, n int, opts Options) (*Re
 // AFTER-BEFORE.
 func runCounted(t *testing.T, rb testutil.RubyUnderTest, name, arg string, opts Options) (*Report, uint64) {
 	t.Helper()
+	r, n, _ := runCountedProc(t, rb, name, arg, opts)
+	return r, n
+}
+
+// runCountedProc is runCounted, and gives the script's process too, to
+// read what it prints after its "stat" line.
+func runCountedProc(t *testing.T, rb testutil.RubyUnderTest, name, arg string, opts Options) (*Report, uint64, *rubyProc) {
+	t.Helper()
 	p := startRuby(t, rb, script(t, name), arg)
 	p.expect(t, "ready")
 	tr := attachOrMissing(t, p.cmd.Process.Pid, opts)
@@ -67,7 +75,7 @@ func runCounted(t *testing.T, rb testutil.RubyUnderTest, name, arg string, opts 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r, after - before
+	return r, after - before, p
 }
 
 // checkRubyCounter: r's counts were scaled by Ruby's own allocation
@@ -234,19 +242,11 @@ func TestDefaultModeShortLoop(t *testing.T) {
 func TestDefaultModeBursts(t *testing.T) {
 	needBPF(t)
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		p := startRuby(t, rb, script(t, "bursts.rb"), "3")
-		p.expect(t, "ready")
-		tr := attachOrMissing(t, p.cmd.Process.Pid, Options{})
-		p.send(t)
+		r, _, p := runCountedProc(t, rb, "bursts.rb", "3", Options{})
 		var heads, tails uint64
 		line := p.expectPrefix(t, "made ")
 		if _, err := fmt.Sscanf(line, "made %d %d", &heads, &tails); err != nil {
 			t.Fatalf("%q: %v", line, err)
-		}
-		tr.Stop()
-		r, err := tr.Snapshot()
-		if err != nil {
-			t.Fatal(err)
 		}
 		h, tl := classCount(r, "Head"), classCount(r, "Tail")
 		t.Logf("%s: Head %d (made %d), Tail %d (made %d); scaling %s ×%.1f, attached %.1f%%", rb.Name, h, heads, tl, tails, r.Scaling, r.Scale, 100*r.Attached)
