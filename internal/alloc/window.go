@@ -366,7 +366,7 @@ const (
 // called meanwhile.
 func (tr *Tracker) untilQuiet(carved bool) bool {
 	tr.mu.Lock()
-	last, err := tr.statSum(statObjects)
+	last, err := tr.activity()
 	open := tr.winOpenEvents
 	look := err == nil && tr.quietMisses%quietRetry == 0
 	if !look {
@@ -389,12 +389,15 @@ func (tr *Tracker) untilQuiet(carved bool) bool {
 			return true
 		}
 		tr.mu.Lock()
-		cur, err := tr.statSum(statObjects)
+		cur, err := tr.activity()
+		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "quiet? open %d last %+v now %+v misses %d\n", open, last, cur, tr.quietMisses)
+		}
 		switch {
 		case err != nil:
-		case cur == last:
+		case cur == last && !cur.inGC:
 			tr.quietMisses = 0
-		case cur-open >= quietMaxEvents || time.Now().After(deadline):
+		case cur.events-open >= quietMaxEvents || time.Now().After(deadline):
 			tr.quietMisses++
 		default:
 			last = cur
@@ -404,6 +407,40 @@ func (tr *Tracker) untilQuiet(carved bool) bool {
 		tr.mu.Unlock()
 		return true
 	}
+}
+
+// activity is what untilQuiet compares: the events counted, the GC
+// phases ended, and whether one is under way. A GC inside a burst
+// allocates nothing for as long as it runs: it is not the target idling.
+type activity struct {
+	events, gcPhases uint64
+	inGC             bool
+}
+
+// activity reads the target's activity. Called with mu held.
+func (tr *Tracker) activity() (activity, error) {
+	var a activity
+	var err error
+	if a.events, err = tr.statSum(statObjects); err != nil {
+		return a, err
+	}
+	marks, err := tr.statSum(statGCMarkCount)
+	if err != nil {
+		return a, err
+	}
+	sweeps, err := tr.statSum(statGCSweepCount)
+	if err != nil {
+		return a, err
+	}
+	a.gcPhases = marks + sweeps
+	for slot := uint32(0); slot < 2; slot++ {
+		var start uint64
+		if err := tr.maps.GcStart.Lookup(slot, &start); err != nil {
+			return a, fmt.Errorf("read GC phase start: %w", err)
+		}
+		a.inGC = a.inGC || start != 0
+	}
+	return a, nil
 }
 
 // pairSpread is how many events readPair allows between the two reads of

@@ -1,6 +1,6 @@
 # Bursts of allocations between idle pauses, as a server makes them
-# between requests: every PERIOD seconds (default 0.05), N Head (default
-# 2000) then N Tail, for SECS seconds (wall). Prints "ready", waits for a
+# between requests: every PERIOD seconds (default 0.02), N Head (default
+# 1000) then N Tail, for SECS seconds (wall). Prints "ready", waits for a
 # line, prints "stat BEFORE AFTER" (GC.stat(:total_allocated_objects)
 # around the loop), then "made HEADS TAILS" (its own count of each), then
 # waits for a line to exit.
@@ -8,8 +8,8 @@ class Head; end
 class Tail; end
 $stdout.sync = true
 secs = Float(ARGV[0] || 3)
-n = Integer(ENV["N"] || 2000)
-period = Float(ENV["PERIOD"] || 0.05)
+n = Integer(ENV["N"] || 1000)
+period = Float(ENV["PERIOD"] || 0.02)
 puts "ready"
 STDIN.gets
 before = GC.stat(:total_allocated_objects)
