@@ -25,8 +25,11 @@
 // own allocation counter — the number GC.stat(:total_allocated_objects)
 // returns — read from the process when each window opens and closes: the
 // windows give the distribution, the counter the total. Unlike scaling by
-// time, this stays unbiased however much the probes slow the target, on
-// tight, paced and bursty loads alike. A gate in the program (a one-entry
+// time, the total stays unbiased however much the probes slow the target,
+// on tight, paced and bursty loads alike. The distribution needs one more
+// thing: a window ends where the target is idle (untilQuiet), because one
+// that ended on time ended inside a burst far more often than it began
+// inside one, and kept the bursts' heads. A gate in the program (a one-entry
 // map) makes the counted events and the counter's growth cover exactly
 // the same span: attaching and detaching take milliseconds, during which
 // the probes fire uncounted.
