@@ -31,6 +31,7 @@ const (
 	statDied       // tracked objects unmarked when a sweep began
 	statChecks     // sweeps that checked the tracked objects
 	statPending    // create events left for their allocation to return
+	statSeen       // allocation events seen while attached, gate open or not
 	statMax        = 24
 )
 

@@ -439,6 +439,18 @@ func (tr *Tracker) attachAll() error {
 // attach attaches the allocation probes and opens a counting window.
 // Called with mu held or before the tracker is shared.
 func (tr *Tracker) attach() error {
+	if err := tr.attachProbes(); err != nil {
+		return err
+	}
+	tr.attached = true
+	tr.openWindow()
+	return nil
+}
+
+// attachProbes attaches the program to the windowed sites, the gate
+// closed: attach opens a window at once, reattach at an idle moment
+// (untilIdle). Called with mu held.
+func (tr *Tracker) attachProbes() error {
 	var idx []int
 	for i, s := range tr.plan.Sites {
 		if !s.always() {
@@ -450,8 +462,6 @@ func (tr *Tracker) attach() error {
 		return err
 	}
 	tr.links = ls
-	tr.attached = true
-	tr.openWindow()
 	return nil
 }
 
@@ -617,9 +627,19 @@ func (tr *Tracker) reattach() bool {
 		tr.mu.Unlock()
 		return false
 	}
-	err := tr.attach()
+	err := tr.attachProbes()
 	tr.mu.Unlock()
 	if err == nil {
+		if !tr.untilIdle() {
+			return false // Stop detaches
+		}
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		if tr.stopped {
+			return false
+		}
+		tr.attached = true
+		tr.openWindow()
 		return true
 	}
 	exited := tr.waitExit(exitWait)

@@ -68,6 +68,9 @@ enum stat {
 	STAT_DIED = 16,        /* tracked objects found unmarked when a sweep began */
 	STAT_CHECKS = 17,      /* sweeps that checked the tracked objects */
 	STAT_PENDING = 18,     /* create events left pending for their return */
+	STAT_SEEN = 19,        /* allocation events seen while attached, the gate
+				  open or not: user space opens a window once
+				  the target went a while without one */
 	STAT_MAX = 24,
 };
 
@@ -921,6 +924,7 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 		return 0;
 	}
 
+	stat_add(STAT_SEEN, 1);
 	__u32 zero = 0;
 	__u32 *open = bpf_map_lookup_elem(&gate, &zero);
 	if (!open || !*open)
