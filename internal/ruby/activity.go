@@ -62,7 +62,7 @@ type gcState struct {
 // the kernel's view.
 func (p *Process) resolveActivity() {
 	a := &p.act
-	l := p.lay
+	l := p.rt.lay
 	field := func(s, name string) fieldOff {
 		fl, err := l.Field(s, name)
 		if err != nil {
@@ -79,20 +79,20 @@ func (p *Process) resolveActivity() {
 	}
 	ra, vm := "rb_ractor_struct", "rb_vm_struct"
 	switch {
-	case p.ver >= v(3, 2, 0):
+	case p.rt.gvlInSched:
 		if a.owner = field(ra, "threads.sched.running"); a.owner.ok {
 			a.ownerSource = fmt.Sprintf("%s.threads.sched.running (%s)", ra, src(ra, "threads.sched.running"))
 			if a.waitq = field(ra, "threads.sched.readyq"); !a.waitq.ok {
 				// rb_thread_sched: 3.2 has running, a pthread mutex, then
 				// readyq; 3.3+ running, three bools, then readyq.
 				off := a.owner.off + 8 + 40
-				if p.ver >= v(3, 3, 0) {
+				if p.rt.schedFlags {
 					off = a.owner.off + 8 + 8
 				}
 				a.waitq = fieldOff{off: off, size: 16, ok: true}
 			}
 		}
-	case p.ver >= v(3, 0, 0):
+	case p.rt.ractors:
 		if a.owner = field(ra, "threads.gvl.owner"); a.owner.ok {
 			a.ownerSource = fmt.Sprintf("%s.threads.gvl.owner (%s)", ra, src(ra, "threads.gvl.owner"))
 			a.waitq = field(ra, "threads.gvl.waitq")
@@ -106,7 +106,7 @@ func (p *Process) resolveActivity() {
 				a.ownerSource = fmt.Sprintf("%s.threads.gvl.owner at +%d, between threads.sleeper and threads.running_ec (%s)", ra, fromStart, l.Source)
 			}
 		}
-	case p.ver >= v(2, 6, 0):
+	case p.rt.gvlOwnerInVM:
 		a.ownerInVM = true
 		if a.owner = field(vm, "gvl.owner"); a.owner.ok {
 			a.ownerSource = fmt.Sprintf("%s.gvl.owner (%s)", vm, src(vm, "gvl.owner"))
@@ -161,13 +161,13 @@ func (p *Process) resolveGC(field func(s, name string) fieldOff) error {
 		}
 		a.duringGC = fieldOff{off: 0, size: during.size, ok: true, bf: during.bf}
 		a.mode = fieldOff{off: 0, size: mode.size, ok: true, bf: mode.bf}
-		a.gcSource = fmt.Sprintf("dwarf: rb_vm_struct.objspace at +%d, rb_objspace.flags at +%d (%s)", ptrOff.off, during.off, p.lay.Source)
+		a.gcSource = fmt.Sprintf("dwarf: rb_vm_struct.objspace at +%d, rb_objspace.flags at +%d (%s)", ptrOff.off, during.off, p.rt.lay.Source)
 		return nil
 	}
-	if p.ver < v(3, 0, 0) {
-		return fmt.Errorf("no DWARF for rb_objspace and no built-in GC layout for Ruby %s", p.version)
+	if !p.rt.ractors {
+		return fmt.Errorf("no DWARF for rb_objspace and no built-in GC layout for Ruby %s", p.rt.version)
 	}
-	shape := objspaceShapeOf(p.ver)
+	shape := objspaceShapeOf(p.rt.ver)
 	off, os, err := p.scanObjspace(vm, shape)
 	if err != nil {
 		return err
@@ -238,9 +238,9 @@ const (
 // struct: the one word that points at a header of the given shape. More
 // than one candidate is an error, never a guess.
 func (p *Process) scanObjspace(vm uint64, shape objspaceShape) (uint64, uint64, error) {
-	size := p.o.vmSize
+	size := p.rt.o.vmSize
 	if size == 0 || size > 1<<20 {
-		return 0, 0, fmt.Errorf("no rb_vm_struct size in layout %s", p.lay.Source)
+		return 0, 0, fmt.Errorf("no rb_vm_struct size in layout %s", p.rt.lay.Source)
 	}
 	b, err := p.r.readOwned(vm, int(size))
 	if err != nil {

@@ -166,10 +166,10 @@ func corruptAndWalk(t testing.TB, where byte, off uint16, data []byte) {
 		th := refs[0].addr
 		base = th
 		if where%4 >= 2 {
-			tg.ReadAt(buf[:], th+p.o.thEC.off)
+			tg.ReadAt(buf[:], th+p.rt.o.thEC.off)
 			base = binary.LittleEndian.Uint64(buf[:])
 			if where%4 == 3 {
-				tg.ReadAt(buf[:], base+p.o.ecCFP.off)
+				tg.ReadAt(buf[:], base+p.rt.o.ecCFP.off)
 				base = binary.LittleEndian.Uint64(buf[:])
 			}
 		}

@@ -25,15 +25,15 @@ func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
 	}
 	// The pc points at the next instruction; Ruby uses pos-1.
 	lookup := pos
-	if lookup > 0 && !(p.opts.nextInsnLines && p.o.bSuccTable.ok) {
+	if lookup > 0 && !(p.opts.nextInsnLines && p.rt.o.bSuccTable.ok) {
 		lookup--
 	}
 	var line int
 	var err error
 	switch {
-	case p.o.bSuccTable.ok:
+	case p.rt.o.bSuccTable.ok:
 		line, err = p.lineSucc(info, lookup)
-	case p.ver >= v(2, 0, 0) || p.o.insnPos.ok:
+	case p.rt.iseqBody || p.rt.o.insnPos.ok:
 		line, err = p.linePositions(info, lookup)
 	}
 	if err != nil {
@@ -67,7 +67,7 @@ func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
 		if i >= size {
 			return 0, invalidf("line index %d outside table of %d", i, size)
 		}
-		b, err := p.r.read(info.tableAddr+i*p.o.insnSize+p.o.insnLine.off, 4)
+		b, err := p.r.read(info.tableAddr+i*p.rt.o.insnSize+p.rt.o.insnLine.off, 4)
 		if err != nil {
 			return 0, fmt.Errorf("read line entry: %w", err)
 		}
@@ -140,9 +140,9 @@ func (p *Process) linePositions(info *iseqInfo, pos uint64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	esize, posF, lineF := p.o.insnSize, p.o.insnPos, p.o.insnLine
-	if p.o.lineSize != 0 && (p.o.bLineInfoTable.ok) {
-		esize, posF, lineF = p.o.lineSize, p.o.linePos, p.o.lineLine
+	esize, posF, lineF := p.rt.o.insnSize, p.rt.o.insnPos, p.rt.o.insnLine
+	if p.rt.o.lineSize != 0 && (p.rt.o.bLineInfoTable.ok) {
+		esize, posF, lineF = p.rt.o.lineSize, p.rt.o.linePos, p.rt.o.lineLine
 	}
 	data, err := p.r.readOwned(info.tableAddr, int(n*esize))
 	if err != nil {

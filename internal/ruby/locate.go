@@ -15,11 +15,11 @@ import (
 // binaries are stripped.
 func (p *Process) locate() error {
 	switch {
-	case p.ver >= v(3, 0, 0):
+	case p.rt.ractors:
 		if a, ok := p.symbol("ruby_current_vm_ptr"); ok {
 			p.vmPtrAddr = a
 		}
-	case p.ver >= v(2, 5, 0):
+	case p.rt.execContext:
 		if a, ok := p.opts.Hints["ruby_current_thread"]; ok {
 			// rbspy's manifests name the EC pointer "current thread".
 			p.ecPtrAddr = a
@@ -61,10 +61,10 @@ func (p *Process) locate() error {
 func (p *Process) checkVM() error {
 	ths, err := p.threadList()
 	if err != nil {
-		return fmt.Errorf("read Ruby threads (layout %s): %w", p.lay.Source, err)
+		return fmt.Errorf("read Ruby threads (layout %s): %w", p.rt.lay.Source, err)
 	}
 	if len(ths) == 0 {
-		return fmt.Errorf("%w: the Ruby VM has no threads (layout %s)", ErrInvalid, p.lay.Source)
+		return fmt.Errorf("%w: the Ruby VM has no threads (layout %s)", ErrInvalid, p.rt.lay.Source)
 	}
 	return nil
 }
@@ -89,10 +89,10 @@ func (p *Process) currentVM() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if !p.o.thVM.ok {
+	if !p.rt.o.thVM.ok {
 		return 0, errors.New("layout has no rb_thread_struct.vm")
 	}
-	vm, err := p.heapPtr(th+p.o.thVM.off, fmt.Sprintf("VM pointer of thread 0x%x", th))
+	vm, err := p.heapPtr(th+p.rt.o.thVM.off, fmt.Sprintf("VM pointer of thread 0x%x", th))
 	if err != nil {
 		return 0, err
 	}
@@ -122,10 +122,10 @@ func (p *Process) currentThread() (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if !p.o.ecThreadPtr.ok {
+		if !p.rt.o.ecThreadPtr.ok {
 			return 0, errors.New("layout has no rb_execution_context_struct.thread_ptr")
 		}
-		th, err := p.r.u64(ec + p.o.ecThreadPtr.off)
+		th, err := p.r.u64(ec + p.rt.o.ecThreadPtr.off)
 		if err != nil {
 			return 0, fmt.Errorf("read EC's thread: %w", err)
 		}
@@ -186,9 +186,9 @@ func (p *Process) walkList(head uint64, fn func(node uint64) error) error {
 // threadList lists the VM's Ruby threads (the source of truth, re-read on
 // every snapshot).
 func (p *Process) threadList() ([]threadRef, error) {
-	o := &p.o
+	o := &p.rt.o
 	switch {
-	case p.ver >= v(3, 0, 0):
+	case p.rt.ractors:
 		vm, err := p.currentVM()
 		if err != nil {
 			return nil, err
@@ -250,7 +250,7 @@ func (p *Process) threadList() ([]threadRef, error) {
 			p.markWaiters(ra, b, out[first:])
 		}
 		return out, nil
-	case p.ver >= v(2, 2, 0):
+	case p.rt.livingThreads:
 		vm, err := p.currentVM()
 		if err != nil {
 			return nil, err
@@ -347,10 +347,10 @@ func (p *Process) tryCandidate(addr uint64) bool {
 	save := *p
 	ok := false
 	switch {
-	case p.ver >= v(3, 0, 0):
+	case p.rt.ractors:
 		p.vmPtrAddr = addr
 		ok = p.plausibleVM3()
-	case p.ver >= v(2, 5, 0):
+	case p.rt.execContext:
 		p.ecPtrAddr = addr
 		ok = p.plausibleThread()
 	default:
@@ -358,7 +358,7 @@ func (p *Process) tryCandidate(addr uint64) bool {
 		ok = p.plausibleThread()
 	}
 	if ok {
-		name := map[bool]string{true: "ruby_current_vm_ptr", false: "ruby_current_thread"}[p.ver >= v(3, 0, 0)]
+		name := map[bool]string{true: "ruby_current_vm_ptr", false: "ruby_current_thread"}[p.rt.ractors]
 		if p.ecPtrAddr != 0 {
 			name = "ruby_current_execution_context_ptr"
 		}
@@ -374,7 +374,7 @@ func (p *Process) tryCandidate(addr uint64) bool {
 // plausibleVM3: vm.ractor.main_ractor -> ractor whose main thread points
 // back to the VM and the ractor.
 func (p *Process) plausibleVM3() bool {
-	o := &p.o
+	o := &p.rt.o
 	vm, err := p.r.u64(p.vmPtrAddr)
 	if err != nil || !isHeapPtr(vm) {
 		return false
@@ -391,7 +391,7 @@ func (p *Process) plausibleVM3() bool {
 	if err != nil || thVM != vm {
 		return false
 	}
-	if f, err := p.lay.Field("rb_thread_struct", "ractor"); err == nil {
+	if f, err := p.rt.lay.Field("rb_thread_struct", "ractor"); err == nil {
 		r, err := p.r.u64(mainTh + f.Offset)
 		if err != nil || r != mr {
 			return false
@@ -408,16 +408,16 @@ func (p *Process) plausibleThread() bool {
 	if err != nil || !isHeapPtr(th) {
 		return false
 	}
-	vm, err := p.r.u64(th + p.o.thVM.off)
+	vm, err := p.r.u64(th + p.rt.o.thVM.off)
 	if err != nil || !isHeapPtr(vm) {
 		return false
 	}
-	if p.o.vmMainThread.ok {
-		mt, err := p.r.u64(vm + p.o.vmMainThread.off)
+	if p.rt.o.vmMainThread.ok {
+		mt, err := p.r.u64(vm + p.rt.o.vmMainThread.off)
 		if err != nil || !isHeapPtr(mt) {
 			return false
 		}
-		mvm, err := p.r.u64(mt + p.o.thVM.off)
+		mvm, err := p.r.u64(mt + p.rt.o.thVM.off)
 		if err != nil || mvm != vm {
 			return false
 		}

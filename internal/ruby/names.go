@@ -106,18 +106,17 @@ type caches struct {
 	gcFresh   bool // the GC flags were read with the thread list
 
 	// Witnesses of cached names (see witness.go).
-	rec         *witness // the witness being recorded, if any
-	witBuf      []byte
-	witReqs     []target.Read
-	witSpans    []witSpan
-	witOK       []bool
-	checkWits   []witness
-	checkOK     []bool
-	checkTodo   []nameCheck
-	witStack    []*witness // scratch witnesses, by nesting depth
-	witOuter    []*witness // the recording each one interrupted
-	witChecks   uint64     // witness checks made
-	bodyMaskBuf []byte
+	rec       *witness // the witness being recorded, if any
+	witBuf    []byte
+	witReqs   []target.Read
+	witSpans  []witSpan
+	witOK     []bool
+	checkWits []witness
+	checkOK   []bool
+	checkTodo []nameCheck
+	witStack  []*witness // scratch witnesses, by nesting depth
+	witOuter  []*witness // the recording each one interrupted
+	witChecks uint64     // witness checks made
 }
 
 // genString is a cached string and the GC epoch it was read in.
@@ -154,8 +153,8 @@ func (p *Process) id2str(id uint64) (string, error) {
 	if s, ok := p.idCache[id]; ok {
 		return s, nil
 	}
-	if p.ver < v(2, 2, 0) {
-		return "", fmt.Errorf("method names of Ruby %s: %w", p.version, errNoSymbols)
+	if !p.rt.symbolSerials {
+		return "", fmt.Errorf("method names of Ruby %s: %w", p.rt.version, errNoSymbols)
 	}
 	if !p.findSymbols() {
 		p.incomplete++
@@ -275,7 +274,7 @@ func (p *Process) readClassName(klass uint64, depth int) (string, bool, error) {
 	}
 	flags, kl := le64(b, 0), le64(b, 8)
 	singletonFlag := uint64(1) << 12 // FL_SINGLETON = FL_USER0
-	if p.ver >= v(3, 4, 0) {
+	if p.rt.singletonUser1 {
 		singletonFlag = 1 << 13 // FL_USER1 from 3.4
 	}
 	p.sawWord(klass, flags, tMask|singletonFlag)
@@ -301,7 +300,7 @@ func (p *Process) readClassName(klass uint64, depth int) (string, bool, error) {
 
 // classPath reads the permanent class path of a named class.
 func (p *Process) classPath(klass uint64) (string, error) {
-	o := &p.o
+	o := &p.rt.o
 	switch {
 	case o.classextOff.ok && o.classpathOff.ok: // 3.3+
 		cp, err := p.sawU64(klass + o.classextOff.off + o.classpathOff.off)
@@ -312,7 +311,7 @@ func (p *Process) classPath(klass uint64) (string, error) {
 			return "", nil // anonymous
 		}
 		return p.rstring(cp)
-	case p.ver >= v(2, 2, 0) && p.ver < v(3, 2, 0):
+	case p.rt.hiddenIvarNames:
 		val, ok, err := p.classIvar(klass, "__classpath__")
 		if err != nil || !ok {
 			return "", err
@@ -324,11 +323,11 @@ func (p *Process) classPath(klass uint64) (string, error) {
 
 // attachedObject returns the object a singleton class is attached to.
 func (p *Process) attachedObject(klass uint64) (uint64, error) {
-	o := &p.o
+	o := &p.rt.o
 	if o.classextOff.ok && o.attachedOff.ok {
 		return p.sawU64(klass + o.classextOff.off + o.attachedOff.off)
 	}
-	if p.ver >= v(2, 2, 0) && p.ver < v(3, 2, 0) {
+	if p.rt.hiddenIvarNames {
 		val, ok, err := p.classIvar(klass, "__attached__")
 		if err != nil || !ok {
 			return 0, err
@@ -364,7 +363,7 @@ func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
 		return 0, false, err
 	}
 	ivOff := uint64(classextIvTbl)
-	if f, err := p.lay.Field("rb_classext_struct", "iv_tbl"); err == nil {
+	if f, err := p.rt.lay.Field("rb_classext_struct", "iv_tbl"); err == nil {
 		ivOff = f.Offset
 	}
 	tbl, err := p.sawU64(ext + ivOff)

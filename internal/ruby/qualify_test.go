@@ -7,7 +7,7 @@ import "testing"
 // in block in <main>" stays as it is: <main> is no method, and asking for
 // its method entry made every read of such a frame look torn).
 func TestQualificationOfClauses(t *testing.T) {
-	p := &Process{}
+	p := &Process{rt: &Runtime{}}
 	for _, c := range []struct {
 		label        string
 		typ          uint64

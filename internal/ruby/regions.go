@@ -11,7 +11,7 @@ func (p *Process) FrameRegions() ([]target.Read, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &p.o
+	o := &p.rt.o
 	var out []target.Read
 	for _, ref := range refs {
 		tb := ref.tb

@@ -9,10 +9,10 @@ import (
 // a consistent region, and from where.
 func TestSettle(t *testing.T) {
 	const sz, slots = 56, 6
-	p := &Process{}
-	p.o.cfpSize = sz
-	p.o.cfpPC = fieldOff{off: 0, size: 8, ok: true}
-	p.o.cfpSP = fieldOff{off: 8, size: 8, ok: true}
+	p := &Process{rt: &Runtime{}}
+	p.rt.o.cfpSize = sz
+	p.rt.o.cfpPC = fieldOff{off: 0, size: 8, ok: true}
+	p.rt.o.cfpSP = fieldOff{off: 8, size: 8, ok: true}
 	const lo = 0x10000
 	end := uint64(lo + sz*slots)
 	frames := func(mark byte) []byte {
@@ -72,8 +72,8 @@ func TestSettle(t *testing.T) {
 // the innermost such slot to the end of the copies.
 func TestStableOuter(t *testing.T) {
 	const sz, slots = 56, 8
-	p := &Process{}
-	p.o.cfpSize = sz
+	p := &Process{rt: &Runtime{}}
+	p.rt.o.cfpSize = sz
 	const lo = 0x20000
 	end := uint64(lo + sz*slots)
 	frames := func(diff ...int) []byte {

@@ -89,7 +89,7 @@ const startFrames = 4
 // block (or method) the thread was started with, as Ruby's own name for
 // the native thread of an unnamed thread (rb_proc_location of the block).
 func (p *Process) threadStart(addr uint64) (string, bool) {
-	o := &p.o
+	o := &p.rt.o
 	tb, err := p.r.readOwned(addr, int(o.thSize))
 	if err != nil {
 		return "", false

@@ -46,7 +46,7 @@ func (p *Process) tickThreads() ([]threadRef, error) {
 	p.knownThreads = p.knownThreads[:0]
 	p.knownHeads = p.knownHeads[:0]
 	p.knownRactor = 0
-	if p.ver >= v(3, 0, 0) && len(refs) > 0 && refs[0].tb != nil {
+	if p.rt.ractors && len(refs) > 0 && refs[0].tb != nil {
 		ra := refs[0].ractor
 		for _, r := range refs {
 			if r.ractor != ra || r.tb == nil {
@@ -64,7 +64,7 @@ func (p *Process) tickThreads() ([]threadRef, error) {
 // threads seen last time in one call, and returns them when they still
 // form the ractor's whole thread list.
 func (p *Process) knownThreadList() ([]threadRef, bool) {
-	o := &p.o
+	o := &p.rt.o
 	if len(p.knownThreads) == 0 || p.knownRactor == 0 || p.vmAddr == 0 {
 		return nil, false
 	}
@@ -158,7 +158,7 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 // were last tick and the thread still points there. Whatever it could not
 // read is read thread by thread later.
 func (p *Process) prefetchHeads(refs []threadRef) {
-	o := &p.o
+	o := &p.rt.o
 	if !o.thEC.ok || len(refs) == 0 {
 		return
 	}
@@ -215,7 +215,7 @@ func (p *Process) checkHolder(refs []threadRef, tid int) error {
 	if !p.act.owner.ok {
 		return fail(0, "the layout does not locate the GVL's owner")
 	}
-	if p.ver >= v(3, 0, 0) && p.ractors != 1 {
+	if p.rt.ractors && p.ractors != 1 {
 		return fail(0, "the process runs %d ractors (0: not known)", p.ractors)
 	}
 	var held *threadRef
@@ -241,7 +241,7 @@ func (p *Process) checkHolder(refs []threadRef, tid int) error {
 // when the target is stopped, else framed by reads of the cfp
 // (framedReads). Whatever it could not read is read thread by thread later.
 func (p *Process) prefetchRegions(refs []threadRef) {
-	o := &p.o
+	o := &p.rt.o
 	if !o.thEC.ok || len(refs) == 0 {
 		return
 	}
@@ -386,7 +386,7 @@ func (p *Process) headReads(reqs []target.Read, r *threadRef, ec, nt uint64) []t
 	r.eb, r.ebAt, r.tidAt = p.scratch.take(p.ecHeadSize()), ec, nt
 	reqs = append(reqs, target.Read{Addr: ec, Buf: r.eb})
 	if nt != 0 {
-		reqs = append(reqs, target.Read{Addr: nt + p.o.ntTID.off, Buf: r.tid[:]})
+		reqs = append(reqs, target.Read{Addr: nt + p.rt.o.ntTID.off, Buf: r.tid[:]})
 	}
 	return reqs
 }
@@ -394,7 +394,7 @@ func (p *Process) headReads(reqs []target.Read, r *threadRef, ec, nt uint64) []t
 // ecHeadSize is how much of an execution context a tick reads: vm_stack,
 // vm_stack_size and cfp lead the struct in every version.
 func (p *Process) ecHeadSize() int {
-	return int(max(p.o.ecCFP.off, p.o.ecVMStackSize.off) + 8)
+	return int(max(p.rt.o.ecCFP.off, p.rt.o.ecVMStackSize.off) + 8)
 }
 
 // maxGapPad is how many extra reads of its cfp may be put between the two

@@ -195,7 +195,7 @@ func (p *Process) refreshOSNames() {
 // thread reads one thread: its state, activity and stack (under the
 // activity's pseudo-frames, see activity).
 func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thread, error) {
-	o := &p.o
+	o := &p.rt.o
 	tb := ref.tb
 	if tb == nil {
 		var err error
@@ -205,7 +205,7 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	}
 	th := stack.Thread{Main: ref.main, GVL: ref.gvl}
 	internal := "unknown"
-	if st := o.thStatus.u64(tb); p.ver < v(2, 3, 0) {
+	if st := o.thStatus.u64(tb); !p.rt.epFrames {
 		// Older Rubies have THREAD_TO_KILL first.
 		if st == 0 {
 			internal = "to_kill"
@@ -365,15 +365,15 @@ func (p *Process) refTID(ref *threadRef, tb []byte) int {
 }
 
 func (p *Process) threadTID(tb []byte) int {
-	o := &p.o
+	o := &p.rt.o
 	switch {
 	case o.thTID.ok:
 		if tid := o.thTID.u64(tb); tid != 0 {
 			return int(int32(tid))
 		}
-	case o.thNT.ok && p.o.ntTID.ok:
+	case o.thNT.ok && p.rt.o.ntTID.ok:
 		if nt := o.thNT.u64(tb); isHeapPtr(nt) {
-			if v, err := p.r.u32(nt + p.o.ntTID.off); err == nil && v != 0 {
+			if v, err := p.r.u32(nt + p.rt.o.ntTID.off); err == nil && v != 0 {
 				return int(int32(v))
 			}
 		}
@@ -406,7 +406,7 @@ type frameData struct {
 // (the activity's pseudo-frames) when the stack has any frame, so that
 // they are not copied again to be prepended.
 func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, prefix []stack.Frame) ([]stack.Frame, error) {
-	o := &p.o
+	o := &p.rt.o
 	p.walks++
 	buf := pre
 	if buf == nil {
@@ -428,7 +428,7 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 		fds[i] = frameData{}
 		cached[i] = false
 	}
-	modern := p.ver >= v(2, 3, 0)
+	modern := p.rt.epFrames
 	reqs := p.reqBuf[:0]
 	// The slot cache of this VM stack, indexed by slot from the stack's
 	// end: slot top-i is frame i.
@@ -579,11 +579,11 @@ func (p *Process) checkNames(fds []frameData, cached []bool) {
 			continue
 		}
 		fd := &fds[i]
-		if hdr := fd.iseqHdr[:]; p.o.iseqBody.ok {
+		if hdr := fd.iseqHdr[:]; p.rt.o.iseqBody.ok {
 			flags := le64(hdr, 0)
 			if flags&tMask == tImemo && (flags>>flUShift)&0x0f == imemoIseq {
-				iseq := p.o.cfpIseq.u64(fd.cf)
-				if c := p.iseqCache[iseq]; c != nil && c.gen != p.epoch && c.body == p.o.iseqBody.u64(hdr) &&
+				iseq := p.rt.o.cfpIseq.u64(fd.cf)
+				if c := p.iseqCache[iseq]; c != nil && c.gen != p.epoch && c.body == p.rt.o.iseqBody.u64(hdr) &&
 					!c.wit.empty() && !seen(checkIseq, iseq) {
 					todo = append(todo, nameCheck{checkIseq, iseq})
 					ws = append(ws, c.wit)
@@ -777,7 +777,7 @@ func (p *Process) Torn() uint64 { return p.tornReads }
 func (p *Process) readFrames(stackStart, stackSize, cfp, cfpAddr uint64) ([]byte, uint64, error) {
 	end := stackStart + stackSize*8
 	check := !p.stopped && cfpAddr != 0
-	sz := p.o.cfpSize
+	sz := p.rt.o.cfpSize
 	// The outer frames found holding still by a torn read, from stableAt
 	// (see stableOuter): the reads that follow copy only the frames inner
 	// to them and their innermost one, which must not have changed.
@@ -875,7 +875,7 @@ func (e *tornError) Unwrap() error { return ErrTorn }
 // cfp reads would pass, as it would settle's check.) nil when no frame
 // held still.
 func (p *Process) stableOuter(lo, end uint64, cfps [3][8]byte, first, second []byte) ([]byte, uint64) {
-	sz := p.o.cfpSize
+	sz := p.rt.o.cfpSize
 	outer := lo
 	for _, c := range cfps {
 		at := le64(c[:], 0)
@@ -915,7 +915,7 @@ const frameHeadroom = 4
 // with headroom from up to frameHeadroom slots below it (still in the VM
 // stack), to the end, at most maxFrameBytes past cfp, whole frames.
 func (p *Process) frameSpan(stackStart, end, cfp uint64, headroom bool) (lo, n uint64) {
-	sz := p.o.cfpSize
+	sz := p.rt.o.cfpSize
 	lo = cfp
 	if headroom {
 		lo -= min(frameHeadroom, (cfp-stackStart)/sz) * sz
@@ -956,7 +956,7 @@ func (p *Process) settle(lo, end uint64, cfps [3][8]byte, mid bool, first, secon
 	} else if c1 != c0 && c1 != c2 {
 		return nil, 0, false
 	}
-	sz := p.o.cfpSize
+	sz := p.rt.o.cfpSize
 	if at < lo || at > end || (end-at)%sz != 0 {
 		return nil, 0, false
 	}
@@ -969,7 +969,7 @@ func (p *Process) settle(lo, end uint64, cfps [3][8]byte, mid bool, first, secon
 	if n == 0 && at != end {
 		return nil, 0, false
 	}
-	if !sameFrames(&p.o, first[off:off+n], second[off:off+n]) {
+	if !sameFrames(&p.rt.o, first[off:off+n], second[off:off+n]) {
 		return nil, 0, false
 	}
 	return second[off : off+n], at, true
@@ -1064,12 +1064,12 @@ func (p *Process) batch(reqs []target.Read) error {
 // frame names one control frame; ok is false for frames Ruby's own
 // backtraces skip (dummy and finish frames).
 func (p *Process) frame(fd *frameData) (stack.Frame, bool, error) {
-	o := &p.o
+	o := &p.rt.o
 	cf := fd.cf
 	p.frameDone = false
 	iseq := o.cfpIseq.u64(cf)
 	pc := o.cfpPC.u64(cf)
-	modern := p.ver >= v(2, 3, 0)
+	modern := p.rt.epFrames
 
 	var magic uint64
 	if modern {
@@ -1259,7 +1259,7 @@ func (p *Process) ownerPrefix(me uint64) (string, error) {
 	}
 	wit := p.startWitness()
 	defer p.endWitness(wit)
-	owner, err := p.sawU64(me + p.o.meOwner.off)
+	owner, err := p.sawU64(me + p.rt.o.meOwner.off)
 	if err != nil {
 		return "", err
 	}
@@ -1310,13 +1310,13 @@ func (p *Process) cfuncName(me uint64) string {
 	defer p.endWitness(wit)
 	misses := p.incomplete
 	name := unnamedCFunc
-	def, err := p.sawU64(me + p.o.meDef.off)
+	def, err := p.sawU64(me + p.rt.o.meDef.off)
 	var id uint64
-	if err == nil && isHeapPtr(def) && p.o.defOriginalID.ok {
-		id, err = p.sawU64(def + p.o.defOriginalID.off)
+	if err == nil && isHeapPtr(def) && p.rt.o.defOriginalID.ok {
+		id, err = p.sawU64(def + p.rt.o.defOriginalID.off)
 	}
-	if (err != nil || id == 0) && p.o.meCalledID.ok {
-		id, err = p.sawU64(me + p.o.meCalledID.off)
+	if (err != nil || id == 0) && p.rt.o.meCalledID.ok {
+		id, err = p.sawU64(me + p.rt.o.meCalledID.off)
 	}
 	if err == nil && id != 0 {
 		// Symbol names are cached for the life of the process: not
@@ -1326,7 +1326,7 @@ func (p *Process) cfuncName(me uint64) string {
 		resume()
 		if err == nil && s != "" {
 			name = s
-			if p.ver >= v(2, 3, 0) {
+			if p.rt.epFrames {
 				if prefix, err := p.ownerPrefix(me); err == nil {
 					name = prefix + s
 				} else {
@@ -1392,7 +1392,7 @@ const (
 )
 
 func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
-	o := &p.o
+	o := &p.rt.o
 	body := iseq
 	if o.iseqBody.ok {
 		b := hdr
@@ -1446,7 +1446,7 @@ func (i *iseqInfo) sameIseq(n *iseqInfo) bool {
 
 // readIseqInfo reads the facts of the iseq at iseq whose body is at body.
 func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
-	o := &p.o
+	o := &p.rt.o
 	if !isHeapPtr(body) {
 		return nil, invalidf("iseq 0x%x has body 0x%x", iseq, body)
 	}
@@ -1466,7 +1466,7 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 		}
 	}
 	info.typ = o.bType.u64(bb)
-	if p.ver < v(2, 0, 0) {
+	if !p.rt.iseqBody {
 		// 1.9: name and filename are in the iseq itself.
 		if info.label, err = p.rstring(o.iseqName.u64(bb)); err != nil {
 			return nil, fmt.Errorf("read iseq name: %w", err)
@@ -1482,9 +1482,9 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 			// Static labels live in libruby's .rodata, which a core file
 			// may lack; the iseq type names the two that matter.
 			switch {
-			case p.ver >= v(2, 3, 0) && info.typ == iseqMain:
+			case p.rt.epFrames && info.typ == iseqMain:
 				info.label = "<main>"
-			case p.ver >= v(2, 3, 0) && info.typ == iseqTop:
+			case p.rt.epFrames && info.typ == iseqTop:
 				info.label = "<top (required)>"
 			default:
 				return nil, fmt.Errorf("read iseq label: %w", err)
@@ -1520,7 +1520,7 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 		info.tableAddr = o.bInsnInfoTable.u64(bb)
 		info.tableSize = o.bInsnInfoSize.u64(bb) & 0xffffffff
 	}
-	if p.ver >= v(2, 3, 0) {
+	if p.rt.epFrames {
 		p.setQualification(info)
 	}
 	return info, nil

@@ -95,7 +95,7 @@ func (p *Process) saw(addr uint64, data []byte) {
 // bodyMask were used.
 func (p *Process) sawBody(addr uint64, b []byte) {
 	if p.rec != nil {
-		p.rec.add(addr, b, maskBody, p.bodyMask())
+		p.rec.add(addr, b, maskBody, p.rt.bodyMask)
 	}
 }
 
@@ -287,7 +287,7 @@ func (p *Process) unchangedAll(ws []witness, ok []bool) []bool {
 			case maskInline:
 				mask = w.data[r.off+uint32(r.n) : r.off+2*uint32(r.n)]
 			case maskBody:
-				mask = p.bodyMask()
+				mask = p.rt.bodyMask
 			}
 			for j := range now {
 				m := byte(0xff)
@@ -308,12 +308,9 @@ func (p *Process) unchangedAll(ws []witness, ok []bool) []bool {
 // witSpan is a range of target memory read to check witnesses.
 type witSpan struct{ start, end uint64 }
 
-// bodyMask is the mask of the iseq body bytes readIseqInfo decodes.
-func (p *Process) bodyMask() []byte {
-	if p.bodyMaskBuf != nil {
-		return p.bodyMaskBuf
-	}
-	o := &p.o
+// bodyMaskOf is the mask of the iseq body bytes readIseqInfo decodes,
+// with offsets o.
+func bodyMaskOf(o *offsets) []byte {
 	m := make([]byte, o.bodySize)
 	for _, f := range []fieldOff{o.bEncoded, o.bIseqSize, o.bFirstLineno, o.bType, o.bLabel, o.bPathobj, o.bPath, o.bAbsPath,
 		o.bInsnsInfo, o.bInsnsInfoSize, o.bInsnsPositions, o.bSuccTable, o.bLineInfoTable, o.bLineInfoSize,
@@ -325,7 +322,6 @@ func (p *Process) bodyMask() []byte {
 			m[i] = 0xff
 		}
 	}
-	p.bodyMaskBuf = m
 	return m
 }
 
