@@ -344,9 +344,11 @@ func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 			return s, false, fmt.Errorf("line %d out of range", line)
 		}
 		f.Line = int(line)
-		if f.Kind, err = r.strRef(); err != nil {
+		fkind, err := r.strRef()
+		if err != nil {
 			return s, false, err
 		}
+		f.Kind = stack.Kind(fkind)
 		if r.version >= 2 {
 			if f.InternalPath, err = r.strRef(); err != nil {
 				return s, false, err

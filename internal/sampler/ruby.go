@@ -327,7 +327,7 @@ func (s *RubySource) offCPUError(now time.Time, err error) ([]stack.Sample, erro
 	if cs := s.cpuState(se.TID); !cs.Known() || cs == oncpu.Running {
 		return nil, err
 	}
-	s.out = append(s.out[:0], stack.Sample{Time: now, Pid: s.pid, TID: se.TID, ThreadID: se.Addr, ThreadName: se.Name, Activity: se.Activity})
+	s.out = append(s.out[:0], stack.Sample{Time: now, Pid: s.pid, TID: se.TID, ThreadID: se.Addr, ThreadName: se.Name, Activity: stack.Activity(se.Activity)})
 	return s.out, nil
 }
 
@@ -442,7 +442,7 @@ type ThreadError struct {
 	Err  string
 	// Activity is what the thread was doing, read before its stack
 	// (from the GVL and GC state): known even when the stack is not.
-	Activity string
+	Activity stack.Activity
 }
 
 // ThreadErrors is returned with the other threads' samples when some
@@ -474,7 +474,7 @@ func unreadThreads(err error) *ThreadErrors {
 	}
 	var se *ruby.StackError
 	if errors.As(err, &se) {
-		return &ThreadErrors{Pid: se.Pid, Threads: []ThreadError{{TID: se.TID, Name: se.Name, Err: se.Err.Error(), Activity: se.Activity}}}
+		return &ThreadErrors{Pid: se.Pid, Threads: []ThreadError{{TID: se.TID, Name: se.Name, Err: se.Err.Error(), Activity: stack.Activity(se.Activity)}}}
 	}
 	return nil
 }

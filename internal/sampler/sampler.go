@@ -142,7 +142,7 @@ type ThreadSpan struct {
 	// before the stack, so known): a running thread's stack changes under
 	// the reader far more often than one in GC or waiting, and shares
 	// by activity that leave these out lean away from running.
-	Unread map[string]int `json:",omitempty"`
+	Unread map[stack.Activity]int `json:",omitempty"`
 	// Torn counts the thread's samples delivered with a
 	// (stack changed while read) frame (nonblocking): its stack kept
 	// changing however often it was read, and its inner frames are
@@ -430,7 +430,7 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 					}
 					sp := span(te.Pid, th.TID, th.Name, now)
 					if sp.Unread == nil {
-						sp.Unread = map[string]int{}
+						sp.Unread = map[stack.Activity]int{}
 					}
 					sp.Unread[th.Activity]++
 				}
