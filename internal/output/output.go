@@ -85,7 +85,7 @@ type Options struct {
 type UnreadThread struct {
 	Pid, TID   int
 	Name       string
-	ByActivity map[string]int
+	ByActivity map[stack.Activity]int
 }
 
 type format struct {

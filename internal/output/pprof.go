@@ -118,7 +118,7 @@ func (p *pprofOut) Add(s stack.Sample) {
 		NumLabel: map[string][]int64{"tid": {int64(s.TID)}, "pid": {int64(s.Pid)}},
 	}
 	if s.Activity != "" {
-		smp.Label["activity"] = []string{s.Activity}
+		smp.Label["activity"] = []string{string(s.Activity)}
 	}
 	p.samples[string(p.key)] = smp
 	p.prof.Sample = append(p.prof.Sample, smp)

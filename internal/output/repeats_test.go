@@ -21,7 +21,7 @@ func repeatSamples() []stack.Sample {
 	reused := make([]stack.Frame, len(b))
 	t0 := time.Unix(1700000000, 0)
 	var out []stack.Sample
-	add := func(tid int, name, act string, fr []stack.Frame) {
+	add := func(tid int, name string, act stack.Activity, fr []stack.Frame) {
 		out = append(out, stack.Sample{Time: t0.Add(time.Duration(len(out)) * time.Millisecond), Pid: 7, TID: tid,
 			ThreadName: name, Activity: act, OnCPU: act == "running", Frames: fr})
 	}

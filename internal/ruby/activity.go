@@ -328,7 +328,7 @@ var (
 // the GC state, and the pseudo-frames that go on top of its Ruby stack (a
 // thread without Ruby frames, one just starting, gets none: walk leaves
 // them out, and it stays a sample that the outputs skip).
-func activity(th *stack.Thread, ownerKnown, waiting bool, gc gcState) (string, []stack.Frame) {
+func activity(th *stack.Thread, ownerKnown, waiting bool, gc gcState) (stack.Activity, []stack.Frame) {
 	switch {
 	case th.GVL && gc.known && gc.duringGC:
 		mode := 0

@@ -140,7 +140,7 @@ func (p *Process) snapshot(holder int) ([]stack.Thread, error) {
 				return nil, err
 			}
 			if len(refs) == 1 {
-				return nil, &StackError{Pid: p.t.Pid(), Addr: ref.addr, TID: th.TID, Name: th.Name, Activity: th.Activity, Err: err}
+				return nil, &StackError{Pid: p.t.Pid(), Addr: ref.addr, TID: th.TID, Name: th.Name, Activity: string(th.Activity), Err: err}
 			}
 			// One thread changing under us (created or ending) must not
 			// cost the other threads' stacks.
