@@ -2,8 +2,6 @@ package ruby
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,11 +27,8 @@ sleep
 // resolution, one hit), and its stack is named right with it.
 func TestForkSharesRuntime(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		script := filepath.Join(t.TempDir(), "fork.rb")
-		if err := os.WriteFile(script, []byte(forkScript), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		proc := rb.Start(t, script)
+		proc := rb.StartSource(t, "fork.rb", forkScript)
+		script := proc.Cmd.Args[len(proc.Cmd.Args)-1]
 		var child, line int
 		for _, l := range proc.Lines {
 			if _, err := fmt.Sscanf(l, "child %d %d", &child, &line); err == nil {
