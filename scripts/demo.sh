@@ -26,7 +26,10 @@ if ./bin/rbscope record --help >/dev/null 2>&1; then
   echo
   echo "== rbscope record --pid $pid --duration 5s"
   ./bin/rbscope record --pid "$pid" --duration 5s --format flamegraph --output out/shop-flamegraph.html
-  ./bin/rbscope record --pid "$pid" --duration 3s --format summary --output - | head -20
+  # Into a file, then its head: head exiting early would kill rbscope
+  # by SIGPIPE mid-write, and pipefail would fail the demo.
+  ./bin/rbscope record --pid "$pid" --duration 3s --format summary --output out/shop-summary.txt
+  head -n 20 out/shop-summary.txt
   echo
   echo "flame graph: out/shop-flamegraph.html (open it in a browser)"
 fi

@@ -140,7 +140,7 @@ build_one() {
   log "building Ruby $name in $work (about 8 minutes on 2 cores)"
   tar -C "$work" -xJf "$tarball"
   local dir
-  dir=$(find "$work" -mindepth 1 -maxdepth 1 -type d | head -n1)
+  dir=$(find "$work" -mindepth 1 -maxdepth 1 -type d -print -quit)
   rm -rf "$prefix"
   (
     cd "$dir"
@@ -155,7 +155,10 @@ build_one() {
     # build-id tree, as distributions ship debug info.
     local exe=$prefix/bin/ruby droot bid
     droot=$(debugroot_of "$name")
-    bid=$(readelf -n "$exe" | awk '/Build ID:/ {print $3; exit}')
+    # awk reads all of readelf's notes (USDT probes: ~11 KB): exiting at
+    # the first match would kill readelf by SIGPIPE, which pipefail and
+    # set -e made a silent failure of the whole build under load.
+    bid=$(readelf -n "$exe" | awk '/Build ID:/ && id == "" {id = $3} END {print id}')
     [ -n "$bid" ] || { log "$exe has no build id"; exit 1; }
     mkdir -p "$droot/.build-id/${bid:0:2}"
     objcopy --only-keep-debug "$exe" "$droot/.build-id/${bid:0:2}/${bid:2}.debug"
