@@ -60,7 +60,7 @@ type gcState struct {
 // resolveActivity finds where the GVL owner and the GC flags are; what it
 // cannot find is said in Info and leaves activity to Ruby's status and
 // the kernel's view.
-func (p *Process) resolveActivity() {
+func (p *opener) resolveActivity() {
 	a := &p.act
 	l := p.rt.lay
 	field := func(s, name string) fieldOff {
@@ -132,9 +132,9 @@ func (p *Process) resolveActivity() {
 // has the struct, else (3.0-3.3 built-in tables) by finding the objspace
 // pointer in the VM struct by its shape, with the flags at the offset
 // Ruby's gc.c gives them in those versions.
-func (p *Process) resolveGC(field func(s, name string) fieldOff) error {
+func (p *opener) resolveGC(field func(s, name string) fieldOff) error {
 	a := &p.act
-	vm, err := p.currentVM()
+	vm, err := p.w.currentVM()
 	if err != nil {
 		return fmt.Errorf("find the VM: %w", err)
 	}
@@ -237,7 +237,7 @@ const (
 // scanObjspace finds the rb_objspace pointer among the words of the VM
 // struct: the one word that points at a header of the given shape. More
 // than one candidate is an error, never a guess.
-func (p *Process) scanObjspace(vm uint64, shape objspaceShape) (uint64, uint64, error) {
+func (p *opener) scanObjspace(vm uint64, shape objspaceShape) (uint64, uint64, error) {
 	size := p.rt.o.vmSize
 	if size == 0 || size > 1<<20 {
 		return 0, 0, fmt.Errorf("no rb_vm_struct size in layout %s", p.rt.lay.Source)
@@ -276,7 +276,7 @@ func (p *Process) scanObjspace(vm uint64, shape objspaceShape) (uint64, uint64, 
 
 // gcRead is the read of the GC flags word, for a batch (ok is false when
 // the flags are unknown); decodeGC decodes it once done.
-func (p *Process) gcRead() (target.Read, bool) {
+func (p *walker) gcRead() (target.Read, bool) {
 	a := &p.act
 	if a.objspace == 0 {
 		return target.Read{}, false
@@ -284,7 +284,7 @@ func (p *Process) gcRead() (target.Read, bool) {
 	return target.Read{Addr: a.objspace + a.flagsOff, Buf: a.gcFlagsBuf[:a.duringGC.size]}, true
 }
 
-func (p *Process) decodeGC() gcState {
+func (p *walker) decodeGC() gcState {
 	a := &p.act
 	buf := a.gcFlagsBuf[:a.duringGC.size]
 	return gcState{known: true, duringGC: a.duringGC.u64(buf) != 0, mode: a.mode.u64(buf)}
@@ -292,7 +292,7 @@ func (p *Process) decodeGC() gcState {
 
 // readGC reads the GC flags (one 4-byte read per snapshot; gcRead lets a
 // batched reader fold it into its own request list).
-func (p *Process) readGC() gcState {
+func (p *walker) readGC() gcState {
 	rq, ok := p.gcRead()
 	if !ok {
 		return gcState{}
@@ -304,7 +304,7 @@ func (p *Process) readGC() gcState {
 }
 
 // ownerFrom decodes the GVL owner from the ractor (or VM) struct bytes.
-func (p *Process) ownerFrom(b []byte, vmStruct bool) (uint64, bool) {
+func (p *walker) ownerFrom(b []byte, vmStruct bool) (uint64, bool) {
 	a := &p.act
 	if !a.owner.ok || a.ownerInVM != vmStruct || a.owner.off+8 > uint64(len(b)) {
 		return 0, false
@@ -371,7 +371,7 @@ func KernelActivity(th *stack.Thread, kernelState byte) {
 // threads in it. Each node lies inside a waiting thread's rb_thread_t, so
 // the list costs no read; a node outside every listed thread (a list that
 // changed under a nonblocking read) ends the walk.
-func (p *Process) markWaiters(ra uint64, rb []byte, refs []threadRef) {
+func (p *walker) markWaiters(ra uint64, rb []byte, refs []threadRef) {
 	a := &p.act
 	if !a.waitq.ok || a.waitq.off+8 > uint64(len(rb)) {
 		return

@@ -82,7 +82,7 @@ func TestActivitySources(t *testing.T) {
 				if dontGC != disabled {
 					t.Errorf("flags word 0x%x: dont_gc %v, the script ran GC.disable: %v", word, dontGC, disabled)
 				}
-				if g := p.readGC(); !g.known || g.duringGC {
+				if g := p.w.readGC(); !g.known || g.duringGC {
 					t.Errorf("GC state %+v of a sleeping process", g)
 				}
 				if rb.HasDWARF && !noDWARF {
@@ -92,7 +92,7 @@ func TestActivitySources(t *testing.T) {
 					if shape.flagsOff != p.act.flagsOff {
 						t.Errorf("the scan reads the flags at +%d (%s); DWARF puts them at +%d", shape.flagsOff, shape.source, p.act.flagsOff)
 					}
-					off, os, err := p.scanObjspace(p.vmAddr, shape)
+					off, os, err := (&opener{p}).scanObjspace(p.vmAddr, shape)
 					if err != nil {
 						t.Errorf("scan for rb_objspace: %v", err)
 					} else if os != dwarfOS || !strings.Contains(src, "objspace at +"+strconv.FormatUint(off, 10)+",") {

@@ -159,7 +159,7 @@ func corruptAndWalk(t testing.TB, where byte, off uint16, data []byte) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		refs, err := p.threadList()
+		refs, err := p.w.threadList()
 		if err != nil || len(refs) == 0 {
 			t.Fatal(err)
 		}

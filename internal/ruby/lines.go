@@ -15,7 +15,7 @@ const (
 )
 
 // lineFor returns the line being executed at pc in the iseq.
-func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
+func (p *namer) lineFor(info *iseqInfo, pc uint64) (int, error) {
 	if pc < info.encoded {
 		return 0, invalidf("pc 0x%x before iseq code 0x%x", pc, info.encoded)
 	}
@@ -58,7 +58,7 @@ func (info *iseqInfo) lineTableSize() (uint64, error) {
 }
 
 // lineSucc looks pos up in the succinct bit vector of Ruby 2.6+.
-func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
+func (p *namer) lineSucc(info *iseqInfo, pos uint64) (int, error) {
 	size, err := info.lineTableSize()
 	if err != nil {
 		return 0, err
@@ -116,7 +116,7 @@ func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
 }
 
 // linePositionsArray searches the positions array (2.6+, before encoding).
-func (p *Process) linePositionsArray(info *iseqInfo, pos uint64, entry func(uint64) (int, error)) (int, error) {
+func (p *namer) linePositionsArray(info *iseqInfo, pos uint64, entry func(uint64) (int, error)) (int, error) {
 	n := info.tableSize
 	data, err := p.r.readOwned(info.positions, int(n*4))
 	if err != nil {
@@ -135,7 +135,7 @@ func (p *Process) linePositionsArray(info *iseqInfo, pos uint64, entry func(uint
 
 // linePositions searches a table of {position, line_no, ...} entries
 // (1.9 to 2.5): the last entry whose position is at or before pos.
-func (p *Process) linePositions(info *iseqInfo, pos uint64) (int, error) {
+func (p *namer) linePositions(info *iseqInfo, pos uint64) (int, error) {
 	n, err := info.lineTableSize()
 	if err != nil {
 		return 0, err

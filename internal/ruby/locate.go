@@ -13,7 +13,7 @@ import (
 // locate finds the VM (3.x, 2.2+) or the current thread (older) and the
 // global symbol table, from symbols first and by scanning memory when the
 // binaries are stripped.
-func (p *Process) locate() error {
+func (p *opener) locate() error {
 	switch {
 	case p.rt.ractors:
 		if a, ok := p.symbol("ruby_current_vm_ptr"); ok {
@@ -58,8 +58,8 @@ func (p *Process) locate() error {
 
 // checkVM verifies that the located VM or thread has a plausible shape, so
 // that a wrong layout or address gives a clear error instead of garbage.
-func (p *Process) checkVM() error {
-	ths, err := p.threadList()
+func (p *opener) checkVM() error {
+	ths, err := p.w.threadList()
 	if err != nil {
 		return fmt.Errorf("read Ruby threads (layout %s): %w", p.rt.lay.Source, err)
 	}
@@ -70,7 +70,7 @@ func (p *Process) checkVM() error {
 }
 
 // currentVM reads the VM pointer.
-func (p *Process) currentVM() (uint64, error) {
+func (p *walker) currentVM() (uint64, error) {
 	if p.vmAddr != 0 {
 		return p.vmAddr, nil
 	}
@@ -115,7 +115,7 @@ func (p *Process) heapPtr(addr uint64, what string) (uint64, error) {
 
 // currentThread returns the rb_thread_t running (holding the GVL) for
 // Rubies that export it (before 3.0).
-func (p *Process) currentThread() (uint64, error) {
+func (p *walker) currentThread() (uint64, error) {
 	switch {
 	case p.ecPtrAddr != 0:
 		ec, err := p.heapPtr(p.ecPtrAddr, "current execution context")
@@ -162,7 +162,7 @@ const maxListLen = 100000
 
 // walkList follows a ccan list_head at head, calling fn with each node's
 // address; it stops at head, on a cycle bound or on a read error.
-func (p *Process) walkList(head uint64, fn func(node uint64) error) error {
+func (p *walker) walkList(head uint64, fn func(node uint64) error) error {
 	node, err := p.r.u64(head)
 	if err != nil {
 		return fmt.Errorf("read list head at 0x%x: %w", head, err)
@@ -185,7 +185,7 @@ func (p *Process) walkList(head uint64, fn func(node uint64) error) error {
 
 // threadList lists the VM's Ruby threads (the source of truth, re-read on
 // every snapshot).
-func (p *Process) threadList() ([]threadRef, error) {
+func (p *walker) threadList() ([]threadRef, error) {
 	o := &p.rt.o
 	switch {
 	case p.rt.ractors:
@@ -288,7 +288,7 @@ func (p *Process) threadList() ([]threadRef, error) {
 // symbols: it scans the writable data of the Ruby binaries for a pointer
 // whose target passes structural checks, as rbspy does for stripped
 // binaries.
-func (p *Process) scanForVM() error {
+func (p *opener) scanForVM() error {
 	maps, err := p.t.Mappings()
 	if err != nil {
 		return fmt.Errorf("read mappings: %w", err)
@@ -343,8 +343,8 @@ func (p *Process) scanWords(regions []addrRange, need uint64, match func(addr ui
 
 // tryCandidate checks whether addr holds the VM pointer (3.x), the EC
 // pointer (2.5-2.7) or the current thread pointer (older).
-func (p *Process) tryCandidate(addr uint64) bool {
-	save := *p
+func (p *opener) tryCandidate(addr uint64) bool {
+	save := *p.Process
 	ok := false
 	switch {
 	case p.rt.ractors:
@@ -366,14 +366,14 @@ func (p *Process) tryCandidate(addr uint64) bool {
 		return true
 	}
 	caches := p.caches
-	*p = save
+	*p.Process = save
 	p.caches = caches
 	return false
 }
 
 // plausibleVM3: vm.ractor.main_ractor -> ractor whose main thread points
 // back to the VM and the ractor.
-func (p *Process) plausibleVM3() bool {
+func (p *opener) plausibleVM3() bool {
 	o := &p.rt.o
 	vm, err := p.r.u64(p.vmPtrAddr)
 	if err != nil || !isHeapPtr(vm) {
@@ -403,8 +403,8 @@ func (p *Process) plausibleVM3() bool {
 
 // plausibleThread: the current thread's VM points to a VM whose main
 // thread's VM is the same VM.
-func (p *Process) plausibleThread() bool {
-	th, err := p.currentThread()
+func (p *opener) plausibleThread() bool {
+	th, err := p.w.currentThread()
 	if err != nil || !isHeapPtr(th) {
 		return false
 	}

@@ -89,6 +89,8 @@ type Process struct {
 	opts Options
 
 	rt   *Runtime // the build's facts (nil until versionAndLayout)
+	w    *walker  // takes the snapshots
+	n    *namer   // names the frames
 	act  activityOffsets
 	info Info
 
@@ -127,29 +129,38 @@ func parseVer(s string) int {
 	return v(n[0], n[1], n[2])
 }
 
-// Open locates the Ruby VM in t.
-func Open(t target.Target, opts Options) (*Process, error) {
+// newProcess returns the Process of target t before Open has found
+// anything in it.
+func newProcess(t target.Target, opts Options) *Process {
 	p := &Process{t: t, r: &reader{t: t}, opts: opts}
+	p.w, p.n = &walker{Process: p}, &namer{Process: p}
 	p.info.Addresses = map[string]uint64{}
 	p.info.AddressSources = map[string]string{}
 	p.caches.init()
+	return p
+}
+
+// Open locates the Ruby VM in t.
+func Open(t target.Target, opts Options) (*Process, error) {
+	p := newProcess(t, opts)
 	// A core file does not change while it is read; a live process does
 	// unless the caller pauses it (SetStopped). Live targets are the ones
 	// that count process_vm_readv calls.
 	_, live := t.(target.ReadCounter)
 	p.stoppedAll = !live
-	p.stopped = p.stoppedAll
-	if err := p.findBinaries(); err != nil {
+	p.w.stopped = p.stoppedAll
+	op := &opener{p}
+	if err := op.findBinaries(); err != nil {
 		return nil, err
 	}
-	if err := p.versionAndLayout(); err != nil {
+	if err := op.versionAndLayout(); err != nil {
 		return nil, err
 	}
-	if err := p.openLayout(); err != nil {
+	if err := op.openLayout(); err != nil {
 		return nil, err
 	}
 	p.ensureGCCount()
-	p.resolveActivity()
+	op.resolveActivity()
 	return p, nil
 }
 
@@ -171,7 +182,7 @@ func (p *Process) Info() Info { return p.info }
 // findBinaries finds libruby and the ruby executable among the mappings
 // and reads their symbols, from the files when they can be opened and
 // from the images in memory otherwise.
-func (p *Process) findBinaries() error {
+func (p *opener) findBinaries() error {
 	maps, err := p.t.Mappings()
 	if err != nil {
 		return fmt.Errorf("read mappings: %w", err)
@@ -323,7 +334,7 @@ var pathVersionRe = regexp.MustCompile(`(?:versions|rubies|Ruby)/(?:ruby-)?(\d+\
 var libVersionRe = regexp.MustCompile(`libruby[-.](?:so\.)?(\d+\.\d+\.\d+)`)
 
 // detectVersion tells the Ruby version of the process and how it was told.
-func (p *Process) detectVersion() (version, source string, err error) {
+func (p *opener) detectVersion() (version, source string, err error) {
 	if p.opts.Version != "" {
 		return p.opts.Version, "option", nil
 	}
@@ -368,7 +379,7 @@ func (p *Process) detectVersion() (version, source string, err error) {
 
 // scanFileForVersion searches a binary for Ruby's description string
 // ("ruby 3.1.2p20 (2022-04-12 ...") in bounded chunks.
-func (p *Process) scanFileForVersion(path string) string {
+func (p *opener) scanFileForVersion(path string) string {
 	f, err := p.t.OpenFile(path)
 	if err != nil {
 		return ""
@@ -391,11 +402,11 @@ func (p *Process) scanFileForVersion(path string) string {
 
 // loadLayout makes the Runtime of a process of the given version: its
 // layout from the caller's Options or looked up (see resolveLayout).
-func (p *Process) loadLayout(version, source string) (*Runtime, error) {
+func (p *opener) loadLayout(version, source string) (*Runtime, error) {
 	l := p.opts.Layout
 	if l == nil {
 		var err error
-		if l, err = resolveLayout(p, strings.TrimSpace(version)); err != nil {
+		if l, err = resolveLayout(p.Process, strings.TrimSpace(version)); err != nil {
 			return nil, err
 		}
 	}

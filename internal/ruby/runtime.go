@@ -271,7 +271,7 @@ func (r *Runtimes) countSymbolLoad() {
 // mapped at base (file offset off), found by the build id in the
 // process's memory, and that id; a nil binary without a cache, a build
 // id or an entry (with an id, the caller then owes keepBinary(id, ...)).
-func (p *Process) sharedBinary(base, off uint64) (*elfx.Binary, string) {
+func (p *opener) sharedBinary(base, off uint64) (*elfx.Binary, string) {
 	if p.opts.Runtimes == nil || off != 0 {
 		return nil, ""
 	}
@@ -285,7 +285,7 @@ func (p *Process) sharedBinary(base, off uint64) (*elfx.Binary, string) {
 // versionAndLayout detects the Ruby version and resolves the struct
 // layout into the process's Runtime, or takes the Runtime of another
 // process of the same build.
-func (p *Process) versionAndLayout() error {
+func (p *opener) versionAndLayout() error {
 	rts := p.opts.Runtimes
 	if rts != nil {
 		rts.opens.Add(1)

@@ -4,7 +4,7 @@ import "fmt"
 
 // rstring reads the Ruby String at addr (embedded or heap, any encoding),
 // at most maxString bytes.
-func (p *Process) rstring(addr uint64) (string, error) {
+func (p *namer) rstring(addr uint64) (string, error) {
 	if !isHeapPtr(addr) {
 		return "", invalidf("0x%x is not a String", addr)
 	}
@@ -71,7 +71,7 @@ func (p *Process) rstring(addr uint64) (string, error) {
 }
 
 // rarray returns the length and element pointer of the Array at addr.
-func (p *Process) rarray(addr uint64) (n, ptr uint64, err error) {
+func (p *namer) rarray(addr uint64) (n, ptr uint64, err error) {
 	if !isHeapPtr(addr) {
 		return 0, 0, invalidf("0x%x is not an Array", addr)
 	}
@@ -99,7 +99,7 @@ func (p *Process) rarray(addr uint64) (n, ptr uint64, err error) {
 }
 
 // aryEntry reads element i of the Array at addr.
-func (p *Process) aryEntry(addr uint64, i uint64) (uint64, error) {
+func (p *namer) aryEntry(addr uint64, i uint64) (uint64, error) {
 	n, ptr, err := p.rarray(addr)
 	if err != nil {
 		return 0, err

@@ -30,7 +30,7 @@ const (
 // candidate, newest first, and the first one whose reading of the process
 // passes validateLayout is taken (Source says so). None passing is
 // ErrNoLayout, never a guess.
-func (p *Process) openLayout() error {
+func (p *opener) openLayout() error {
 	cands := p.opts.LayoutCandidates
 	lacks := ""
 	if len(cands) == 0 {
@@ -72,7 +72,7 @@ func (p *Process) openLayout() error {
 
 // tryLayout uses l (in a Runtime of its own), locates the VM with it and
 // checks what it reads.
-func (p *Process) tryLayout(l *layout.Layout) error {
+func (p *opener) tryLayout(l *layout.Layout) error {
 	rt, err := newRuntime(p.rt.version, p.rt.versionSource, l)
 	if err != nil {
 		return err
@@ -97,9 +97,9 @@ func (p *Process) tryLayout(l *layout.Layout) error {
 // imemo of a kind a frame holds (iseq, C-block ifunc, method entry). At
 // least one frame must hold an iseq. A live process's stacks move while
 // they are read, so the caller retries.
-func (p *Process) validateLayout() error {
+func (p *opener) validateLayout() error {
 	o := &p.rt.o
-	refs, err := p.threadList()
+	refs, err := p.w.threadList()
 	if err != nil {
 		return err
 	}
@@ -126,7 +126,7 @@ func (p *Process) validateLayout() error {
 			if !isHeapPtr(ec) {
 				return invalidf("thread 0x%x has execution context 0x%x", ref.addr, ec)
 			}
-			n := uint64(p.ecHeadSize())
+			n := uint64(p.w.ecHeadSize())
 			if o.ecThreadPtr.ok && o.ecThreadPtr.off+8 > n {
 				n = o.ecThreadPtr.off + 8
 			}
@@ -167,7 +167,7 @@ func (p *Process) validateLayout() error {
 
 // checkFrames checks the iseq slot of the control frames from cfp to the
 // end of the VM stack and returns how many hold an iseq.
-func (p *Process) checkFrames(cfp, end uint64) (int, error) {
+func (p *opener) checkFrames(cfp, end uint64) (int, error) {
 	o := &p.rt.o
 	frames := (end - cfp) / o.cfpSize
 	if frames > validateFrames {

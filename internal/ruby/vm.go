@@ -5,7 +5,7 @@ import "fmt"
 // VMAddress returns the address of the process's rb_vm_t, for readers of
 // VM state the walker does not interpret itself (rbscope alloc reads the
 // object space's allocation counter through it).
-func (p *Process) VMAddress() (uint64, error) { return p.currentVM() }
+func (p *Process) VMAddress() (uint64, error) { return p.w.currentVM() }
 
 // Objspace returns the address of the process's rb_objspace (the GC's
 // state: heap pages, size pools) and where it came from (Info.GCSource),
