@@ -858,7 +858,7 @@ func openMapped(t target.Target, plan *Plan) (target.File, *link.Executable, err
 	}
 	if id, err := elfx.FileBuildID(f); err != nil || id != plan.BuildID {
 		f.Close()
-		return nil, nil, target.ErrReplaced{Pid: t.Pid(), Path: plan.Binary,
+		return nil, nil, target.ReplacedError{Pid: t.Pid(), Path: plan.Binary,
 			Why: fmt.Sprintf("build id %q when probes were planned, %q now (%v)", plan.BuildID, id, err)}
 	}
 	exe, err := link.OpenExecutable(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd.Fd()))
@@ -911,7 +911,7 @@ func classifyAttach(err error, pid int, s Site) error {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
 		return &reasonError{ErrBPFDenied, err}
 	case errors.Is(err, unix.ESRCH):
-		return fmt.Errorf("%s: %w", where, target.ErrProcessExited{Pid: pid})
+		return fmt.Errorf("%s: %w", where, target.ExitedError{Pid: pid})
 	case errors.Is(err, unix.EINVAL) && s.RefCtrOffset != 0:
 		// The kernel logs "ref_ctr_offset mismatch" when a uprobe at the
 		// same place exists with another semaphore offset.

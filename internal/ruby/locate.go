@@ -64,7 +64,7 @@ func (p *opener) checkVM() error {
 		return fmt.Errorf("read Ruby threads (layout %s): %w", p.rt.lay.Source, err)
 	}
 	if len(ths) == 0 {
-		return fmt.Errorf("%w: the Ruby VM has no threads (layout %s)", ErrInvalid, p.rt.lay.Source)
+		return fmt.Errorf("%w: the Ruby VM has no threads (layout %s)", ErrInconsistent, p.rt.lay.Source)
 	}
 	return nil
 }
@@ -76,7 +76,7 @@ func (p *walker) currentVM() (uint64, error) {
 	}
 	if p.vmPtrAddr != 0 {
 		vm, err := p.heapPtr(p.vmPtrAddr, "ruby_current_vm_ptr")
-		if errors.Is(err, ErrInvalid) {
+		if errors.Is(err, ErrInconsistent) {
 			return 0, fmt.Errorf("%w (the VM is not initialised yet?)", err)
 		} else if err != nil {
 			return 0, err
@@ -325,9 +325,7 @@ func (p *Process) scanWords(regions []addrRange, need uint64, match func(addr ui
 		}
 		data := make([]byte, size)
 		if err := p.t.ReadAt(data, rg.Start); err != nil {
-			var perm target.ErrPermission
-			var gone target.ErrProcessExited
-			if errors.As(err, &perm) || errors.As(err, &gone) {
+			if errors.Is(err, target.ErrDenied) || errors.Is(err, target.ErrExited) {
 				return false, fmt.Errorf("scan the data of %s: %w", binaryNames(p.info.Binaries), err)
 			}
 			continue

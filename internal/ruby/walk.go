@@ -766,7 +766,7 @@ func (k *keptStack) holds(region []byte, cfp, epoch uint64, prefixLen int) bool 
 
 // ErrTorn reports a stack that kept changing while it was read (a running
 // thread read without pausing it): no consistent copy was obtained.
-var ErrTorn = fmt.Errorf("%w: the stack changed while it was read", ErrInvalid)
+var ErrTorn = fmt.Errorf("%w: the stack changed while it was read", ErrInconsistent)
 
 // maxTornWalks bounds the walks of a thread whose stack changed during one.
 // On the Rails fixture under load (scripts/rails-app.sh) 6.5 % of samples

@@ -499,8 +499,9 @@ func (e *ThreadErrors) Error() string {
 	return fmt.Sprintf("process %d: %d threads could not be read, first %d: %s", e.Pid, len(e.Threads), e.Threads[0].TID, e.Threads[0].Err)
 }
 
-// Inconsistent marks the error as a read that raced with the target.
-func (e *ThreadErrors) Inconsistent() bool { return true }
+// Is matches ruby.ErrInconsistent: the threads' reads raced with the
+// target.
+func (e *ThreadErrors) Is(target error) bool { return target == ruby.ErrInconsistent }
 
 // unreadThreads returns the threads a failed sample could not read, with
 // their activities where known: those of a ThreadErrors, or the one
@@ -770,8 +771,7 @@ func retryInconsistent(ctx context.Context, timeout time.Duration, try func() er
 		if target.IsExited(err) || (time.Now().After(deadline) && !transient) {
 			return err
 		}
-		var perm target.ErrPermission
-		if errors.As(err, &perm) {
+		if errors.Is(err, target.ErrDenied) {
 			return err
 		}
 		select {
@@ -838,7 +838,7 @@ func Snapshot(ctx context.Context, p *ruby.Process) ([]stack.Thread, error) {
 
 // errTornKept is Snapshot's error, to retry, of a snapshot that kept a
 // stack under a (stack changed while read) frame.
-var errTornKept = fmt.Errorf("%w: a stack kept changing while it was read", ruby.ErrInvalid)
+var errTornKept = fmt.Errorf("%w: a stack kept changing while it was read", ruby.ErrInconsistent)
 
 // threadErrors returns the threads of a snapshot of process pid that
 // could not be read, nil when every one was.

@@ -111,21 +111,16 @@ func (k ErrorKind) String() string {
 
 // Classify returns the kind of a sampling error.
 func Classify(err error) ErrorKind {
-	var perm target.ErrPermission
-	var unmapped target.ErrUnmapped
-	var inc interface{ Inconsistent() bool }
 	switch {
-	case target.IsExited(err):
+	case errors.Is(err, target.ErrExited):
 		return KindExited
-	case errors.As(err, &perm):
+	case errors.Is(err, target.ErrDenied):
 		return KindPermission
-	case errors.As(err, &unmapped):
+	case errors.Is(err, target.ErrUnmapped):
 		return KindUnmapped
 	case movedOnly(err):
 		return KindMovedOn
-	case errors.As(err, &inc) && inc.Inconsistent():
-		return KindUnmapped
-	case errors.Is(err, ruby.ErrInvalid):
+	case errors.Is(err, ruby.ErrInconsistent):
 		return KindUnmapped
 	}
 	return KindOther
