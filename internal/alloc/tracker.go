@@ -393,7 +393,7 @@ func (tr *Tracker) startReaders(stackPeriod uint32) {
 // perf-event uprobes costs the kernel an RCU grace period each.
 func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 	opts := &ebpf.CollectionOptions{MapReplacements: tr.mapReplacements()}
-	if !forcePerSite && !tr.opts.PerSite && haveUprobeMulti() {
+	if !tr.opts.PerSite && haveUprobeMulti() {
 		var multi struct {
 			Prog *ebpf.Program `ebpf:"ruby_alloc_multi"`
 		}
@@ -427,9 +427,6 @@ func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 	}
 	return nil
 }
-
-// forcePerSite disables uprobe_multi (tests of the per-site path).
-var forcePerSite = false
 
 func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{

@@ -74,7 +74,9 @@ type fgNode struct {
 }
 
 func newFlamegraph(o Options) Writer {
-	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}, threads: map[stack.ThreadKey]int{}}
+	f := &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}, threads: map[stack.ThreadKey]int{}}
+	f.stacks.off = o.noRepeats
+	return f
 }
 
 func (fg *flamegraph) Add(s stack.Sample) {

@@ -54,6 +54,7 @@ func newPprof(o Options) Writer {
 		},
 	}
 	p.funcs, p.locs, p.byLine = newMemo(p.newFunc), newMemo(p.loc), newMemo(p.newLoc)
+	p.stacks.off = o.noRepeats
 	return p
 }
 

@@ -56,9 +56,7 @@ func repeatSamples() []stack.Sample {
 // stack, after the writer saw it.
 func TestRepeatsTransparent(t *testing.T) {
 	render := func(format string, off bool) []byte {
-		noRepeats = off
-		defer func() { noRepeats = false }()
-		w, err := New(format, Options{RateHz: 1000})
+		w, err := New(format, Options{RateHz: 1000, noRepeats: off})
 		if err != nil {
 			t.Fatal(err)
 		}
