@@ -186,8 +186,7 @@ func runAlloc(cmd *cobra.Command, f allocFlags) error {
 		if push != nil {
 			push.up.Close(context.Background())
 		}
-		var ex target.ErrProcessExited
-		if errors.As(err, &ex) {
+		if errors.Is(err, target.ErrExited) {
 			return fmt.Errorf("process %d not found: check the pid", f.pid)
 		}
 		if errors.Is(err, ruby.ErrNotRuby) {

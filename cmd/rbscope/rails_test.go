@@ -316,7 +316,7 @@ func TestRecordRails(t *testing.T) {
 // while stackprof runs inside it, and returns stackprof's window,
 // rbscope's samples within it and, by activity, the samples whose stack
 // rbscope could not read (torn, nonblocking) in the window, prorated.
-func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv *railsServer, blocking bool) (railsWindow, []stack.Sample, map[string]float64) {
+func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv *railsServer, blocking bool) (railsWindow, []stack.Sample, map[stack.Activity]float64) {
 	t.Helper()
 	dir := t.TempDir()
 	raw := filepath.Join(dir, "rec.raw.gz")
@@ -385,7 +385,7 @@ func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv 
 			in = append(in, s)
 		}
 	}
-	unread := map[string]float64{}
+	unread := map[stack.Activity]float64{}
 	for _, u := range st.Unread {
 		for act, n := range u.ByActivity {
 			unread[act] += float64(n) * float64(len(in)) / float64(max(len(all), 1))
@@ -662,7 +662,7 @@ func topKeys(m map[string]float64, k int) []string {
 // "(stack changed while read)" frame, with its activity: it was dropped
 // before, a third of a loaded window's samples on these 150-frame stacks,
 // and the share then read up to 4 points high.)
-func railsCheckGC(t *testing.T, samples []stack.Sample, unread map[string]float64, w railsWindow) {
+func railsCheckGC(t *testing.T, samples []stack.Sample, unread map[stack.Activity]float64, w railsWindow) {
 	t.Helper()
 	gc := unread[stack.ActivityGC]
 	for i := range samples {

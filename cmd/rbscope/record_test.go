@@ -60,21 +60,17 @@ func recBinary(t testing.TB) string {
 	return recBin.path
 }
 
-// recScript writes a Ruby script into a temp dir.
+// recScript writes a Ruby script, app.rb, into a temp dir.
 func recScript(t testing.TB, src string) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "app.rb")
-	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return testutil.WriteScript(t, "app.rb", src)
 }
 
-// recStartRuby runs Ruby rb on a script in its own process group, killed
-// on cleanup, and waits for its "ready" line.
+// recStartRuby runs Ruby rb on a script, app.rb, in its own process
+// group, killed on cleanup, and waits for its "ready" line.
 func recStartRuby(t testing.TB, rb testutil.RubyUnderTest, src string, args ...string) *testutil.Proc {
 	t.Helper()
-	return rb.StartCmd(t, rb.Command(append([]string{recScript(t, src)}, args...)...))
+	return rb.StartSource(t, "app.rb", src, args...)
 }
 
 // recRun runs rbscope with args and returns its stdout, stderr and error.

@@ -211,7 +211,7 @@ func writeThread(w io.Writer, th stack.Thread) {
 	}
 	tags = append(tags, "status "+th.State)
 	if th.Activity != "" {
-		tags = append(tags, "activity "+th.Activity)
+		tags = append(tags, "activity "+string(th.Activity))
 	}
 	if th.KernelState != "" {
 		tags = append(tags, "kernel "+th.KernelState)

@@ -103,7 +103,7 @@ func (o *topFlags) run() error {
 					msg = st.LastError.Error()
 				}
 				agg.SetStatus(st.ErrorCount(), st.Late+st.Missed, msg)
-				unread := map[string]int{}
+				unread := map[stack.Activity]int{}
 				for _, sp := range st.Threads {
 					for a, n := range sp.Unread {
 						unread[a] += n

@@ -96,8 +96,7 @@ func (a *Agent) countAllocs(ctx context.Context, t *proc) {
 		},
 	})
 	if err != nil {
-		var ex target.ErrProcessExited
-		if !attached && (errors.As(err, &ex) || ctx.Err() != nil) {
+		if !attached && (errors.Is(err, target.ErrExited) || ctx.Err() != nil) {
 			return // gone before its probes were attached, or stopping
 		}
 		// Counted, then lost: the intervals since the last push are

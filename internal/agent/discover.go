@@ -394,13 +394,12 @@ func (d *discovery) opened(ctx context.Context, r openResult) {
 	s.opening = false
 	now := time.Now()
 	if err != nil {
-		var perm target.ErrPermission
 		switch {
 		case ctx.Err() != nil:
 			return
-		case target.IsExited(err):
+		case errors.Is(err, target.ErrExited):
 			s.state = ignored
-		case errors.As(err, &perm):
+		case errors.Is(err, target.ErrDenied):
 			s.state = ignored
 			st.denied.Add(1)
 			attrs := []any{"pid", pid, "command", strings.Join(s.cmd, " "), "err", err}

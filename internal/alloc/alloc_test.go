@@ -158,13 +158,11 @@ func TestExactCounts(t *testing.T) {
 // exactCounts checks every count of testdata/work.rb in exact mode; with
 // noSites, the class counts alone (the probes read no file:line).
 func exactCounts(t *testing.T, rb testutil.RubyUnderTest, perSite, noSites bool) {
-	forcePerSite = perSite
-	defer func() { forcePerSite = false }()
 	const n = 3000
 	p := startRuby(t, rb, script(t, "alloc.rb"), fmt.Sprint(n))
 	work := script(t, "work.rb")
 	p.expect(t, "ready")
-	tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true, NoSites: noSites})
+	tr := attachOrMissing(t, p.cmd.Process.Pid, Options{Exact: true, NoSites: noSites, PerSite: perSite})
 	if tr.multi == perSite {
 		testutil.Missing(t, "uprobe_multi=%v, want %v (kernel before 6.6?)", tr.multi, !perSite)
 	}

@@ -214,7 +214,7 @@ func checkRuby(t target.Target, maps []target.Mapping) error {
 
 // planMapped opens the binary the process mapped as path (the mapped
 // object itself, or the file at the path once its inode and build id are
-// checked: target.ErrReplaced otherwise) and plans for it.
+// checked: target.ReplacedError otherwise) and plans for it.
 func planMapped(t target.Target, path string, forceSymbols bool) (*Plan, error) {
 	r, err := t.OpenFile(path)
 	if err != nil {

@@ -24,7 +24,7 @@ type replacedResult struct {
 // mapped (its build id, and they count exactly the Widgets the script
 // makes: probes on the new file would count none). Without CAP_SYS_ADMIN
 // the mapped file cannot be opened and the file now at the path is
-// another binary: Attach refuses with ErrReplaced.
+// another binary: Attach refuses with ReplacedError.
 func TestAttachReplacedBinary(t *testing.T) {
 	if os.Getenv(testutil.NoSysAdminEnv) == "1" {
 		attachReplacedChild(t)
@@ -68,7 +68,7 @@ func TestAttachReplacedBinary(t *testing.T) {
 		var res replacedResult
 		testutil.ChildResult(t, out, &res)
 		if !res.Replaced {
-			t.Fatalf("without CAP_SYS_ADMIN: Attach gave %q, want ErrReplaced", res.Err)
+			t.Fatalf("without CAP_SYS_ADMIN: Attach gave %q, want ReplacedError", res.Err)
 		}
 		for _, want := range []string{filepath.Base(s.Path) + " was replaced on disk after process " + strconv.Itoa(s.Pid) + " started", "map_files"} {
 			if !strings.Contains(res.Err, want) {

@@ -353,6 +353,21 @@ func (tr *Tracker) fillRetained(r *Report) {
 		r.BySite = append(r.BySite, *s)
 	}
 	sortReport(r)
+	retainedStacks(r, stacks)
+	r.StackSamples = 0
+	for _, s := range stacks {
+		r.StackSamples += s.Samples
+	}
+	if len(r.Stacks) == 0 && r.StackError == "" {
+		r.StackError = fmt.Sprintf("no retained object had its stack copied (one tracked object in %d has)", tr.stackPeriod)
+	}
+}
+
+// retainedStacks sets r.Stacks from the stacks of the retained objects
+// (keyed by site, then frames), each site's scaled count (r.BySite,
+// sorted) split over the stacks copied at it; a site without any keeps
+// its count under a "(stack not sampled)" frame at the site.
+func retainedStacks(r *Report, stacks map[string]*StackCount) {
 	sites := make([]ClassCount, 0, len(r.BySite))
 	for _, s := range r.BySite {
 		sites = append(sites, ClassCount{Class: retSiteKey(s.Class, s.Path, s.Line), Count: s.Count, Bytes: s.Bytes})
@@ -375,13 +390,6 @@ func (tr *Tracker) fillRetained(r *Report) {
 	sortStacks(r.Stacks)
 	for i := range r.Stacks {
 		r.Stacks[i].Class, _, _ = strings.Cut(r.Stacks[i].Class, "\x00")
-	}
-	r.StackSamples = 0
-	for _, s := range stacks {
-		r.StackSamples += s.Samples
-	}
-	if len(r.Stacks) == 0 && r.StackError == "" {
-		r.StackError = fmt.Sprintf("no retained object had its stack copied (one tracked object in %d has)", tr.stackPeriod)
 	}
 }
 

@@ -149,6 +149,39 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 	if tr.stopped && !tr.end.IsZero() {
 		now = tr.end
 	}
+	r := tr.newReport(now)
+
+	stats, err := readStats(tr.maps.Stats)
+	if err != nil {
+		return nil, err
+	}
+	r.Events, r.Counted = stats[statEvents], stats[statSampled]
+	r.SitesDropped, r.ClassesDropped, r.ArgErrors = stats[statSitesFull], stats[statClassesFull], stats[statArgErrors]
+	r.GCMark, r.GCSweep = time.Duration(stats[statGCMarkNS]), time.Duration(stats[statGCSweepNS])
+	r.GCMarks, r.GCSweeps = stats[statGCMarkCount], stats[statGCSweepCount]
+
+	sites, err := readSites(tr.maps.Sites, tr.maps.LastSite)
+	if err != nil {
+		return nil, err
+	}
+	classes, err := readPerCPU[allocClassKey](tr.maps.Classes)
+	if err != nil {
+		return nil, fmt.Errorf("read class counts: %w", err)
+	}
+	tr.countAllocations(r, classes, sites)
+	sortReport(r)
+	r.Stacks = tr.scaledStacks(r.ByClass)
+	r.StackSamples, r.StackErrors, r.StackError = tr.stacks.total, tr.stacks.walkErrors, tr.stacks.lastErr
+	if tr.ret != nil {
+		tr.fillRetained(r)
+	}
+	return r, nil
+}
+
+// newReport starts the report of the session up to now: its duration,
+// how the counts scale (r.Scale) and where Ruby's allocation counter came
+// from, and the share of the time the probes were counting.
+func (tr *Tracker) newReport(now time.Time) *Report {
 	r := &Report{Pid: tr.pid, Duration: now.Sub(tr.start), Mode: tr.plan.Mode, ClassesOnly: tr.opts.NoSites}
 	scale, how, rubyTotal := tr.scaling(now, r.Duration)
 	r.Scale, r.Scaling, r.RubyAllocated = scale, how, rubyTotal
@@ -170,24 +203,13 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 		}
 		r.Attached = float64(on) / float64(r.Duration)
 	}
+	return r
+}
 
-	stats, err := readStats(tr.maps.Stats)
-	if err != nil {
-		return nil, err
-	}
-	r.Events, r.Counted = stats[statEvents], stats[statSampled]
-	r.SitesDropped, r.ClassesDropped, r.ArgErrors = stats[statSitesFull], stats[statClassesFull], stats[statArgErrors]
-	r.GCMark, r.GCSweep = time.Duration(stats[statGCMarkNS]), time.Duration(stats[statGCSweepNS])
-	r.GCMarks, r.GCSweeps = stats[statGCMarkCount], stats[statGCSweepCount]
-
-	sites, err := readSites(tr.maps.Sites, tr.maps.LastSite)
-	if err != nil {
-		return nil, err
-	}
-	classes, err := readPerCPU[allocClassKey](tr.maps.Classes)
-	if err != nil {
-		return nil, fmt.Errorf("read class counts: %w", err)
-	}
+// countAllocations fills r.ByClass and (unless classes only) r.BySite,
+// unsorted, from the kernel's class and site counts, scaled by r.Scale.
+func (tr *Tracker) countAllocations(r *Report, classes map[allocClassKey]allocCounter, sites map[allocSiteKey]allocCounter) {
+	scale := r.Scale
 	sc := func(v uint64) uint64 { return uint64(math.Round(float64(v) * scale)) }
 
 	// Class totals: the sites' sums, plus the class map, which holds only
@@ -244,13 +266,6 @@ func (tr *Tracker) Snapshot() (*Report, error) {
 		s.Count, s.Bytes = sc(s.Count), sc(s.Bytes)
 		r.BySite = append(r.BySite, *s)
 	}
-	sortReport(r)
-	r.Stacks = tr.scaledStacks(r.ByClass)
-	r.StackSamples, r.StackErrors, r.StackError = tr.stacks.total, tr.stacks.walkErrors, tr.stacks.lastErr
-	if tr.ret != nil {
-		tr.fillRetained(r)
-	}
-	return r, nil
 }
 
 // resolveNames reads the class and file names of every site counted so

@@ -208,10 +208,70 @@ func Attach(pid int, opts Options) (*Tracker, error) {
 	return tr, nil
 }
 
+// attachPlan loads the program for plan, attaches it to the process
+// behind t and starts the tracker's readers and duty cycle. On an error
+// t is the caller's to close.
 func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	if len(plan.Sites) > maxSpecs {
 		return nil, fmt.Errorf("%d probe sites (at most %d)", len(plan.Sites), maxSpecs)
 	}
+	opts = withDefaults(opts)
+	if err := checkKernel(); err != nil {
+		return nil, err
+	}
+	spec, err := loadAlloc()
+	if err != nil {
+		return nil, fmt.Errorf("load program spec: %w", err)
+	}
+	if err := setProgramVars(spec, t.Pid(), opts); err != nil {
+		return nil, err
+	}
+	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts}
+	tr.findCounter()
+	if opts.Retained {
+		if err := tr.setupRetained(spec); err != nil {
+			return nil, err
+		}
+		if len(plan.Sites) > maxSpecs {
+			return nil, fmt.Errorf("%d probe and return sites (at most %d)", len(plan.Sites), maxSpecs)
+		}
+	}
+	stackPeriod := tr.chooseStackPeriod(spec, opts)
+	tr.stackPeriod = stackPeriod
+	cn := opts.ClassName
+	if cn == nil && plan.Mode == "symbols" {
+		cn = tr.rubyClassNames()
+	}
+	tr.names = newNames(t, cn)
+	// Memory is charged to the cgroup on current kernels; the memlock
+	// rlimit is not raised (that would need CAP_SYS_RESOURCE).
+	if err := spec.LoadAndAssign(&tr.maps, nil); err != nil {
+		return nil, classifyLoad(err)
+	}
+	if err := tr.storeProbeSpecs(); err != nil {
+		tr.maps.Close()
+		return nil, err
+	}
+	tr.syncExitRanges()
+	var err2 error
+	if tr.bin, tr.exe, err2 = openMapped(t, plan); err2 != nil {
+		tr.maps.Close()
+		return nil, err2
+	}
+	tr.start = time.Now()
+	if err := tr.loadAndAttach(spec); err != nil {
+		tr.maps.Close()
+		tr.bin.Close()
+		return nil, err
+	}
+	tr.startReaders(stackPeriod)
+	return tr, nil
+}
+
+// withDefaults returns opts with the defaults of its unset sample
+// period, duty window and duty cycle (retained mode's own); a duty cycle
+// of 1 or more is exact counting.
+func withDefaults(opts Options) Options {
 	if opts.SamplePeriod == 0 {
 		opts.SamplePeriod = 1
 	}
@@ -227,34 +287,32 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 	if opts.DutyCycle >= 1 {
 		opts.Exact = true
 	}
-	if err := checkKernel(); err != nil {
-		return nil, err
-	}
-	spec, err := loadAlloc()
-	if err != nil {
-		return nil, fmt.Errorf("load program spec: %w", err)
-	}
-	if err := spec.Variables[allocVarTargetTgid].Set(uint32(t.Pid())); err != nil {
-		return nil, fmt.Errorf("set target pid: %w", err)
+	return opts
+}
+
+// setProgramVars sets the program's target process (pid), its sample
+// period, and class-only counting (opts.NoSites).
+func setProgramVars(spec *ebpf.CollectionSpec, pid int, opts Options) error {
+	if err := spec.Variables[allocVarTargetTgid].Set(uint32(pid)); err != nil {
+		return fmt.Errorf("set target pid: %w", err)
 	}
 	if err := spec.Variables[allocVarSamplePeriod].Set(opts.SamplePeriod); err != nil {
-		return nil, fmt.Errorf("set sample period: %w", err)
+		return fmt.Errorf("set sample period: %w", err)
 	}
 	if opts.NoSites {
 		if err := spec.Variables[allocVarWantSites].Set(uint32(0)); err != nil {
-			return nil, fmt.Errorf("set class-only counting: %w", err)
+			return fmt.Errorf("set class-only counting: %w", err)
 		}
 	}
-	tr := &Tracker{pid: t.Pid(), t: t, plan: plan, opts: opts}
-	tr.findCounter()
-	if opts.Retained {
-		if err := tr.setupRetained(spec); err != nil {
-			return nil, err
-		}
-		if len(plan.Sites) > maxSpecs {
-			return nil, fmt.Errorf("%d probe and return sites (at most %d)", len(plan.Sites), maxSpecs)
-		}
-	}
+	return nil
+}
+
+// chooseStackPeriod returns the period of the allocation stacks (0: none;
+// the default depends on exact and retained modes) and sets the
+// program's stack variables for it. Stacks need the Ruby process's
+// layout (tr.rb); where the variables cannot be set, there are none and
+// tr.stacks.lastErr says why.
+func (tr *Tracker) chooseStackPeriod(spec *ebpf.CollectionSpec, opts Options) uint32 {
 	stackPeriod := uint32(0)
 	if tr.rb != nil && !opts.NoStacks {
 		stackPeriod = opts.StackPeriod
@@ -276,18 +334,14 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 			spec.Variables[allocVarStackPeriod].Set(uint32(0))
 		}
 	}
-	tr.stackPeriod = stackPeriod
-	cn := opts.ClassName
-	if cn == nil && plan.Mode == "symbols" {
-		cn = tr.rubyClassNames()
-	}
-	tr.names = newNames(t, cn)
-	// Memory is charged to the cgroup on current kernels; the memlock
-	// rlimit is not raised (that would need CAP_SYS_RESOURCE).
-	if err := spec.LoadAndAssign(&tr.maps, nil); err != nil {
-		return nil, classifyLoad(err)
-	}
-	for i, s := range plan.Sites {
+	return stackPeriod
+}
+
+// storeProbeSpecs stores the plan's sites in the program's ProbeSpecs
+// map, one per site index: what kind of site it is and where its
+// arguments are.
+func (tr *Tracker) storeProbeSpecs() error {
+	for i, s := range tr.plan.Sites {
 		ps := allocProbeSpec{Kind: uint32(s.Kind)}
 		for j, a := range s.Args {
 			if j >= len(ps.Args) {
@@ -302,22 +356,16 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 			retProbeSpec(s, &ps)
 		}
 		if err := tr.maps.ProbeSpecs.Put(uint32(i), &ps); err != nil {
-			tr.maps.Close()
-			return nil, fmt.Errorf("store probe spec: %w", err)
+			return fmt.Errorf("store probe spec: %w", err)
 		}
 	}
-	tr.syncExitRanges()
-	var err2 error
-	if tr.bin, tr.exe, err2 = openMapped(t, plan); err2 != nil {
-		tr.maps.Close()
-		return nil, err2
-	}
-	tr.start = time.Now()
-	if err := tr.loadAndAttach(spec); err != nil {
-		tr.maps.Close()
-		tr.bin.Close()
-		return nil, err
-	}
+	return nil
+}
+
+// startReaders starts, once the program is attached, the goroutines that
+// read its stacks (with stackPeriod > 0) and its exit events (a plan with
+// an exit probe), and, unless counting is exact, the duty cycle.
+func (tr *Tracker) startReaders(stackPeriod uint32) {
 	if stackPeriod > 0 {
 		rd, err := ringbuf.NewReader(tr.maps.Stacks)
 		if err != nil {
@@ -327,18 +375,17 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 			go tr.readStacks(rd, tr.stackDone)
 		}
 	}
-	if plan.HasExitProbe() {
+	if tr.plan.HasExitProbe() {
 		if rd, err := ringbuf.NewReader(tr.maps.ExitEvents); err == nil {
 			tr.exit.rd, tr.exit.woke, tr.exit.done = rd, make(chan struct{}), make(chan struct{})
 			go tr.watchExit()
 		}
 	}
-	if !opts.Exact {
+	if !tr.opts.Exact {
 		tr.stop = make(chan struct{})
 		tr.done = make(chan struct{})
 		go tr.dutyLoop()
 	}
-	return tr, nil
 }
 
 // loadAndAttach loads the program and attaches it. It prefers one
@@ -346,7 +393,7 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 // perf-event uprobes costs the kernel an RCU grace period each.
 func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 	opts := &ebpf.CollectionOptions{MapReplacements: tr.mapReplacements()}
-	if !forcePerSite && !tr.opts.PerSite && haveUprobeMulti() {
+	if !tr.opts.PerSite && haveUprobeMulti() {
 		var multi struct {
 			Prog *ebpf.Program `ebpf:"ruby_alloc_multi"`
 		}
@@ -380,9 +427,6 @@ func (tr *Tracker) loadAndAttach(spec *ebpf.CollectionSpec) error {
 	}
 	return nil
 }
-
-// forcePerSite disables uprobe_multi (tests of the per-site path).
-var forcePerSite = false
 
 func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
@@ -831,7 +875,7 @@ func openMapped(t target.Target, plan *Plan) (target.File, *link.Executable, err
 	}
 	if id, err := elfx.FileBuildID(f); err != nil || id != plan.BuildID {
 		f.Close()
-		return nil, nil, target.ErrReplaced{Pid: t.Pid(), Path: plan.Binary,
+		return nil, nil, target.ReplacedError{Pid: t.Pid(), Path: plan.Binary,
 			Why: fmt.Sprintf("build id %q when probes were planned, %q now (%v)", plan.BuildID, id, err)}
 	}
 	exe, err := link.OpenExecutable(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd.Fd()))
@@ -884,7 +928,7 @@ func classifyAttach(err error, pid int, s Site) error {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
 		return &reasonError{ErrBPFDenied, err}
 	case errors.Is(err, unix.ESRCH):
-		return fmt.Errorf("%s: %w", where, target.ErrProcessExited{Pid: pid})
+		return fmt.Errorf("%s: %w", where, target.ExitedError{Pid: pid})
 	case errors.Is(err, unix.EINVAL) && s.RefCtrOffset != 0:
 		// The kernel logs "ref_ctr_offset mismatch" when a uprobe at the
 		// same place exists with another semaphore offset.

@@ -258,7 +258,7 @@ func (h *Heap) Census(ctx context.Context, opts Options) (c *Census, err error) 
 		cs.Dumped = w.dump.n
 	}
 	if err == nil && (w.c.Partial || w.c.PagesChanged > 0) && !h.alive() {
-		err = w.readErr("read the heap", target.ErrProcessExited{Pid: h.t.Pid()})
+		err = w.readErr("read the heap", target.ExitedError{Pid: h.t.Pid()})
 	}
 	if err == nil {
 		err = w.name()
@@ -322,7 +322,7 @@ func (w *walk) run(ctx context.Context) error {
 			err = t.ReadAt(list[:8*m], sorted+8*i)
 		}
 		if err != nil {
-			if errors.As(err, new(target.ErrProcessExited)) {
+			if errors.As(err, new(target.ExitedError)) {
 				return w.readErr("read heap_pages.sorted", err)
 			}
 			w.partial("heap_pages.sorted[%d:%d] unreadable: %v", i, i+m, err)
@@ -360,7 +360,7 @@ func (w *walk) chunk(ctx context.Context, list []byte) error {
 	w.failed = false
 	ok := w.readAll(w.reqs)
 	if w.failed && !w.h.alive() {
-		return w.readErr("read heap pages", target.ErrProcessExited{Pid: w.h.t.Pid()})
+		return w.readErr("read heap pages", target.ExitedError{Pid: w.h.t.Pid()})
 	}
 	pages := make([]pageInfo, 0, m)
 	for k := 0; k < m; k++ {
@@ -466,7 +466,7 @@ func (w *walk) batch(pages []pageInfo) error {
 		okB = w.readAll(w.reqsB)
 	}
 	if w.failed && !w.h.alive() {
-		return w.readErr("read heap pages", target.ErrProcessExited{Pid: w.h.t.Pid()})
+		return w.readErr("read heap pages", target.ExitedError{Pid: w.h.t.Pid()})
 	}
 	w.tables, w.tableKey = w.tables[:0], w.tableKey[:0]
 	for i, pg := range pages {
@@ -587,7 +587,7 @@ func (w *walk) readTables() error {
 	w.failed = false
 	ok := w.readAll(w.tables)
 	if w.failed && !w.h.alive() {
-		return w.readErr("read hash tables", target.ErrProcessExited{Pid: w.h.t.Pid()})
+		return w.readErr("read hash tables", target.ExitedError{Pid: w.h.t.Pid()})
 	}
 	for i, rq := range w.tables {
 		e := w.byKey[w.tableKey[i]]

@@ -12,7 +12,7 @@ import (
 )
 
 // TestProcessExitsMidCensus kills the process after the census's first
-// batch of pages: the census fails with ErrProcessExited and says how far
+// batch of pages: the census fails with ExitedError and says how far
 // it got, paused or not; nothing is made up.
 func TestProcessExitsMidCensus(t *testing.T) {
 	testutil.NeedRoot(t)
@@ -55,7 +55,7 @@ func TestProcessExitsMidCensus(t *testing.T) {
 				continue
 			}
 			if err == nil || !target.IsExited(err) || !strings.Contains(err.Error(), "census stopped after") {
-				t.Errorf("census of a process that exited: %v, want ErrProcessExited saying how far it got", err)
+				t.Errorf("census of a process that exited: %v, want ExitedError saying how far it got", err)
 			}
 			t.Logf("stop=%v: %v", stop, err)
 		}

@@ -400,7 +400,7 @@ func (o *offsets) pageList(t target.Target) (list, n uint64, err error) {
 	}
 	list = le64(b[:], 0)
 	if !isPtr(list) {
-		return 0, 0, fmt.Errorf("%w: heap_pages.sorted is 0x%x", ruby.ErrInvalid, list)
+		return 0, 0, fmt.Errorf("%w: heap_pages.sorted is 0x%x", ruby.ErrInconsistent, list)
 	}
 	if o.darray {
 		if err := t.ReadAt(b[:], list); err != nil {
@@ -408,7 +408,7 @@ func (o *offsets) pageList(t target.Target) (list, n uint64, err error) {
 		}
 		n, capa := le64(b[:], 0), le64(b[:], 8)
 		if n > maxPages || capa < n {
-			return 0, 0, fmt.Errorf("%w: heap_pages.sorted holds %d pages of %d", ruby.ErrInvalid, n, capa)
+			return 0, 0, fmt.Errorf("%w: heap_pages.sorted holds %d pages of %d", ruby.ErrInconsistent, n, capa)
 		}
 		return list + 16, n, nil
 	}
@@ -417,7 +417,7 @@ func (o *offsets) pageList(t target.Target) (list, n uint64, err error) {
 	}
 	n = le64(b[:], 8)
 	if n > maxPages {
-		return 0, 0, fmt.Errorf("%w: heap_pages.sorted 0x%x with %d pages", ruby.ErrInvalid, list, n)
+		return 0, 0, fmt.Errorf("%w: heap_pages.sorted 0x%x with %d pages", ruby.ErrInconsistent, list, n)
 	}
 	return list, n, nil
 }

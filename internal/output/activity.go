@@ -21,7 +21,7 @@ type threadTally struct {
 	tid    int // the latest native thread seen, 0 when none
 	name   string
 	total  int
-	counts map[string]int
+	counts map[stack.Activity]int
 	unread int // samples of total whose stack could not be read
 }
 
@@ -52,7 +52,7 @@ func (a *activityTally) thread(id stack.ThreadKey) *threadTally {
 	}
 	t := a.threads[id]
 	if t == nil {
-		t = &threadTally{id: id, tid: id.TID, counts: map[string]int{}}
+		t = &threadTally{id: id, tid: id.TID, counts: map[stack.Activity]int{}}
 		a.threads[id] = t
 		a.order = append(a.order, id)
 	}
@@ -128,7 +128,7 @@ func (a *activityTally) write(cw *countingWriter) {
 	cw.printf("  thread\n")
 	for _, id := range ids {
 		t := a.threads[id]
-		pct := func(act string) string {
+		pct := func(act stack.Activity) string {
 			return fmt.Sprintf("%7.1f%%", 100*float64(t.counts[act])/float64(t.total))
 		}
 		cw.printf("%8d %8s %8s %8s %8s", t.total, pct(stack.ActivityRunning), pct(stack.ActivityGVLWait), pct(stack.ActivityBlocked), pct(stack.ActivityGC))

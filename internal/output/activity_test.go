@@ -275,7 +275,7 @@ func TestSpeedscopeInApp(t *testing.T) {
 // stack), and the heading says how many.
 func TestSummaryActivitiesUnread(t *testing.T) {
 	unread := func() []UnreadThread {
-		return []UnreadThread{{Pid: 10, TID: 11, Name: "web", ByActivity: map[string]int{stack.ActivityRunning: 100}}}
+		return []UnreadThread{{Pid: 10, TID: 11, Name: "web", ByActivity: map[stack.Activity]int{stack.ActivityRunning: 100}}}
 	}
 	got := string(renderSamples(t, "summary", Options{RateHz: 100, Unread: unread}, activitySamples()))
 	for _, want := range []string{

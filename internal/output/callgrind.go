@@ -55,6 +55,7 @@ type cgCall struct {
 
 func newCallgrind(o Options) Writer {
 	c := &callgrind{counter: counter{o: o}}
+	c.stacks.off = o.noRepeats
 	c.frame = newMemo(func(f stack.Frame) *cgFunc { return c.funcs.get(f.Func()) })
 	c.funcs = newMemo(func(k stack.Func) *cgFunc {
 		fn := &cgFunc{key: k, self: make(map[int]int), calls: make(map[cgEdge]*cgCall)}

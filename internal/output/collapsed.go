@@ -33,6 +33,7 @@ type collapsed struct {
 
 func newCollapsed(o Options) Writer {
 	c := &collapsed{counter: counter{o: o}, counts: make(map[string]*int)}
+	c.stacks.off = o.noRepeats
 	c.labels = newMemo(c.label)
 	return c
 }

@@ -56,7 +56,7 @@ var pumaIdle = [][]string{
 // CPU all along (700 of the 1000 samples).
 func pumaSamples() []stack.Sample {
 	// frames makes names a stack, its leaf of kind leaf.
-	frames := func(names []string, leaf string) []stack.Frame {
+	frames := func(names []string, leaf stack.Kind) []stack.Frame {
 		fr := make([]stack.Frame, len(names))
 		for i, n := range names {
 			fr[len(names)-1-i] = stack.Frame{Name: n, Path: "/app/x.rb", Line: i + 1, Kind: stack.KindRuby}

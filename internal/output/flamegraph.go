@@ -55,7 +55,7 @@ type flamegraph struct {
 type fgSample struct {
 	t      time.Time
 	thread int
-	act    string
+	act    stack.Activity
 	onCPU  bool
 	leaf   *fgNode
 }
@@ -67,14 +67,16 @@ type fgThread struct {
 
 type fgNode struct {
 	key         stack.Func
-	kind        string
+	kind        stack.Kind
 	total, self int
 	kids        map[stack.Func]*fgNode
 	id          int // pre-order index in the page's tree
 }
 
 func newFlamegraph(o Options) Writer {
-	return &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}, threads: map[stack.ThreadKey]int{}}
+	f := &flamegraph{counter: counter{o: o}, root: &fgNode{key: stack.Func{Name: "all"}, kind: "root"}, threads: map[stack.ThreadKey]int{}}
+	f.stacks.off = o.noRepeats
+	return f
 }
 
 func (fg *flamegraph) Add(s stack.Sample) {
@@ -155,7 +157,7 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 	enc = func(n *fgNode) []any {
 		n.id = next
 		next++
-		a := []any{str(n.key.Name), str(n.key.Path), str(n.kind), n.total, n.self}
+		a := []any{str(n.key.Name), str(n.key.Path), str(string(n.kind)), n.total, n.self}
 		kids := make([]*fgNode, 0, len(n.kids))
 		for _, c := range n.kids {
 			kids = append(kids, c)
@@ -188,7 +190,7 @@ func (fg *flamegraph) WriteTo(w io.Writer) (int64, error) {
 		if s.onCPU {
 			flags = 1
 		}
-		d.Samples = append(d.Samples, ms, int64(s.thread), int64(str(act)), int64(s.leaf.id), flags)
+		d.Samples = append(d.Samples, ms, int64(s.thread), int64(str(string(act))), int64(s.leaf.id), flags)
 	}
 	d.Period = float64(fg.period()) / float64(time.Millisecond)
 	// html/template escapes the title for HTML and encodes the data as

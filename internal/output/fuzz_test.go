@@ -19,7 +19,7 @@ import (
 // invalid UTF-8.
 func fuzzSamples(in []byte) []stack.Sample {
 	parts := strings.Split(string(in), "|")
-	kinds := []string{stack.KindRuby, stack.KindCFunc, stack.KindGC, ""}
+	kinds := []stack.Kind{stack.KindRuby, stack.KindCFunc, stack.KindGC, ""}
 	var out []stack.Sample
 	var cur stack.Sample
 	for i, p := range parts {

@@ -38,6 +38,7 @@ func (c *memo[K, V]) get(k K) V {
 // slice for another stack cannot make a stale entry match.
 type repeats[V any] struct {
 	last map[stack.ThreadKey]*repeat[V]
+	off  bool // derive every stack anew (Options.noRepeats)
 }
 
 // maxRepeats bounds the threads whose last stack a format keeps.
@@ -68,14 +69,10 @@ func (r *repeats[V]) at(s *stack.Sample) (e *repeat[V], same bool) {
 		r.last[id] = e
 		return e, false
 	}
-	return e, !noRepeats && e.frames != nil && slices.Equal(e.frames, s.Frames)
+	return e, !r.off && e.frames != nil && slices.Equal(e.frames, s.Frames)
 }
 
 // keep records that e.v is now derived from s's frames.
 func (e *repeat[V]) keep(s *stack.Sample) {
 	e.frames = append(e.frames[:0], s.Frames...)
 }
-
-// noRepeats turns repeats off (tests compare the outputs with and
-// without).
-var noRepeats bool

@@ -78,6 +78,9 @@ type Options struct {
 	// more often than one in GC or waiting). Called once all samples are
 	// added (a recording's trailer comes after them); nil: none.
 	Unread func() []UnreadThread
+	// noRepeats derives every sample's stack anew, never reusing its
+	// thread's last one (tests compare the outputs with and without).
+	noRepeats bool
 }
 
 // UnreadThread is one thread's unread samples by activity (see
@@ -85,7 +88,7 @@ type Options struct {
 type UnreadThread struct {
 	Pid, TID   int
 	Name       string
-	ByActivity map[string]int
+	ByActivity map[stack.Activity]int
 }
 
 type format struct {

@@ -54,6 +54,7 @@ func newPprof(o Options) Writer {
 		},
 	}
 	p.funcs, p.locs, p.byLine = newMemo(p.newFunc), newMemo(p.loc), newMemo(p.newLoc)
+	p.stacks.off = o.noRepeats
 	return p
 }
 
@@ -118,7 +119,7 @@ func (p *pprofOut) Add(s stack.Sample) {
 		NumLabel: map[string][]int64{"tid": {int64(s.TID)}, "pid": {int64(s.Pid)}},
 	}
 	if s.Activity != "" {
-		smp.Label["activity"] = []string{s.Activity}
+		smp.Label["activity"] = []string{string(s.Activity)}
 	}
 	p.samples[string(p.key)] = smp
 	p.prof.Sample = append(p.prof.Sample, smp)

@@ -21,7 +21,7 @@ func repeatSamples() []stack.Sample {
 	reused := make([]stack.Frame, len(b))
 	t0 := time.Unix(1700000000, 0)
 	var out []stack.Sample
-	add := func(tid int, name, act string, fr []stack.Frame) {
+	add := func(tid int, name string, act stack.Activity, fr []stack.Frame) {
 		out = append(out, stack.Sample{Time: t0.Add(time.Duration(len(out)) * time.Millisecond), Pid: 7, TID: tid,
 			ThreadName: name, Activity: act, OnCPU: act == "running", Frames: fr})
 	}
@@ -56,9 +56,7 @@ func repeatSamples() []stack.Sample {
 // stack, after the writer saw it.
 func TestRepeatsTransparent(t *testing.T) {
 	render := func(format string, off bool) []byte {
-		noRepeats = off
-		defer func() { noRepeats = false }()
-		w, err := New(format, Options{RateHz: 1000})
+		w, err := New(format, Options{RateHz: 1000, noRepeats: off})
 		if err != nil {
 			t.Fatal(err)
 		}

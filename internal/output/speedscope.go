@@ -74,6 +74,7 @@ type ssFile struct {
 
 func newSpeedscope(o Options) Writer {
 	s := &speedscope{counter: counter{o: o}, threads: make(map[stack.ThreadKey]*ssThread)}
+	s.stacks.off = o.noRepeats
 	s.frameIdx = newMemo(s.frame)
 	s.byFrame = newMemo(func(sf ssFrame) int { // C frames called from different lines share one
 		s.frames = append(s.frames, sf)

@@ -46,6 +46,7 @@ func newSummaryByLine(o Options) Writer { return newSummaryOf(o, true) }
 
 func newSummaryOf(o Options, byLine bool) *summary {
 	s := &summary{counter: counter{o: o}, byLine: byLine}
+	s.stacks.off = o.noRepeats
 	s.labels = newMemo(s.row)
 	s.rows = newMemo(func(l string) *row { return &row{label: l} })
 	return s

@@ -161,8 +161,8 @@ func UnreadOptions(rd *recording.Reader, mode stack.Mode) func() []output.Unread
 // a sample in that activity: the GVL holder is running or in GC; an
 // unread sample's CPU state was not read, and a holder counts as on a
 // CPU).
-func unreadKept(by map[string]int, mode stack.Mode) map[string]int {
-	out := map[string]int{}
+func unreadKept(by map[stack.Activity]int, mode stack.Mode) map[stack.Activity]int {
+	out := map[stack.Activity]int{}
 	for act, n := range by {
 		holder := act == stack.ActivityRunning || act == stack.ActivityGC
 		s := stack.Sample{Activity: act, GVL: holder, OnCPU: holder}

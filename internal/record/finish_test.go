@@ -20,16 +20,16 @@ func TestUnreadOptions(t *testing.T) {
 	if err := w.Add(stack.Sample{Time: time.Now(), Pid: 1, TID: 2, Activity: stack.ActivityRunning, Frames: []stack.Frame{{Name: "a"}}}); err != nil {
 		t.Fatal(err)
 	}
-	by := map[string]int{stack.ActivityRunning: 7, stack.ActivityGC: 2, stack.ActivityBlocked: 1}
+	by := map[stack.Activity]int{stack.ActivityRunning: 7, stack.ActivityGC: 2, stack.ActivityBlocked: 1}
 	if err := w.Close(recording.Stats{End: time.Now(), Unread: []recording.UnreadThread{{Pid: 1, TID: 2, Name: "main", ByActivity: by}}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		mode stack.Mode
-		want map[string]int
+		want map[stack.Activity]int
 	}{
 		{stack.ModeWall, by},
-		{stack.ModeCPU, map[string]int{stack.ActivityRunning: 7, stack.ActivityGC: 2}},
+		{stack.ModeCPU, map[stack.Activity]int{stack.ActivityRunning: 7, stack.ActivityGC: 2}},
 	} {
 		rd, err := recording.Open(path)
 		if err != nil {

@@ -204,8 +204,7 @@ func (r *rec) open() error {
 		r.child.reap()
 		return fmt.Errorf("%s exited%s before Ruby could be read: %w", r.cfg.Command[0], r.child.exitNote(), err)
 	}
-	var perm target.ErrPermission
-	if !r.cfg.Subprocesses || target.IsExited(err) || errors.As(err, &perm) {
+	if !r.cfg.Subprocesses || errors.Is(err, target.ErrExited) || errors.Is(err, target.ErrDenied) {
 		if cause := context.Cause(r.ctx); cause != nil && r.ctx.Err() != nil {
 			return cause
 		}
@@ -222,7 +221,7 @@ func (r *rec) open() error {
 
 // OpenError words a failure to open process pid as a Ruby process.
 func OpenError(pid int, err error) error {
-	var nu target.ErrNotUserProcess
+	var nu target.NotUserProcessError
 	switch {
 	case errors.Is(err, ruby.ErrNotRuby):
 		return fmt.Errorf("process %d: %w", pid, err)

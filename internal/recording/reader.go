@@ -320,160 +320,200 @@ func (r *Reader) Damage() error {
 func (r *Reader) record(kind byte) (s stack.Sample, ok bool, err error) {
 	switch kind {
 	case recString:
-		b, err := r.bytes(maxBlock)
-		if err != nil {
-			return s, false, err
-		}
-		if r.strBytes += len(b); r.strBytes > maxStringBytes {
-			return s, false, fmt.Errorf("more than %d bytes of strings", maxStringBytes)
-		}
-		r.strs = append(r.strs, string(b))
+		err = r.stringRecord()
 	case recFrame:
-		var f stack.Frame
-		if f.Name, err = r.strRef(); err != nil {
-			return s, false, err
-		}
-		if f.Path, err = r.strRef(); err != nil {
-			return s, false, err
-		}
-		line, err := r.uvarint()
-		if err != nil {
-			return s, false, err
-		}
-		if line > 1<<31-1 {
-			return s, false, fmt.Errorf("line %d out of range", line)
-		}
-		f.Line = int(line)
-		if f.Kind, err = r.strRef(); err != nil {
-			return s, false, err
-		}
-		if r.version >= 2 {
-			if f.InternalPath, err = r.strRef(); err != nil {
-				return s, false, err
-			}
-			line, err := r.uvarint()
-			if err != nil {
-				return s, false, err
-			}
-			if line > 1<<31-1 {
-				return s, false, fmt.Errorf("internal line %d out of range", line)
-			}
-			f.InternalLine = int(line)
-		}
-		r.frames = append(r.frames, f)
+		err = r.frameRecord()
 	case recThread:
-		pid, err := r.varint()
-		if err != nil {
-			return s, false, err
-		}
-		tid, err := r.varint()
-		if err != nil {
-			return s, false, err
-		}
-		name, err := r.strRef()
-		if err != nil {
-			return s, false, err
-		}
-		var id uint64
-		if r.version >= 3 {
-			if id, err = r.uvarint(); err != nil {
-				return s, false, err
-			}
-		}
-		r.threads = append(r.threads, ThreadInfo{Pid: int(pid), TID: int(tid), ThreadID: id, Name: name})
-		r.last = append(r.last, lastStack{})
+		err = r.threadRecord()
 	case recSample:
-		d, err := r.varint()
-		if err != nil {
-			return s, false, err
-		}
-		r.prevNanos += d
-		ti, err := r.uvarint()
-		if err != nil {
-			return s, false, err
-		}
-		if ti >= uint64(len(r.threads)) {
-			return s, false, fmt.Errorf("thread %d not defined", ti)
-		}
-		if r.pos >= len(r.block) {
-			return s, false, errShort
-		}
-		flags := r.block[r.pos]
-		r.pos++
-		n, err := r.uvarint()
-		if err != nil {
-			return s, false, err
-		}
-		if n > uint64(len(r.block)-r.pos) { // every frame id takes a byte at least
-			return s, false, errShort
-		}
-		if n > MaxFrames {
-			return s, false, fmt.Errorf("sample of %d frames, more than %d", n, MaxFrames)
-		}
-		ids := r.ids[:0]
-		for range n {
-			id, err := r.uvarint()
-			if err != nil {
-				return s, false, err
-			}
-			if id >= uint64(len(r.frames)) {
-				return s, false, fmt.Errorf("frame %d not defined", id)
-			}
-			ids = append(ids, id)
-		}
-		r.ids = ids
-		last := &r.last[ti]
-		frames := last.frames
-		if frames == nil || !slices.Equal(ids, last.ids) {
-			frames = make([]stack.Frame, n)
-			for i, id := range ids {
-				frames[i] = r.frames[id]
-			}
-			if last.frames == nil {
-				if r.kept >= maxKeptStacks {
-					// Many threads (a recording of thread churn):
-					// start over rather than keep a stack for each.
-					clear(r.last)
-					r.kept = 0
-				}
-				r.kept++
-			}
-			last.ids = append(last.ids[:0], ids...)
-			last.frames = frames
-		}
-		t := &r.threads[ti]
-		s = stack.Sample{
-			Time:       time.Unix(0, r.prevNanos),
-			Pid:        t.Pid,
-			TID:        t.TID,
-			ThreadID:   t.ThreadID,
-			ThreadName: t.Name,
-			OnCPU:      flags&flagOnCPU != 0,
-			Activity:   activityOf(flags),
-			GVL:        flags&flagGVL != 0,
-			Frames:     frames,
-		}
-		if t.Samples == 0 {
-			t.First = s.Time
-		}
-		t.Samples++
-		t.Last = s.Time
-		return s, true, nil
+		s, err = r.sampleRecord()
+		return s, err == nil, err
 	case recTrailer:
-		b, err := r.bytes(maxRecordJSON)
-		if err != nil {
-			return s, false, err
-		}
-		var tr trailer
-		if err := json.Unmarshal(b, &tr); err != nil {
-			return s, false, fmt.Errorf("decode trailer: %w", err)
-		}
-		r.trailer = &tr
-		r.pos = len(r.block) // nothing may follow the trailer
+		err = r.trailerRecord()
 	case recHeader:
 		return s, false, errors.New("second header")
 	default:
 		return s, false, fmt.Errorf("unknown record kind %#x", kind)
 	}
-	return s, false, nil
+	return s, false, err
+}
+
+// stringRecord decodes a string record into the string table.
+func (r *Reader) stringRecord() error {
+	b, err := r.bytes(maxBlock)
+	if err != nil {
+		return err
+	}
+	if r.strBytes += len(b); r.strBytes > maxStringBytes {
+		return fmt.Errorf("more than %d bytes of strings", maxStringBytes)
+	}
+	r.strs = append(r.strs, string(b))
+	return nil
+}
+
+// frameRecord decodes a frame record into the frame table.
+func (r *Reader) frameRecord() (err error) {
+	var f stack.Frame
+	if f.Name, err = r.strRef(); err != nil {
+		return err
+	}
+	if f.Path, err = r.strRef(); err != nil {
+		return err
+	}
+	line, err := r.uvarint()
+	if err != nil {
+		return err
+	}
+	if line > 1<<31-1 {
+		return fmt.Errorf("line %d out of range", line)
+	}
+	f.Line = int(line)
+	kind, err := r.strRef()
+	if err != nil {
+		return err
+	}
+	f.Kind = stack.Kind(kind)
+	if r.version >= 2 {
+		if f.InternalPath, err = r.strRef(); err != nil {
+			return err
+		}
+		line, err := r.uvarint()
+		if err != nil {
+			return err
+		}
+		if line > 1<<31-1 {
+			return fmt.Errorf("internal line %d out of range", line)
+		}
+		f.InternalLine = int(line)
+	}
+	r.frames = append(r.frames, f)
+	return nil
+}
+
+// threadRecord decodes a thread record into the thread table.
+func (r *Reader) threadRecord() error {
+	pid, err := r.varint()
+	if err != nil {
+		return err
+	}
+	tid, err := r.varint()
+	if err != nil {
+		return err
+	}
+	name, err := r.strRef()
+	if err != nil {
+		return err
+	}
+	var id uint64
+	if r.version >= 3 {
+		if id, err = r.uvarint(); err != nil {
+			return err
+		}
+	}
+	r.threads = append(r.threads, ThreadInfo{Pid: int(pid), TID: int(tid), ThreadID: id, Name: name})
+	r.last = append(r.last, lastStack{})
+	return nil
+}
+
+// sampleRecord decodes a sample record, counting it in its thread's
+// ThreadInfo.
+func (r *Reader) sampleRecord() (s stack.Sample, err error) {
+	d, err := r.varint()
+	if err != nil {
+		return s, err
+	}
+	r.prevNanos += d
+	ti, err := r.uvarint()
+	if err != nil {
+		return s, err
+	}
+	if ti >= uint64(len(r.threads)) {
+		return s, fmt.Errorf("thread %d not defined", ti)
+	}
+	if r.pos >= len(r.block) {
+		return s, errShort
+	}
+	flags := r.block[r.pos]
+	r.pos++
+	n, err := r.uvarint()
+	if err != nil {
+		return s, err
+	}
+	if n > uint64(len(r.block)-r.pos) { // every frame id takes a byte at least
+		return s, errShort
+	}
+	if n > MaxFrames {
+		return s, fmt.Errorf("sample of %d frames, more than %d", n, MaxFrames)
+	}
+	ids := r.ids[:0]
+	for range n {
+		id, err := r.uvarint()
+		if err != nil {
+			return s, err
+		}
+		if id >= uint64(len(r.frames)) {
+			return s, fmt.Errorf("frame %d not defined", id)
+		}
+		ids = append(ids, id)
+	}
+	r.ids = ids
+	frames := r.stackOf(ti, ids)
+	t := &r.threads[ti]
+	s = stack.Sample{
+		Time:       time.Unix(0, r.prevNanos),
+		Pid:        t.Pid,
+		TID:        t.TID,
+		ThreadID:   t.ThreadID,
+		ThreadName: t.Name,
+		OnCPU:      flags&flagOnCPU != 0,
+		Activity:   activityOf(flags),
+		GVL:        flags&flagGVL != 0,
+		Frames:     frames,
+	}
+	if t.Samples == 0 {
+		t.First = s.Time
+	}
+	t.Samples++
+	t.Last = s.Time
+	return s, nil
+}
+
+// stackOf returns the frames of ids, a sample of thread ti: the thread's
+// last stack when ids are its last ids, else a new slice kept as its last.
+func (r *Reader) stackOf(ti uint64, ids []uint64) []stack.Frame {
+	last := &r.last[ti]
+	frames := last.frames
+	if frames == nil || !slices.Equal(ids, last.ids) {
+		frames = make([]stack.Frame, len(ids))
+		for i, id := range ids {
+			frames[i] = r.frames[id]
+		}
+		if last.frames == nil {
+			if r.kept >= maxKeptStacks {
+				// Many threads (a recording of thread churn):
+				// start over rather than keep a stack for each.
+				clear(r.last)
+				r.kept = 0
+			}
+			r.kept++
+		}
+		last.ids = append(last.ids[:0], ids...)
+		last.frames = frames
+	}
+	return frames
+}
+
+// trailerRecord decodes the trailer; nothing may follow it.
+func (r *Reader) trailerRecord() error {
+	b, err := r.bytes(maxRecordJSON)
+	if err != nil {
+		return err
+	}
+	var tr trailer
+	if err := json.Unmarshal(b, &tr); err != nil {
+		return fmt.Errorf("decode trailer: %w", err)
+	}
+	r.trailer = &tr
+	r.pos = len(r.block) // nothing may follow the trailer
+	return nil
 }

@@ -78,7 +78,7 @@ func sampleN(i int) stack.Sample {
 		ThreadID:   id,
 		ThreadName: name,
 		OnCPU:      i%2 == 0,
-		Activity:   append([]string{""}, stack.Activities...)[i%(len(stack.Activities)+1)],
+		Activity:   append([]stack.Activity{""}, stack.Activities...)[i%(len(stack.Activities)+1)],
 		GVL:        i%3 == 0,
 		Frames:     frames,
 	}

@@ -87,10 +87,10 @@ type TornThread struct {
 // UnreadThread counts one thread's samples whose stack could not be read
 // (torn by the running thread), by activity (read before the stack).
 type UnreadThread struct {
-	Pid        int            `json:"pid"`
-	TID        int            `json:"tid"`
-	Name       string         `json:"name,omitempty"`
-	ByActivity map[string]int `json:"by_activity"`
+	Pid        int                    `json:"pid"`
+	TID        int                    `json:"tid"`
+	Name       string                 `json:"name,omitempty"`
+	ByActivity map[stack.Activity]int `json:"by_activity"`
 }
 
 // ThreadInfo is per-thread metadata, gathered while writing.
@@ -226,7 +226,7 @@ func (w *Writer) frame(f stack.Frame) uint64 {
 	if id, ok := w.frames[f]; ok {
 		return id
 	}
-	name, path, kind := w.str(f.Name), w.str(f.Path), w.str(f.Kind)
+	name, path, kind := w.str(f.Name), w.str(f.Path), w.str(string(f.Kind))
 	ipath := w.str(f.InternalPath)
 	id := uint64(len(w.frames))
 	w.frames[f] = id
@@ -418,7 +418,7 @@ const (
 )
 
 // activityCodes numbers the activities in the flags byte (0: none).
-var activityCodes = []string{"", stack.ActivityRunning, stack.ActivityGVLWait, stack.ActivityBlocked, stack.ActivityGC, stack.ActivityUnknown}
+var activityCodes = []stack.Activity{"", stack.ActivityRunning, stack.ActivityGVLWait, stack.ActivityBlocked, stack.ActivityGC, stack.ActivityUnknown}
 
 func sampleFlags(s *stack.Sample) byte {
 	var flags byte
@@ -437,7 +437,7 @@ func sampleFlags(s *stack.Sample) byte {
 	return flags
 }
 
-func activityOf(flags byte) string {
+func activityOf(flags byte) stack.Activity {
 	if i := int(flags>>flagActShift) & flagActMask; i < len(activityCodes) {
 		return activityCodes[i]
 	}

@@ -60,9 +60,9 @@ type gcState struct {
 // resolveActivity finds where the GVL owner and the GC flags are; what it
 // cannot find is said in Info and leaves activity to Ruby's status and
 // the kernel's view.
-func (p *Process) resolveActivity() {
+func (p *opener) resolveActivity() {
 	a := &p.act
-	l := p.lay
+	l := p.rt.lay
 	field := func(s, name string) fieldOff {
 		fl, err := l.Field(s, name)
 		if err != nil {
@@ -79,20 +79,20 @@ func (p *Process) resolveActivity() {
 	}
 	ra, vm := "rb_ractor_struct", "rb_vm_struct"
 	switch {
-	case p.ver >= v(3, 2, 0):
+	case p.rt.gvlInSched:
 		if a.owner = field(ra, "threads.sched.running"); a.owner.ok {
 			a.ownerSource = fmt.Sprintf("%s.threads.sched.running (%s)", ra, src(ra, "threads.sched.running"))
 			if a.waitq = field(ra, "threads.sched.readyq"); !a.waitq.ok {
 				// rb_thread_sched: 3.2 has running, a pthread mutex, then
 				// readyq; 3.3+ running, three bools, then readyq.
 				off := a.owner.off + 8 + 40
-				if p.ver >= v(3, 3, 0) {
+				if p.rt.schedFlags {
 					off = a.owner.off + 8 + 8
 				}
 				a.waitq = fieldOff{off: off, size: 16, ok: true}
 			}
 		}
-	case p.ver >= v(3, 0, 0):
+	case p.rt.ractors:
 		if a.owner = field(ra, "threads.gvl.owner"); a.owner.ok {
 			a.ownerSource = fmt.Sprintf("%s.threads.gvl.owner (%s)", ra, src(ra, "threads.gvl.owner"))
 			a.waitq = field(ra, "threads.gvl.waitq")
@@ -106,7 +106,7 @@ func (p *Process) resolveActivity() {
 				a.ownerSource = fmt.Sprintf("%s.threads.gvl.owner at +%d, between threads.sleeper and threads.running_ec (%s)", ra, fromStart, l.Source)
 			}
 		}
-	case p.ver >= v(2, 6, 0):
+	case p.rt.gvlOwnerInVM:
 		a.ownerInVM = true
 		if a.owner = field(vm, "gvl.owner"); a.owner.ok {
 			a.ownerSource = fmt.Sprintf("%s.gvl.owner (%s)", vm, src(vm, "gvl.owner"))
@@ -132,9 +132,9 @@ func (p *Process) resolveActivity() {
 // has the struct, else (3.0-3.3 built-in tables) by finding the objspace
 // pointer in the VM struct by its shape, with the flags at the offset
 // Ruby's gc.c gives them in those versions.
-func (p *Process) resolveGC(field func(s, name string) fieldOff) error {
+func (p *opener) resolveGC(field func(s, name string) fieldOff) error {
 	a := &p.act
-	vm, err := p.currentVM()
+	vm, err := p.w.currentVM()
 	if err != nil {
 		return fmt.Errorf("find the VM: %w", err)
 	}
@@ -161,13 +161,13 @@ func (p *Process) resolveGC(field func(s, name string) fieldOff) error {
 		}
 		a.duringGC = fieldOff{off: 0, size: during.size, ok: true, bf: during.bf}
 		a.mode = fieldOff{off: 0, size: mode.size, ok: true, bf: mode.bf}
-		a.gcSource = fmt.Sprintf("dwarf: rb_vm_struct.objspace at +%d, rb_objspace.flags at +%d (%s)", ptrOff.off, during.off, p.lay.Source)
+		a.gcSource = fmt.Sprintf("dwarf: rb_vm_struct.objspace at +%d, rb_objspace.flags at +%d (%s)", ptrOff.off, during.off, p.rt.lay.Source)
 		return nil
 	}
-	if p.ver < v(3, 0, 0) {
-		return fmt.Errorf("no DWARF for rb_objspace and no built-in GC layout for Ruby %s", p.version)
+	if !p.rt.ractors {
+		return fmt.Errorf("no DWARF for rb_objspace and no built-in GC layout for Ruby %s", p.rt.version)
 	}
-	shape := objspaceShapeOf(p.ver)
+	shape := objspaceShapeOf(p.rt.ver)
 	off, os, err := p.scanObjspace(vm, shape)
 	if err != nil {
 		return err
@@ -237,10 +237,10 @@ const (
 // scanObjspace finds the rb_objspace pointer among the words of the VM
 // struct: the one word that points at a header of the given shape. More
 // than one candidate is an error, never a guess.
-func (p *Process) scanObjspace(vm uint64, shape objspaceShape) (uint64, uint64, error) {
-	size := p.o.vmSize
+func (p *opener) scanObjspace(vm uint64, shape objspaceShape) (uint64, uint64, error) {
+	size := p.rt.o.vmSize
 	if size == 0 || size > 1<<20 {
-		return 0, 0, fmt.Errorf("no rb_vm_struct size in layout %s", p.lay.Source)
+		return 0, 0, fmt.Errorf("no rb_vm_struct size in layout %s", p.rt.lay.Source)
 	}
 	b, err := p.r.readOwned(vm, int(size))
 	if err != nil {
@@ -276,7 +276,7 @@ func (p *Process) scanObjspace(vm uint64, shape objspaceShape) (uint64, uint64, 
 
 // gcRead is the read of the GC flags word, for a batch (ok is false when
 // the flags are unknown); decodeGC decodes it once done.
-func (p *Process) gcRead() (target.Read, bool) {
+func (p *walker) gcRead() (target.Read, bool) {
 	a := &p.act
 	if a.objspace == 0 {
 		return target.Read{}, false
@@ -284,7 +284,7 @@ func (p *Process) gcRead() (target.Read, bool) {
 	return target.Read{Addr: a.objspace + a.flagsOff, Buf: a.gcFlagsBuf[:a.duringGC.size]}, true
 }
 
-func (p *Process) decodeGC() gcState {
+func (p *walker) decodeGC() gcState {
 	a := &p.act
 	buf := a.gcFlagsBuf[:a.duringGC.size]
 	return gcState{known: true, duringGC: a.duringGC.u64(buf) != 0, mode: a.mode.u64(buf)}
@@ -292,7 +292,7 @@ func (p *Process) decodeGC() gcState {
 
 // readGC reads the GC flags (one 4-byte read per snapshot; gcRead lets a
 // batched reader fold it into its own request list).
-func (p *Process) readGC() gcState {
+func (p *walker) readGC() gcState {
 	rq, ok := p.gcRead()
 	if !ok {
 		return gcState{}
@@ -304,7 +304,7 @@ func (p *Process) readGC() gcState {
 }
 
 // ownerFrom decodes the GVL owner from the ractor (or VM) struct bytes.
-func (p *Process) ownerFrom(b []byte, vmStruct bool) (uint64, bool) {
+func (p *walker) ownerFrom(b []byte, vmStruct bool) (uint64, bool) {
 	a := &p.act
 	if !a.owner.ok || a.ownerInVM != vmStruct || a.owner.off+8 > uint64(len(b)) {
 		return 0, false
@@ -328,7 +328,7 @@ var (
 // the GC state, and the pseudo-frames that go on top of its Ruby stack (a
 // thread without Ruby frames, one just starting, gets none: walk leaves
 // them out, and it stays a sample that the outputs skip).
-func activity(th *stack.Thread, ownerKnown, waiting bool, gc gcState) (string, []stack.Frame) {
+func activity(th *stack.Thread, ownerKnown, waiting bool, gc gcState) (stack.Activity, []stack.Frame) {
 	switch {
 	case th.GVL && gc.known && gc.duringGC:
 		mode := 0
@@ -371,7 +371,7 @@ func KernelActivity(th *stack.Thread, kernelState byte) {
 // threads in it. Each node lies inside a waiting thread's rb_thread_t, so
 // the list costs no read; a node outside every listed thread (a list that
 // changed under a nonblocking read) ends the walk.
-func (p *Process) markWaiters(ra uint64, rb []byte, refs []threadRef) {
+func (p *walker) markWaiters(ra uint64, rb []byte, refs []threadRef) {
 	a := &p.act
 	if !a.waitq.ok || a.waitq.off+8 > uint64(len(rb)) {
 		return

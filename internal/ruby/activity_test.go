@@ -56,7 +56,7 @@ func TestActivitySources(t *testing.T) {
 				// bools, readyq from 3.3; the GVL's waitq after owner and
 				// a mutex before).
 				derived := p.act.owner.off + 8 + 40
-				if p.ver >= v(3, 3, 0) {
+				if p.rt.schedFlags {
 					derived = p.act.owner.off + 8 + 8
 				}
 				if p.act.waitq.off != derived {
@@ -74,7 +74,7 @@ func TestActivitySources(t *testing.T) {
 					t.Fatal(err)
 				}
 				dontGC := word>>dontGCBit&1 == 1
-				if dwarfBit, err := p.lay.Field("rb_objspace", "flags.dont_gc"); err == nil && dwarfBit.Bitfield != nil {
+				if dwarfBit, err := p.rt.lay.Field("rb_objspace", "flags.dont_gc"); err == nil && dwarfBit.Bitfield != nil {
 					if dwarfBit.Offset != p.act.flagsOff || dwarfBit.Bitfield.BitOffset != dontGCBit {
 						t.Errorf("DWARF puts dont_gc at +%d bit %d", dwarfBit.Offset, dwarfBit.Bitfield.BitOffset)
 					}
@@ -82,17 +82,17 @@ func TestActivitySources(t *testing.T) {
 				if dontGC != disabled {
 					t.Errorf("flags word 0x%x: dont_gc %v, the script ran GC.disable: %v", word, dontGC, disabled)
 				}
-				if g := p.readGC(); !g.known || g.duringGC {
+				if g := p.w.readGC(); !g.known || g.duringGC {
 					t.Errorf("GC state %+v of a sleeping process", g)
 				}
 				if rb.HasDWARF && !noDWARF {
 					// The scan must find what DWARF says.
 					dwarfOS := p.act.objspace
-					shape := objspaceShapeOf(p.ver)
+					shape := objspaceShapeOf(p.rt.ver)
 					if shape.flagsOff != p.act.flagsOff {
 						t.Errorf("the scan reads the flags at +%d (%s); DWARF puts them at +%d", shape.flagsOff, shape.source, p.act.flagsOff)
 					}
-					off, os, err := p.scanObjspace(p.vmAddr, shape)
+					off, os, err := (&opener{p}).scanObjspace(p.vmAddr, shape)
 					if err != nil {
 						t.Errorf("scan for rb_objspace: %v", err)
 					} else if os != dwarfOS || !strings.Contains(src, "objspace at +"+strconv.FormatUint(off, 10)+",") {

@@ -159,17 +159,17 @@ func corruptAndWalk(t testing.TB, where byte, off uint16, data []byte) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		refs, err := p.threadList()
+		refs, err := p.w.threadList()
 		if err != nil || len(refs) == 0 {
 			t.Fatal(err)
 		}
 		th := refs[0].addr
 		base = th
 		if where%4 >= 2 {
-			tg.ReadAt(buf[:], th+p.o.thEC.off)
+			tg.ReadAt(buf[:], th+p.rt.o.thEC.off)
 			base = binary.LittleEndian.Uint64(buf[:])
 			if where%4 == 3 {
-				tg.ReadAt(buf[:], base+p.o.ecCFP.off)
+				tg.ReadAt(buf[:], base+p.rt.o.ecCFP.off)
 				base = binary.LittleEndian.Uint64(buf[:])
 			}
 		}

@@ -115,64 +115,9 @@ func lastLoad(code []byte, pc uint64, load func(uint64) (uint64, error), call fu
 			}
 			return last, nil
 		}
-		// mov r64, r/m64 or lea r64, m: REX.W (0x48-0x4f) 8b|8d modrm [sib] [disp]
-		if i+3 > len(code) || code[i]&0xf8 != 0x48 || (code[i+1] != 0x8b && code[i+1] != 0x8d) {
-			return 0, fmt.Errorf("unexpected instruction byte 0x%02x at +%d", code[i], i)
-		}
-		lea := code[i+1] == 0x8d
-		rex := code[i]
-		modrm := code[i+2]
-		mod, reg, rm := modrm>>6, int(modrm>>3&7), int(modrm&7)
-		if rex&4 != 0 {
-			reg += 8
-		}
-		base := rm
-		if rex&1 != 0 {
-			base += 8
-		}
-		j := i + 3
-		var addr uint64
-		switch {
-		case mod == 3:
-			return 0, fmt.Errorf("register move at +%d", i)
-		case mod == 0 && rm == 5: // [rip + disp32]
-			if j+4 > len(code) {
-				return 0, fmt.Errorf("truncated at +%d", i)
-			}
-			disp := int32(binary.LittleEndian.Uint32(code[j:]))
-			j += 4
-			addr = pc + uint64(j) + uint64(int64(disp))
-		case rm == 4: // SIB: only [disp32] (no base, no index) is accepted
-			if j+1 > len(code) {
-				return 0, fmt.Errorf("truncated at +%d", i)
-			}
-			sib := code[j]
-			j++
-			if mod != 0 || sib != 0x25 || j+4 > len(code) {
-				return 0, fmt.Errorf("indexed load at +%d", i)
-			}
-			addr = uint64(int64(int32(binary.LittleEndian.Uint32(code[j:]))))
-			j += 4
-		default:
-			if !known[base] {
-				return 0, fmt.Errorf("load through an unknown register at +%d", i)
-			}
-			var disp int64
-			switch mod {
-			case 1:
-				if j+1 > len(code) {
-					return 0, fmt.Errorf("truncated at +%d", i)
-				}
-				disp = int64(int8(code[j]))
-				j++
-			case 2:
-				if j+4 > len(code) {
-					return 0, fmt.Errorf("truncated at +%d", i)
-				}
-				disp = int64(int32(binary.LittleEndian.Uint32(code[j:])))
-				j += 4
-			}
-			addr = regs[base] + uint64(disp)
+		reg, lea, addr, j, err := memOperand(code, i, pc, &regs, &known)
+		if err != nil {
+			return 0, err
 		}
 		i = j
 		if lea {
@@ -187,6 +132,73 @@ func lastLoad(code []byte, pc uint64, load func(uint64) (uint64, error), call fu
 		last = addr
 	}
 	return 0, fmt.Errorf("no ret within %d bytes", len(code))
+}
+
+// memOperand decodes the mov or lea at code[i] (mov r64, r/m64 or lea
+// r64, m: REX.W (0x48-0x4f) 8b|8d modrm [sib] [disp]), the function
+// starting at pc, with the registers known so far: its destination
+// register, whether it is a lea, the address it reads or computes, and
+// where the next instruction starts.
+func memOperand(code []byte, i int, pc uint64, regs *[16]uint64, known *[16]bool) (int, bool, uint64, int, error) {
+	if i+3 > len(code) || code[i]&0xf8 != 0x48 || (code[i+1] != 0x8b && code[i+1] != 0x8d) {
+		return 0, false, 0, 0, fmt.Errorf("unexpected instruction byte 0x%02x at +%d", code[i], i)
+	}
+	lea := code[i+1] == 0x8d
+	rex := code[i]
+	modrm := code[i+2]
+	mod, reg, rm := modrm>>6, int(modrm>>3&7), int(modrm&7)
+	if rex&4 != 0 {
+		reg += 8
+	}
+	base := rm
+	if rex&1 != 0 {
+		base += 8
+	}
+	j := i + 3
+	var addr uint64
+	switch {
+	case mod == 3:
+		return 0, false, 0, 0, fmt.Errorf("register move at +%d", i)
+	case mod == 0 && rm == 5: // [rip + disp32]
+		if j+4 > len(code) {
+			return 0, false, 0, 0, fmt.Errorf("truncated at +%d", i)
+		}
+		disp := int32(binary.LittleEndian.Uint32(code[j:]))
+		j += 4
+		addr = pc + uint64(j) + uint64(int64(disp))
+	case rm == 4: // SIB: only [disp32] (no base, no index) is accepted
+		if j+1 > len(code) {
+			return 0, false, 0, 0, fmt.Errorf("truncated at +%d", i)
+		}
+		sib := code[j]
+		j++
+		if mod != 0 || sib != 0x25 || j+4 > len(code) {
+			return 0, false, 0, 0, fmt.Errorf("indexed load at +%d", i)
+		}
+		addr = uint64(int64(int32(binary.LittleEndian.Uint32(code[j:]))))
+		j += 4
+	default:
+		if !known[base] {
+			return 0, false, 0, 0, fmt.Errorf("load through an unknown register at +%d", i)
+		}
+		var disp int64
+		switch mod {
+		case 1:
+			if j+1 > len(code) {
+				return 0, false, 0, 0, fmt.Errorf("truncated at +%d", i)
+			}
+			disp = int64(int8(code[j]))
+			j++
+		case 2:
+			if j+4 > len(code) {
+				return 0, false, 0, 0, fmt.Errorf("truncated at +%d", i)
+			}
+			disp = int64(int32(binary.LittleEndian.Uint32(code[j:])))
+			j += 4
+		}
+		addr = regs[base] + uint64(disp)
+	}
+	return reg, lea, addr, j, nil
 }
 
 // beginEpoch starts a snapshot: it reads the GC count, or, when it is not

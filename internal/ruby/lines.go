@@ -15,7 +15,7 @@ const (
 )
 
 // lineFor returns the line being executed at pc in the iseq.
-func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
+func (p *namer) lineFor(info *iseqInfo, pc uint64) (int, error) {
 	if pc < info.encoded {
 		return 0, invalidf("pc 0x%x before iseq code 0x%x", pc, info.encoded)
 	}
@@ -25,15 +25,15 @@ func (p *Process) lineFor(info *iseqInfo, pc uint64) (int, error) {
 	}
 	// The pc points at the next instruction; Ruby uses pos-1.
 	lookup := pos
-	if lookup > 0 && !(p.opts.nextInsnLines && p.o.bSuccTable.ok) {
+	if lookup > 0 && !(p.opts.nextInsnLines && p.rt.o.bSuccTable.ok) {
 		lookup--
 	}
 	var line int
 	var err error
 	switch {
-	case p.o.bSuccTable.ok:
+	case p.rt.o.bSuccTable.ok:
 		line, err = p.lineSucc(info, lookup)
-	case p.ver >= v(2, 0, 0) || p.o.insnPos.ok:
+	case p.rt.iseqBody || p.rt.o.insnPos.ok:
 		line, err = p.linePositions(info, lookup)
 	}
 	if err != nil {
@@ -58,7 +58,7 @@ func (info *iseqInfo) lineTableSize() (uint64, error) {
 }
 
 // lineSucc looks pos up in the succinct bit vector of Ruby 2.6+.
-func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
+func (p *namer) lineSucc(info *iseqInfo, pos uint64) (int, error) {
 	size, err := info.lineTableSize()
 	if err != nil {
 		return 0, err
@@ -67,7 +67,7 @@ func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
 		if i >= size {
 			return 0, invalidf("line index %d outside table of %d", i, size)
 		}
-		b, err := p.r.read(info.tableAddr+i*p.o.insnSize+p.o.insnLine.off, 4)
+		b, err := p.r.read(info.tableAddr+i*p.rt.o.insnSize+p.rt.o.insnLine.off, 4)
 		if err != nil {
 			return 0, fmt.Errorf("read line entry: %w", err)
 		}
@@ -116,7 +116,7 @@ func (p *Process) lineSucc(info *iseqInfo, pos uint64) (int, error) {
 }
 
 // linePositionsArray searches the positions array (2.6+, before encoding).
-func (p *Process) linePositionsArray(info *iseqInfo, pos uint64, entry func(uint64) (int, error)) (int, error) {
+func (p *namer) linePositionsArray(info *iseqInfo, pos uint64, entry func(uint64) (int, error)) (int, error) {
 	n := info.tableSize
 	data, err := p.r.readOwned(info.positions, int(n*4))
 	if err != nil {
@@ -135,14 +135,14 @@ func (p *Process) linePositionsArray(info *iseqInfo, pos uint64, entry func(uint
 
 // linePositions searches a table of {position, line_no, ...} entries
 // (1.9 to 2.5): the last entry whose position is at or before pos.
-func (p *Process) linePositions(info *iseqInfo, pos uint64) (int, error) {
+func (p *namer) linePositions(info *iseqInfo, pos uint64) (int, error) {
 	n, err := info.lineTableSize()
 	if err != nil {
 		return 0, err
 	}
-	esize, posF, lineF := p.o.insnSize, p.o.insnPos, p.o.insnLine
-	if p.o.lineSize != 0 && (p.o.bLineInfoTable.ok) {
-		esize, posF, lineF = p.o.lineSize, p.o.linePos, p.o.lineLine
+	esize, posF, lineF := p.rt.o.insnSize, p.rt.o.insnPos, p.rt.o.insnLine
+	if p.rt.o.lineSize != 0 && (p.rt.o.bLineInfoTable.ok) {
+		esize, posF, lineF = p.rt.o.lineSize, p.rt.o.linePos, p.rt.o.lineLine
 	}
 	data, err := p.r.readOwned(info.tableAddr, int(n*esize))
 	if err != nil {

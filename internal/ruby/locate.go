@@ -13,13 +13,13 @@ import (
 // locate finds the VM (3.x, 2.2+) or the current thread (older) and the
 // global symbol table, from symbols first and by scanning memory when the
 // binaries are stripped.
-func (p *Process) locate() error {
+func (p *opener) locate() error {
 	switch {
-	case p.ver >= v(3, 0, 0):
+	case p.rt.ractors:
 		if a, ok := p.symbol("ruby_current_vm_ptr"); ok {
 			p.vmPtrAddr = a
 		}
-	case p.ver >= v(2, 5, 0):
+	case p.rt.execContext:
 		if a, ok := p.opts.Hints["ruby_current_thread"]; ok {
 			// rbspy's manifests name the EC pointer "current thread".
 			p.ecPtrAddr = a
@@ -58,25 +58,25 @@ func (p *Process) locate() error {
 
 // checkVM verifies that the located VM or thread has a plausible shape, so
 // that a wrong layout or address gives a clear error instead of garbage.
-func (p *Process) checkVM() error {
-	ths, err := p.threadList()
+func (p *opener) checkVM() error {
+	ths, err := p.w.threadList()
 	if err != nil {
-		return fmt.Errorf("read Ruby threads (layout %s): %w", p.lay.Source, err)
+		return fmt.Errorf("read Ruby threads (layout %s): %w", p.rt.lay.Source, err)
 	}
 	if len(ths) == 0 {
-		return fmt.Errorf("%w: the Ruby VM has no threads (layout %s)", ErrInvalid, p.lay.Source)
+		return fmt.Errorf("%w: the Ruby VM has no threads (layout %s)", ErrInconsistent, p.rt.lay.Source)
 	}
 	return nil
 }
 
 // currentVM reads the VM pointer.
-func (p *Process) currentVM() (uint64, error) {
+func (p *walker) currentVM() (uint64, error) {
 	if p.vmAddr != 0 {
 		return p.vmAddr, nil
 	}
 	if p.vmPtrAddr != 0 {
 		vm, err := p.heapPtr(p.vmPtrAddr, "ruby_current_vm_ptr")
-		if errors.Is(err, ErrInvalid) {
+		if errors.Is(err, ErrInconsistent) {
 			return 0, fmt.Errorf("%w (the VM is not initialised yet?)", err)
 		} else if err != nil {
 			return 0, err
@@ -89,10 +89,10 @@ func (p *Process) currentVM() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if !p.o.thVM.ok {
+	if !p.rt.o.thVM.ok {
 		return 0, errors.New("layout has no rb_thread_struct.vm")
 	}
-	vm, err := p.heapPtr(th+p.o.thVM.off, fmt.Sprintf("VM pointer of thread 0x%x", th))
+	vm, err := p.heapPtr(th+p.rt.o.thVM.off, fmt.Sprintf("VM pointer of thread 0x%x", th))
 	if err != nil {
 		return 0, err
 	}
@@ -115,17 +115,17 @@ func (p *Process) heapPtr(addr uint64, what string) (uint64, error) {
 
 // currentThread returns the rb_thread_t running (holding the GVL) for
 // Rubies that export it (before 3.0).
-func (p *Process) currentThread() (uint64, error) {
+func (p *walker) currentThread() (uint64, error) {
 	switch {
 	case p.ecPtrAddr != 0:
 		ec, err := p.heapPtr(p.ecPtrAddr, "current execution context")
 		if err != nil {
 			return 0, err
 		}
-		if !p.o.ecThreadPtr.ok {
+		if !p.rt.o.ecThreadPtr.ok {
 			return 0, errors.New("layout has no rb_execution_context_struct.thread_ptr")
 		}
-		th, err := p.r.u64(ec + p.o.ecThreadPtr.off)
+		th, err := p.r.u64(ec + p.rt.o.ecThreadPtr.off)
 		if err != nil {
 			return 0, fmt.Errorf("read EC's thread: %w", err)
 		}
@@ -162,7 +162,7 @@ const maxListLen = 100000
 
 // walkList follows a ccan list_head at head, calling fn with each node's
 // address; it stops at head, on a cycle bound or on a read error.
-func (p *Process) walkList(head uint64, fn func(node uint64) error) error {
+func (p *walker) walkList(head uint64, fn func(node uint64) error) error {
 	node, err := p.r.u64(head)
 	if err != nil {
 		return fmt.Errorf("read list head at 0x%x: %w", head, err)
@@ -185,10 +185,10 @@ func (p *Process) walkList(head uint64, fn func(node uint64) error) error {
 
 // threadList lists the VM's Ruby threads (the source of truth, re-read on
 // every snapshot).
-func (p *Process) threadList() ([]threadRef, error) {
-	o := &p.o
+func (p *walker) threadList() ([]threadRef, error) {
+	o := &p.rt.o
 	switch {
-	case p.ver >= v(3, 0, 0):
+	case p.rt.ractors:
 		vm, err := p.currentVM()
 		if err != nil {
 			return nil, err
@@ -250,7 +250,7 @@ func (p *Process) threadList() ([]threadRef, error) {
 			p.markWaiters(ra, b, out[first:])
 		}
 		return out, nil
-	case p.ver >= v(2, 2, 0):
+	case p.rt.livingThreads:
 		vm, err := p.currentVM()
 		if err != nil {
 			return nil, err
@@ -288,7 +288,7 @@ func (p *Process) threadList() ([]threadRef, error) {
 // symbols: it scans the writable data of the Ruby binaries for a pointer
 // whose target passes structural checks, as rbspy does for stripped
 // binaries.
-func (p *Process) scanForVM() error {
+func (p *opener) scanForVM() error {
 	maps, err := p.t.Mappings()
 	if err != nil {
 		return fmt.Errorf("read mappings: %w", err)
@@ -325,9 +325,7 @@ func (p *Process) scanWords(regions []addrRange, need uint64, match func(addr ui
 		}
 		data := make([]byte, size)
 		if err := p.t.ReadAt(data, rg.Start); err != nil {
-			var perm target.ErrPermission
-			var gone target.ErrProcessExited
-			if errors.As(err, &perm) || errors.As(err, &gone) {
+			if errors.Is(err, target.ErrDenied) || errors.Is(err, target.ErrExited) {
 				return false, fmt.Errorf("scan the data of %s: %w", binaryNames(p.info.Binaries), err)
 			}
 			continue
@@ -343,14 +341,14 @@ func (p *Process) scanWords(regions []addrRange, need uint64, match func(addr ui
 
 // tryCandidate checks whether addr holds the VM pointer (3.x), the EC
 // pointer (2.5-2.7) or the current thread pointer (older).
-func (p *Process) tryCandidate(addr uint64) bool {
-	save := *p
+func (p *opener) tryCandidate(addr uint64) bool {
+	save := *p.Process
 	ok := false
 	switch {
-	case p.ver >= v(3, 0, 0):
+	case p.rt.ractors:
 		p.vmPtrAddr = addr
 		ok = p.plausibleVM3()
-	case p.ver >= v(2, 5, 0):
+	case p.rt.execContext:
 		p.ecPtrAddr = addr
 		ok = p.plausibleThread()
 	default:
@@ -358,7 +356,7 @@ func (p *Process) tryCandidate(addr uint64) bool {
 		ok = p.plausibleThread()
 	}
 	if ok {
-		name := map[bool]string{true: "ruby_current_vm_ptr", false: "ruby_current_thread"}[p.ver >= v(3, 0, 0)]
+		name := map[bool]string{true: "ruby_current_vm_ptr", false: "ruby_current_thread"}[p.rt.ractors]
 		if p.ecPtrAddr != 0 {
 			name = "ruby_current_execution_context_ptr"
 		}
@@ -366,15 +364,15 @@ func (p *Process) tryCandidate(addr uint64) bool {
 		return true
 	}
 	caches := p.caches
-	*p = save
+	*p.Process = save
 	p.caches = caches
 	return false
 }
 
 // plausibleVM3: vm.ractor.main_ractor -> ractor whose main thread points
 // back to the VM and the ractor.
-func (p *Process) plausibleVM3() bool {
-	o := &p.o
+func (p *opener) plausibleVM3() bool {
+	o := &p.rt.o
 	vm, err := p.r.u64(p.vmPtrAddr)
 	if err != nil || !isHeapPtr(vm) {
 		return false
@@ -391,7 +389,7 @@ func (p *Process) plausibleVM3() bool {
 	if err != nil || thVM != vm {
 		return false
 	}
-	if f, err := p.lay.Field("rb_thread_struct", "ractor"); err == nil {
+	if f, err := p.rt.lay.Field("rb_thread_struct", "ractor"); err == nil {
 		r, err := p.r.u64(mainTh + f.Offset)
 		if err != nil || r != mr {
 			return false
@@ -403,21 +401,21 @@ func (p *Process) plausibleVM3() bool {
 
 // plausibleThread: the current thread's VM points to a VM whose main
 // thread's VM is the same VM.
-func (p *Process) plausibleThread() bool {
-	th, err := p.currentThread()
+func (p *opener) plausibleThread() bool {
+	th, err := p.w.currentThread()
 	if err != nil || !isHeapPtr(th) {
 		return false
 	}
-	vm, err := p.r.u64(th + p.o.thVM.off)
+	vm, err := p.r.u64(th + p.rt.o.thVM.off)
 	if err != nil || !isHeapPtr(vm) {
 		return false
 	}
-	if p.o.vmMainThread.ok {
-		mt, err := p.r.u64(vm + p.o.vmMainThread.off)
+	if p.rt.o.vmMainThread.ok {
+		mt, err := p.r.u64(vm + p.rt.o.vmMainThread.off)
 		if err != nil || !isHeapPtr(mt) {
 			return false
 		}
-		mvm, err := p.r.u64(mt + p.o.thVM.off)
+		mvm, err := p.r.u64(mt + p.rt.o.thVM.off)
 		if err != nil || mvm != vm {
 			return false
 		}

@@ -34,13 +34,13 @@ const (
 	imemoIseq  = 7
 )
 
-// ErrInvalid reports that memory read from the target did not have the
+// ErrInconsistent reports that memory read from the target did not have the
 // shape a Ruby structure should have (a race with the target, the wrong
 // layout, or not a Ruby process).
-var ErrInvalid = errors.New("inconsistent Ruby VM data")
+var ErrInconsistent = errors.New("inconsistent Ruby VM data")
 
 func invalidf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", ErrInconsistent, fmt.Sprintf(format, args...))
 }
 
 // isHeapPtr reports whether v can be a pointer to a heap object (not an

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/rbscope/rbscope/internal/stack"
-	"github.com/rbscope/rbscope/internal/target"
 )
 
 // The global symbol table (rb_symbols_t, symbol.c) is in no layout table;
@@ -26,32 +23,21 @@ const (
 // keyed by the address of a GC-managed object carries the GC epoch in
 // which it was last read (see gccount.go) and serves only in that epoch.
 type caches struct {
-	iseqCache   map[uint64]*iseqInfo
-	pathCache   map[uint64]genString
-	ownerCache  map[uint64]genString
-	cfuncCache  map[uint64]genString
-	classCache  map[uint64]className
-	idCache     map[uint64]string
-	reqBuf      []target.Read
-	osNames     map[int]string
-	startNames  map[uint64]startName   // unnamed threads' names, by thread address (see nameThread)
-	slotCache   map[uint64][]slotEntry // by VM stack end, see stackSlots
-	slotTotal   int
-	fdsBuf      []frameData
-	cachedBuf   []bool
-	pendingBuf  []int
-	frameBuf    []stack.Frame         // a stack being named (see keepFrames)
-	lastFrames  map[uint64]*keptStack // each thread's last stack, by thread address
-	keptBytes   int                   // the regions kept in lastFrames
-	walks       uint64                // stacks walked (see sameStack)
-	offCPU      OffCPUWatch           // see SetOffCPUWatch (nil: none)
-	stillSkips  uint64                // threads not read: not run since (see stillStack)
-	regionsAt   int64                 // when this tick's region batch began (offCPU's clock; 0: not usable)
-	envs        map[uint64]*frameData
-	walkFds     []frameData // the frames of the walk in progress
-	envsIndexed bool        // envs indexes walkFds
-	envSuspect  bool        // the walk in progress found a frame without its method entry
-	ownerTmp    frameData
+	iseqCache  map[uint64]*iseqInfo
+	pathCache  map[uint64]genString
+	ownerCache map[uint64]genString
+	cfuncCache map[uint64]genString
+	classCache map[uint64]className
+	idCache    map[uint64]string
+	osNames    map[int]string
+	startNames map[uint64]startName   // unnamed threads' names, by thread address (see nameThread)
+	slotCache  map[uint64][]slotEntry // by VM stack end, see stackSlots
+	slotTotal  int
+	lastFrames map[uint64]*keptStack // each thread's last stack, by thread address
+	keptBytes  int                   // the regions kept in lastFrames
+	walks      uint64                // stacks walked (see sameStack)
+	offCPU     OffCPUWatch           // see SetOffCPUWatch (nil: none)
+	stillSkips uint64                // threads not read: not run since (see stillStack)
 	// The global symbol table's memory scan, when it is not exported:
 	// retried (a process opened while it boots may not have filled it
 	// yet) no sooner than symScanNext, backing off to maxSymScanWait.
@@ -74,50 +60,18 @@ type caches struct {
 	gcCountAddr          uint64
 	gcCountTried         bool
 
-	stopped bool // the target does not run while this snapshot reads it
 	// stoppedAll: every Ruby thread is stopped while a snapshot reads
 	// (a core file, or a caller that pauses them: SetStopped).
 	stoppedAll bool
-	// knownThreadList's reads of the GC count and the ractor count.
-	tickGC  [8]byte
-	tickCnt [4]byte
-	// ractors is the VM's ractor count read by this snapshot (0: not
-	// known).
-	ractors   int
-	copy2     []byte        // first copy of a control-frame region
-	frameReqs []target.Read // readFrames' reads, reused
-	frameCFPs [3][8]byte    // readFrames' cfp reads
-	tornReads uint64        // stack reads found torn
-	frameDone bool          // the last frame named is past its last instruction
+	tornReads  uint64 // stack reads found torn
 
 	// The thread list seen last time (see tick.go).
 	knownThreads []uint64
 	knownHeads   []threadHeads // per known thread, read with it
 	knownRactor  uint64
-	tickReqs     []target.Read
-	// merged reads the thread list's requests (their order does not
-	// matter) in page spans: fewer remote iovecs per tick.
-	merged    target.Coalescer
-	nameCache map[uint64]genString
-	// Per-snapshot buffers, reused (see scratch.go).
-	scratch   scratch
-	refsBuf   []threadRef
-	checksBuf []regionCheck
-	gcFresh   bool // the GC flags were read with the thread list
+	nameCache    map[uint64]genString
 
-	// Witnesses of cached names (see witness.go).
-	rec         *witness // the witness being recorded, if any
-	witBuf      []byte
-	witReqs     []target.Read
-	witSpans    []witSpan
-	witOK       []bool
-	checkWits   []witness
-	checkOK     []bool
-	checkTodo   []nameCheck
-	witStack    []*witness // scratch witnesses, by nesting depth
-	witOuter    []*witness // the recording each one interrupted
-	witChecks   uint64     // witness checks made
-	bodyMaskBuf []byte
+	witChecks uint64 // witness checks made
 }
 
 // genString is a cached string and the GC epoch it was read in.
@@ -150,12 +104,12 @@ func (c *caches) init() {
 var errNoSymbols = errors.New("global symbol table not found")
 
 // id2str returns the name of method id id, as rb_id2str does.
-func (p *Process) id2str(id uint64) (string, error) {
+func (p *namer) id2str(id uint64) (string, error) {
 	if s, ok := p.idCache[id]; ok {
 		return s, nil
 	}
-	if p.ver < v(2, 2, 0) {
-		return "", fmt.Errorf("method names of Ruby %s: %w", p.version, errNoSymbols)
+	if !p.rt.symbolSerials {
+		return "", fmt.Errorf("method names of Ruby %s: %w", p.rt.version, errNoSymbols)
 	}
 	if !p.findSymbols() {
 		p.incomplete++
@@ -177,7 +131,7 @@ func (p *Process) id2str(id uint64) (string, error) {
 }
 
 // serialString reads the String registered for a symbol serial.
-func (p *Process) serialString(serial uint64) (string, error) {
+func (p *namer) serialString(serial uint64) (string, error) {
 	last, err := p.r.u32(p.symbolsAddr + symbolsLastID)
 	if err != nil {
 		return "", fmt.Errorf("read symbol table: %w", err)
@@ -203,7 +157,7 @@ func (p *Process) serialString(serial uint64) (string, error) {
 // scanForSymbols finds ruby_global_symbols in the Ruby binaries' data when
 // it is not exported: a struct whose last_id is plausible and whose ids
 // Array has one chunk per 512 serials, and where serial '+' names "+".
-func (p *Process) scanForSymbols() {
+func (p *namer) scanForSymbols() {
 	maps, err := p.t.Mappings()
 	if err != nil {
 		return
@@ -236,13 +190,13 @@ func (p *Process) scanForSymbols() {
 // after the object it is attached to.
 func (p *Process) ClassName(klass uint64) (string, error) {
 	p.beginEpoch()
-	name, _, err := p.classNameOf(klass)
+	name, _, err := p.n.classNameOf(klass)
 	return name, err
 }
 
 // classNameOf returns the class path of klass and whether klass is a
 // singleton class (then name is the attached class's path).
-func (p *Process) classNameOf(klass uint64) (string, bool, error) {
+func (p *namer) classNameOf(klass uint64) (string, bool, error) {
 	if c, ok := p.classCache[klass]; ok && p.current(&c.gen, c.wit) {
 		p.classCache[klass] = c
 		p.reuse(c.wit)
@@ -265,7 +219,7 @@ func (p *Process) classNameOf(klass uint64) (string, bool, error) {
 	return name, singleton, nil
 }
 
-func (p *Process) readClassName(klass uint64, depth int) (string, bool, error) {
+func (p *namer) readClassName(klass uint64, depth int) (string, bool, error) {
 	if depth > 4 || !isHeapPtr(klass) {
 		return "", false, invalidf("not a class: 0x%x", klass)
 	}
@@ -275,7 +229,7 @@ func (p *Process) readClassName(klass uint64, depth int) (string, bool, error) {
 	}
 	flags, kl := le64(b, 0), le64(b, 8)
 	singletonFlag := uint64(1) << 12 // FL_SINGLETON = FL_USER0
-	if p.ver >= v(3, 4, 0) {
+	if p.rt.singletonUser1 {
 		singletonFlag = 1 << 13 // FL_USER1 from 3.4
 	}
 	p.sawWord(klass, flags, tMask|singletonFlag)
@@ -300,8 +254,8 @@ func (p *Process) readClassName(klass uint64, depth int) (string, bool, error) {
 }
 
 // classPath reads the permanent class path of a named class.
-func (p *Process) classPath(klass uint64) (string, error) {
-	o := &p.o
+func (p *namer) classPath(klass uint64) (string, error) {
+	o := &p.rt.o
 	switch {
 	case o.classextOff.ok && o.classpathOff.ok: // 3.3+
 		cp, err := p.sawU64(klass + o.classextOff.off + o.classpathOff.off)
@@ -312,7 +266,7 @@ func (p *Process) classPath(klass uint64) (string, error) {
 			return "", nil // anonymous
 		}
 		return p.rstring(cp)
-	case p.ver >= v(2, 2, 0) && p.ver < v(3, 2, 0):
+	case p.rt.hiddenIvarNames:
 		val, ok, err := p.classIvar(klass, "__classpath__")
 		if err != nil || !ok {
 			return "", err
@@ -323,12 +277,12 @@ func (p *Process) classPath(klass uint64) (string, error) {
 }
 
 // attachedObject returns the object a singleton class is attached to.
-func (p *Process) attachedObject(klass uint64) (uint64, error) {
-	o := &p.o
+func (p *namer) attachedObject(klass uint64) (uint64, error) {
+	o := &p.rt.o
 	if o.classextOff.ok && o.attachedOff.ok {
 		return p.sawU64(klass + o.classextOff.off + o.attachedOff.off)
 	}
-	if p.ver >= v(2, 2, 0) && p.ver < v(3, 2, 0) {
+	if p.rt.hiddenIvarNames {
 		val, ok, err := p.classIvar(klass, "__attached__")
 		if err != nil || !ok {
 			return 0, err
@@ -352,7 +306,7 @@ const (
 	maxStEntries   = 1 << 16
 )
 
-func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
+func (p *namer) classIvar(klass uint64, name string) (uint64, bool, error) {
 	resume := p.notRecording() // found once per process
 	serial, err := p.hiddenSerial(name)
 	resume()
@@ -364,7 +318,7 @@ func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
 		return 0, false, err
 	}
 	ivOff := uint64(classextIvTbl)
-	if f, err := p.lay.Field("rb_classext_struct", "iv_tbl"); err == nil {
+	if f, err := p.rt.lay.Field("rb_classext_struct", "iv_tbl"); err == nil {
 		ivOff = f.Offset
 	}
 	tbl, err := p.sawU64(ext + ivOff)
@@ -398,7 +352,7 @@ func (p *Process) classIvar(klass uint64, name string) (uint64, bool, error) {
 // hiddenSerial finds the symbol serial of an internal name such as
 // "__classpath__" by searching the global symbol table (they are interned
 // early, so the search is short).
-func (p *Process) hiddenSerial(name string) (uint64, error) {
+func (p *namer) hiddenSerial(name string) (uint64, error) {
 	if p.classpathSerial == 0 || p.attachedSerial == 0 {
 		if err := p.searchSerials(); err != nil {
 			p.incomplete++
@@ -425,7 +379,7 @@ const maxSerialSearch = 20000
 // searchSerials searches the symbols interned since the last search for
 // the hidden ivar names (symbols are only ever added, so each serial is
 // read once).
-func (p *Process) searchSerials() error {
+func (p *namer) searchSerials() error {
 	if !p.findSymbols() {
 		return errNoSymbols
 	}
@@ -457,7 +411,7 @@ const maxSymScanWait = 10 * time.Second
 // findSymbols reports whether the global symbol table is known, scanning
 // memory for it (see scanForSymbols) when it is not exported and the last
 // scan is old enough.
-func (p *Process) findSymbols() bool {
+func (p *namer) findSymbols() bool {
 	if p.symbolsAddr != 0 {
 		return true
 	}

@@ -105,138 +105,10 @@ func toKillBeside(status fieldOff, version string) fieldOff {
 
 func resolveOffsets(l *layout.Layout) (offsets, error) {
 	var o offsets
-	f := func(s, name string) fieldOff {
-		fl, err := l.Field(s, name)
-		if err != nil {
-			return fieldOff{}
-		}
-		return fieldOff{off: fl.Offset, size: fl.Size, ok: true, bf: fl.Bitfield}
-	}
-	size := func(s string) uint64 { n, _ := l.Size(s); return n }
-
-	vm := "rb_vm_struct"
-	o.vmRactorSet = f(vm, "ractor.set")
-	o.vmRactorCnt = f(vm, "ractor.cnt")
-	o.vmMainRactor = f(vm, "ractor.main_ractor")
-	o.vmLivingThreads = f(vm, "living_threads")
-	o.vmMainThread = f(vm, "main_thread")
-	o.vmRunningThread = f(vm, "running_thread")
-	o.vmSize = size(vm)
-
-	ra := "rb_ractor_struct"
-	o.ractorThreadsSet = f(ra, "threads.set")
-	o.ractorThreadsMain = f(ra, "threads.main")
-	o.ractorRunningEC = f(ra, "threads.running_ec")
-	o.ractorVMLRNode = f(ra, "vmlr_node")
-	o.ractorSize = size(ra)
-
-	th := "rb_thread_struct"
-	o.thLTNode = f(th, "lt_node")
-	o.thVMLTNode = f(th, "vmlt_node")
-	o.thSelf = f(th, "self")
-	o.thVM = f(th, "vm")
-	o.thEC = f(th, "ec")
-	o.thStack = f(th, "stack")
-	o.thStackSize = f(th, "stack_size")
-	o.thCFP = f(th, "cfp")
-	o.thThreadID = f(th, "thread_id")
-	o.thTID = f(th, "tid")
-	o.thNT = f(th, "nt")
-	o.thStatus = f(th, "status")
-	o.thToKill = f(th, "to_kill")
-	if !o.thToKill.ok {
-		o.thToKill = toKillBeside(o.thStatus, l.RubyVersion)
-	}
-	o.thName = f(th, "name")
-	o.thSize = size(th)
-	o.ntTID = f("rb_native_thread", "tid")
-
-	ec := "rb_execution_context_struct"
-	o.ecVMStack = f(ec, "vm_stack")
-	o.ecVMStackSize = f(ec, "vm_stack_size")
-	o.ecCFP = f(ec, "cfp")
-	o.ecThreadPtr = f(ec, "thread_ptr")
-
-	cf := "rb_control_frame_struct"
-	o.cfpPC = f(cf, "pc")
-	o.cfpSP = f(cf, "sp")
-	o.cfpIseq = f(cf, "iseq")
-	o.cfpSelf = f(cf, "self")
-	o.cfpEP = f(cf, "ep")
-	o.cfpFlag = f(cf, "flag")
-	o.cfpMe = f(cf, "me")
-	o.cfpBlock = f(cf, "block_code")
-	if !o.cfpBlock.ok {
-		o.cfpBlock = f(cf, "block_iseq")
-	}
-	o.cfpSize = size(cf)
-
-	is := "rb_iseq_struct"
-	o.iseqBody = f(is, "body")
-	o.iseqType = f(is, "type")
-	o.iseqName = f(is, "name")
-	o.iseqFilename = f(is, "filename")
-	o.iseqFilepath = f(is, "filepath")
-	o.iseqSize = size(is)
-
-	b := "rb_iseq_constant_body"
-	if !l.Has(b, "") {
-		b = is
-	}
-	o.bodyStruct = b
-	o.bType = f(b, "type")
-	o.bEncoded = f(b, "iseq_encoded")
-	o.bIseqSize = f(b, "iseq_size")
-	o.bFirstLineno = f(b, "location.first_lineno")
-	o.bLabel = f(b, "location.label")
-	o.bPathobj = f(b, "location.pathobj")
-	o.bPath = f(b, "location.path")
-	o.bAbsPath = f(b, "location.absolute_path")
-	o.bLocalIseq = f(b, "local_iseq")
-	if x := f(b, "insns_info.body"); x.ok {
-		o.bInsnsInfo = x
-		o.bInsnsInfoSize = f(b, "insns_info.size")
-		o.bInsnsPositions = f(b, "insns_info.positions")
-		o.bSuccTable = f(b, "insns_info.succ_index_table")
-	} else {
-		o.bInsnsInfo = f(b, "insns_info")
-		o.bInsnsInfoSize = f(b, "insns_info_size")
-	}
-	o.bLineInfoTable = f(b, "line_info_table")
-	o.bLineInfoSize = f(b, "line_info_size")
-	o.bInsnInfoTable = f(b, "insn_info_table")
-	o.bInsnInfoSize = f(b, "insn_info_size")
-	o.bodySize = size(b)
-
-	o.insnLine = f("iseq_insn_info_entry", "line_no")
-	o.insnPos = f("iseq_insn_info_entry", "position")
-	o.insnSize = size("iseq_insn_info_entry")
-	o.lineLine = f("iseq_line_info_entry", "line_no")
-	o.linePos = f("iseq_line_info_entry", "position")
-	o.lineSize = size("iseq_line_info_entry")
-
-	o.strLen = f("RString", "len")
-	o.strEmbedLen = f("RString", "as.embed.len")
-	o.strEmbedAry = f("RString", "as.embed.ary")
-	o.strAsAry = f("RString", "as.ary")
-	o.strHeapLen = f("RString", "as.heap.len")
-	o.strHeapPtr = f("RString", "as.heap.ptr")
-
-	o.aryHeapLen = f("RArray", "as.heap.len")
-	o.aryHeapPtr = f("RArray", "as.heap.ptr")
-	o.aryAsAry = f("RArray", "as.ary")
-
-	me := "rb_method_entry_struct"
-	o.meDef = f(me, "def")
-	o.meCalledID = f(me, "called_id")
-	o.meOwner = f(me, "owner")
-	o.meKlass = f(me, "klass")
-	o.defType = f("rb_method_definition_struct", "type")
-	o.defOriginalID = f("rb_method_definition_struct", "original_id")
-
-	o.classextOff = f("RClass_and_rb_classext_t", "classext")
-	o.classpathOff = f("rb_classext_struct", "classpath")
-	o.attachedOff = f("rb_classext_struct", "as.singleton_class.attached_object")
+	lf := layoutFields{l}
+	o.resolveThreads(lf)
+	o.resolveFrames(lf)
+	o.resolveObjects(lf)
 
 	// The fields without which no stack can be walked.
 	for _, req := range []struct {
@@ -256,4 +128,155 @@ func resolveOffsets(l *layout.Layout) (offsets, error) {
 		return o, fmt.Errorf("layout %s lacks control frame or iseq sizes", l.Source)
 	}
 	return o, nil
+}
+
+// layoutFields reads fields and struct sizes out of a layout.
+type layoutFields struct{ l *layout.Layout }
+
+// f returns field name of struct s (not ok when the layout lacks it).
+func (lf layoutFields) f(s, name string) fieldOff {
+	fl, err := lf.l.Field(s, name)
+	if err != nil {
+		return fieldOff{}
+	}
+	return fieldOff{off: fl.Offset, size: fl.Size, ok: true, bf: fl.Bitfield}
+}
+
+// size returns the size of struct s (0 when the layout lacks it).
+func (lf layoutFields) size(s string) uint64 { n, _ := lf.l.Size(s); return n }
+
+// resolveThreads resolves the fields of the VM, its ractors, threads and
+// execution contexts.
+func (o *offsets) resolveThreads(lf layoutFields) {
+	vm := "rb_vm_struct"
+	o.vmRactorSet = lf.f(vm, "ractor.set")
+	o.vmRactorCnt = lf.f(vm, "ractor.cnt")
+	o.vmMainRactor = lf.f(vm, "ractor.main_ractor")
+	o.vmLivingThreads = lf.f(vm, "living_threads")
+	o.vmMainThread = lf.f(vm, "main_thread")
+	o.vmRunningThread = lf.f(vm, "running_thread")
+	o.vmSize = lf.size(vm)
+
+	ra := "rb_ractor_struct"
+	o.ractorThreadsSet = lf.f(ra, "threads.set")
+	o.ractorThreadsMain = lf.f(ra, "threads.main")
+	o.ractorRunningEC = lf.f(ra, "threads.running_ec")
+	o.ractorVMLRNode = lf.f(ra, "vmlr_node")
+	o.ractorSize = lf.size(ra)
+
+	th := "rb_thread_struct"
+	o.thLTNode = lf.f(th, "lt_node")
+	o.thVMLTNode = lf.f(th, "vmlt_node")
+	o.thSelf = lf.f(th, "self")
+	o.thVM = lf.f(th, "vm")
+	o.thEC = lf.f(th, "ec")
+	o.thStack = lf.f(th, "stack")
+	o.thStackSize = lf.f(th, "stack_size")
+	o.thCFP = lf.f(th, "cfp")
+	o.thThreadID = lf.f(th, "thread_id")
+	o.thTID = lf.f(th, "tid")
+	o.thNT = lf.f(th, "nt")
+	o.thStatus = lf.f(th, "status")
+	o.thToKill = lf.f(th, "to_kill")
+	if !o.thToKill.ok {
+		o.thToKill = toKillBeside(o.thStatus, lf.l.RubyVersion)
+	}
+	o.thName = lf.f(th, "name")
+	o.thSize = lf.size(th)
+	o.ntTID = lf.f("rb_native_thread", "tid")
+
+	ec := "rb_execution_context_struct"
+	o.ecVMStack = lf.f(ec, "vm_stack")
+	o.ecVMStackSize = lf.f(ec, "vm_stack_size")
+	o.ecCFP = lf.f(ec, "cfp")
+	o.ecThreadPtr = lf.f(ec, "thread_ptr")
+}
+
+// resolveFrames resolves the fields of control frames, iseqs, their
+// bodies and line tables.
+func (o *offsets) resolveFrames(lf layoutFields) {
+	cf := "rb_control_frame_struct"
+	o.cfpPC = lf.f(cf, "pc")
+	o.cfpSP = lf.f(cf, "sp")
+	o.cfpIseq = lf.f(cf, "iseq")
+	o.cfpSelf = lf.f(cf, "self")
+	o.cfpEP = lf.f(cf, "ep")
+	o.cfpFlag = lf.f(cf, "flag")
+	o.cfpMe = lf.f(cf, "me")
+	o.cfpBlock = lf.f(cf, "block_code")
+	if !o.cfpBlock.ok {
+		o.cfpBlock = lf.f(cf, "block_iseq")
+	}
+	o.cfpSize = lf.size(cf)
+
+	is := "rb_iseq_struct"
+	o.iseqBody = lf.f(is, "body")
+	o.iseqType = lf.f(is, "type")
+	o.iseqName = lf.f(is, "name")
+	o.iseqFilename = lf.f(is, "filename")
+	o.iseqFilepath = lf.f(is, "filepath")
+	o.iseqSize = lf.size(is)
+
+	b := "rb_iseq_constant_body"
+	if !lf.l.Has(b, "") {
+		b = is
+	}
+	o.bodyStruct = b
+	o.bType = lf.f(b, "type")
+	o.bEncoded = lf.f(b, "iseq_encoded")
+	o.bIseqSize = lf.f(b, "iseq_size")
+	o.bFirstLineno = lf.f(b, "location.first_lineno")
+	o.bLabel = lf.f(b, "location.label")
+	o.bPathobj = lf.f(b, "location.pathobj")
+	o.bPath = lf.f(b, "location.path")
+	o.bAbsPath = lf.f(b, "location.absolute_path")
+	o.bLocalIseq = lf.f(b, "local_iseq")
+	if x := lf.f(b, "insns_info.body"); x.ok {
+		o.bInsnsInfo = x
+		o.bInsnsInfoSize = lf.f(b, "insns_info.size")
+		o.bInsnsPositions = lf.f(b, "insns_info.positions")
+		o.bSuccTable = lf.f(b, "insns_info.succ_index_table")
+	} else {
+		o.bInsnsInfo = lf.f(b, "insns_info")
+		o.bInsnsInfoSize = lf.f(b, "insns_info_size")
+	}
+	o.bLineInfoTable = lf.f(b, "line_info_table")
+	o.bLineInfoSize = lf.f(b, "line_info_size")
+	o.bInsnInfoTable = lf.f(b, "insn_info_table")
+	o.bInsnInfoSize = lf.f(b, "insn_info_size")
+	o.bodySize = lf.size(b)
+
+	o.insnLine = lf.f("iseq_insn_info_entry", "line_no")
+	o.insnPos = lf.f("iseq_insn_info_entry", "position")
+	o.insnSize = lf.size("iseq_insn_info_entry")
+	o.lineLine = lf.f("iseq_line_info_entry", "line_no")
+	o.linePos = lf.f("iseq_line_info_entry", "position")
+	o.lineSize = lf.size("iseq_line_info_entry")
+}
+
+// resolveObjects resolves the fields of the objects a name is read from:
+// strings, arrays, method entries and classes.
+func (o *offsets) resolveObjects(lf layoutFields) {
+	o.strLen = lf.f("RString", "len")
+	o.strEmbedLen = lf.f("RString", "as.embed.len")
+	o.strEmbedAry = lf.f("RString", "as.embed.ary")
+	o.strAsAry = lf.f("RString", "as.ary")
+	o.strHeapLen = lf.f("RString", "as.heap.len")
+	o.strHeapPtr = lf.f("RString", "as.heap.ptr")
+
+	o.aryHeapLen = lf.f("RArray", "as.heap.len")
+	o.aryHeapPtr = lf.f("RArray", "as.heap.ptr")
+	o.aryAsAry = lf.f("RArray", "as.ary")
+
+	me := "rb_method_entry_struct"
+	o.meDef = lf.f(me, "def")
+	o.meCalledID = lf.f(me, "called_id")
+	o.meOwner = lf.f(me, "owner")
+	o.meKlass = lf.f(me, "klass")
+	o.defType = lf.f("rb_method_definition_struct", "type")
+	o.defOriginalID = lf.f("rb_method_definition_struct", "original_id")
+
+	o.classextOff = lf.f("RClass_and_rb_classext_t", "classext")
+	o.classpathOff = lf.f("rb_classext_struct", "classpath")
+	o.attachedOff = lf.f("rb_classext_struct", "as.singleton_class.attached_object")
 }

@@ -88,12 +88,11 @@ type Process struct {
 	r    *reader
 	opts Options
 
-	version string
-	ver     int
-	lay     *layout.Layout
-	o       offsets
-	act     activityOffsets
-	info    Info
+	rt   *Runtime // the build's facts (nil until versionAndLayout)
+	w    *walker  // takes the snapshots
+	n    *namer   // names the frames
+	act  activityOffsets
+	info Info
 
 	syms []symSource
 
@@ -130,40 +129,49 @@ func parseVer(s string) int {
 	return v(n[0], n[1], n[2])
 }
 
-// Open locates the Ruby VM in t.
-func Open(t target.Target, opts Options) (*Process, error) {
+// newProcess returns the Process of target t before Open has found
+// anything in it.
+func newProcess(t target.Target, opts Options) *Process {
 	p := &Process{t: t, r: &reader{t: t}, opts: opts}
+	p.w, p.n = &walker{Process: p}, &namer{Process: p}
 	p.info.Addresses = map[string]uint64{}
 	p.info.AddressSources = map[string]string{}
 	p.caches.init()
+	return p
+}
+
+// Open locates the Ruby VM in t.
+func Open(t target.Target, opts Options) (*Process, error) {
+	p := newProcess(t, opts)
 	// A core file does not change while it is read; a live process does
 	// unless the caller pauses it (SetStopped). Live targets are the ones
 	// that count process_vm_readv calls.
 	_, live := t.(target.ReadCounter)
 	p.stoppedAll = !live
-	p.stopped = p.stoppedAll
-	if err := p.findBinaries(); err != nil {
+	p.w.stopped = p.stoppedAll
+	op := &opener{p}
+	if err := op.findBinaries(); err != nil {
 		return nil, err
 	}
-	if err := p.versionAndLayout(); err != nil {
+	if err := op.versionAndLayout(); err != nil {
 		return nil, err
 	}
-	if err := p.openLayout(); err != nil {
+	if err := op.openLayout(); err != nil {
 		return nil, err
 	}
 	p.ensureGCCount()
-	p.resolveActivity()
+	op.resolveActivity()
 	return p, nil
 }
 
 // Version is the Ruby version ("3.1.2").
-func (p *Process) Version() string { return p.version }
+func (p *Process) Version() string { return p.rt.version }
 
 // LayoutSource says where struct offsets came from.
-func (p *Process) LayoutSource() string { return p.lay.Source }
+func (p *Process) LayoutSource() string { return p.rt.lay.Source }
 
 // Layout returns the struct layout in use.
-func (p *Process) Layout() *layout.Layout { return p.lay }
+func (p *Process) Layout() *layout.Layout { return p.rt.lay }
 
 // Target returns the process image.
 func (p *Process) Target() target.Target { return p.t }
@@ -174,7 +182,7 @@ func (p *Process) Info() Info { return p.info }
 // findBinaries finds libruby and the ruby executable among the mappings
 // and reads their symbols, from the files when they can be opened and
 // from the images in memory otherwise.
-func (p *Process) findBinaries() error {
+func (p *opener) findBinaries() error {
 	maps, err := p.t.Mappings()
 	if err != nil {
 		return fmt.Errorf("read mappings: %w", err)
@@ -325,34 +333,30 @@ var versionRe = regexp.MustCompile(`ruby (\d+\.\d+\.\d+)(?:p\d+|dev|preview\d+|r
 var pathVersionRe = regexp.MustCompile(`(?:versions|rubies|Ruby)/(?:ruby-)?(\d+\.\d+\.\d+)|/ruby-(\d+\.\d+\.\d+)/`)
 var libVersionRe = regexp.MustCompile(`libruby[-.](?:so\.)?(\d+\.\d+\.\d+)`)
 
-func (p *Process) detectVersion() error {
+// detectVersion tells the Ruby version of the process and how it was told.
+func (p *opener) detectVersion() (version, source string, err error) {
 	if p.opts.Version != "" {
-		p.setVersion(p.opts.Version, "option")
-		return nil
+		return p.opts.Version, "option", nil
 	}
 	if a, ok := p.symbol("ruby_version"); ok {
 		if s, err := p.r.cString(a, 32); err == nil && parseVer(s) != 0 {
-			p.setVersion(s, "ruby_version symbol")
-			return nil
+			return s, "ruby_version symbol", nil
 		}
 	}
 	if a, ok := p.symbol("ruby_description"); ok {
 		if s, err := p.r.cString(a, 256); err == nil {
 			if m := versionRe.FindStringSubmatch(s + " ("); m != nil {
-				p.setVersion(m[1], "ruby_description symbol")
-				return nil
+				return m[1], "ruby_description symbol", nil
 			}
 		}
 	}
 	// Stripped: look for the description string in the binaries' files.
 	for _, b := range p.info.Binaries {
 		if s := p.scanFileForVersion(b.Path); s != "" {
-			p.setVersion(s, "description string in "+filepath.Base(b.Path))
-			return nil
+			return s, "description string in " + filepath.Base(b.Path), nil
 		}
 		if m := libVersionRe.FindStringSubmatch(b.Path); m != nil {
-			p.setVersion(m[1], "file name "+filepath.Base(b.Path))
-			return nil
+			return m[1], "file name " + filepath.Base(b.Path), nil
 		}
 	}
 	// Last resort: a version in the path of a mapped Ruby file
@@ -361,29 +365,21 @@ func (p *Process) detectVersion() error {
 		if maps, err := p.t.Mappings(); err == nil {
 			for _, m := range maps {
 				if mm := pathVersionRe.FindStringSubmatch(m.Path); mm != nil {
-					p.setVersion(mm[1], "path "+m.Path+" (the patch level may differ)")
-					return nil
+					return mm[1], "path " + m.Path + " (the patch level may differ)", nil
 				}
 			}
 		}
 	}
 	if len(p.info.Binaries) == 0 {
-		return fmt.Errorf("%w: no ruby executable or libruby is mapped (executable %s)", ErrNotRuby, p.t.Executable())
+		return "", "", fmt.Errorf("%w: no ruby executable or libruby is mapped (executable %s)", ErrNotRuby, p.t.Executable())
 	}
-	return fmt.Errorf("%w: cannot tell the Ruby version of %s (no ruby_version symbol or description string); pass --ruby-version",
+	return "", "", fmt.Errorf("%w: cannot tell the Ruby version of %s (no ruby_version symbol or description string); pass --ruby-version",
 		ErrNotRuby, p.t.Executable())
-}
-
-func (p *Process) setVersion(s, src string) {
-	p.version = strings.TrimSpace(s)
-	p.ver = parseVer(p.version)
-	p.info.Version = p.version
-	p.info.VersionSource = src
 }
 
 // scanFileForVersion searches a binary for Ruby's description string
 // ("ruby 3.1.2p20 (2022-04-12 ...") in bounded chunks.
-func (p *Process) scanFileForVersion(path string) string {
+func (p *opener) scanFileForVersion(path string) string {
 	f, err := p.t.OpenFile(path)
 	if err != nil {
 		return ""
@@ -404,23 +400,17 @@ func (p *Process) scanFileForVersion(path string) string {
 	return ""
 }
 
-func (p *Process) loadLayout() error {
-	if p.opts.Layout != nil {
-		p.lay = p.opts.Layout
-	} else {
-		l, err := resolveLayout(p)
-		if err != nil {
-			return err
+// loadLayout makes the Runtime of a process of the given version: its
+// layout from the caller's Options or looked up (see resolveLayout).
+func (p *opener) loadLayout(version, source string) (*Runtime, error) {
+	l := p.opts.Layout
+	if l == nil {
+		var err error
+		if l, err = resolveLayout(p.Process, strings.TrimSpace(version)); err != nil {
+			return nil, err
 		}
-		p.lay = l
 	}
-	p.info.LayoutSource = p.lay.Source
-	o, err := resolveOffsets(p.lay)
-	if err != nil {
-		return err
-	}
-	p.o = o
-	return nil
+	return newRuntime(version, source, l)
 }
 
 // resolveLayout finds the layout for the process: from DWARF in a Ruby
@@ -431,7 +421,7 @@ func (p *Process) loadLayout() error {
 // its .gnu_debuglink) are looked for in the container's tree, and the
 // container's /usr/lib/debug is searched after the given roots and
 // before this host's.
-var resolveLayout = func(p *Process) (*layout.Layout, error) {
+func resolveLayout(p *Process, version string) (*layout.Layout, error) {
 	var bins []layout.BinaryInfo
 	roots := p.opts.DebugRoots
 	root := p.t.FileRoot()
@@ -457,7 +447,7 @@ var resolveLayout = func(p *Process) (*layout.Layout, error) {
 			},
 		})
 	}
-	l, err := layout.Resolve(bins, p.version, layout.ResolveOptions{
+	l, err := layout.Resolve(bins, version, layout.ResolveOptions{
 		DebugRoots: roots,
 		NoDWARF:    p.opts.NoDWARF,
 	})
@@ -466,3 +456,7 @@ var resolveLayout = func(p *Process) (*layout.Layout, error) {
 	}
 	return l, nil
 }
+
+// Runtime returns the facts of the process's Ruby build, shared with the
+// other processes of that build opened with the same Runtimes.
+func (p *Process) Runtime() *Runtime { return p.rt }

@@ -7,7 +7,8 @@ import "testing"
 // in block in <main>" stays as it is: <main> is no method, and asking for
 // its method entry made every read of such a frame look torn).
 func TestQualificationOfClauses(t *testing.T) {
-	p := &Process{}
+	p := newProcess(nil, Options{})
+	p.rt = &Runtime{}
 	for _, c := range []struct {
 		label        string
 		typ          uint64
@@ -25,7 +26,7 @@ func TestQualificationOfClauses(t *testing.T) {
 		{"block in Foo#bar", iseqBlock, "", ""},
 	} {
 		info := &iseqInfo{label: c.label, typ: c.typ}
-		p.setQualification(info)
+		p.n.setQualification(info)
 		if info.qualifiable != (c.meth != "") || info.prefix != c.prefix || info.method != c.meth {
 			t.Errorf("%q: qualifiable %v prefix %q method %q, want prefix %q method %q",
 				c.label, info.qualifiable, info.prefix, info.method, c.prefix, c.meth)

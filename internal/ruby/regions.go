@@ -7,11 +7,11 @@ import "github.com/rbscope/rbscope/internal/target"
 // allocated: the least a sample of every stack must read. Benchmarks use
 // one ReadBatch of them as the floor of a tick's cost.
 func (p *Process) FrameRegions() ([]target.Read, error) {
-	refs, err := p.threadList()
+	refs, err := p.w.threadList()
 	if err != nil {
 		return nil, err
 	}
-	o := &p.o
+	o := &p.rt.o
 	var out []target.Read
 	for _, ref := range refs {
 		tb := ref.tb
@@ -38,7 +38,7 @@ func (p *Process) FrameRegions() ([]target.Read, error) {
 		if cfp == 0 || cfp < start || cfp >= end {
 			continue
 		}
-		_, n := p.frameSpan(start, end, cfp, false)
+		_, n := p.w.frameSpan(start, end, cfp, false)
 		out = append(out, target.Read{Addr: cfp, Buf: make([]byte, n)})
 	}
 	return out, nil

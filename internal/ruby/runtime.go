@@ -21,7 +21,7 @@ import (
 type Runtimes struct {
 	mu     sync.Mutex
 	bins   map[string]*elfx.Binary // by build id
-	builds map[string]*runtimeBuild
+	builds map[string]*Runtime
 	// busy holds the keys ("bin:ID", "build:KEY") being resolved by one
 	// Open: the others of that build wait for it rather than resolve the
 	// same build at once (closed when done).
@@ -33,11 +33,90 @@ type Runtimes struct {
 	layHit  atomic.Int64
 }
 
-// runtimeBuild is what one build's processes share beyond symbols.
-type runtimeBuild struct {
-	version, versionSource string
-	lay                    *layout.Layout
+// Runtime is what is true of one Ruby build whichever process runs it: its
+// version, its struct layout, the offsets resolved from that layout, and
+// the capabilities the version implies (named here, rather than compared
+// as versions where they are used). Immutable once made: the processes of
+// one build share one Runtime (see Runtimes), a fork its parent's.
+type Runtime struct {
+	version       string // "3.1.2"
+	versionSource string // how the version was told
+	ver           int    // version as v(major, minor, patch)
+	lay           *layout.Layout
+	o             offsets
+	bodyMask      []byte // the iseq body bytes readIseqInfo decodes (see witness.go)
+
+	// Capabilities implied by the version, where Ruby's logic (not only
+	// its offsets) changed.
+
+	// iseqBody: 2.0+, an iseq keeps its names and lines in a body;
+	// before, in the iseq itself.
+	iseqBody bool
+	// livingThreads: 2.2+, the VM lists its threads in living_threads
+	// (a ccan list); before, in an st_table.
+	livingThreads bool
+	// symbolSerials: 2.2+, an ID's name is found by its serial number in
+	// the global symbol table; class paths and attached objects sit in
+	// hidden ivars until 3.2 (hiddenIvarNames).
+	symbolSerials   bool
+	hiddenIvarNames bool
+	// epFrames: 2.3+, a frame's magic and method entry are in its
+	// environment (ep), iseqs are imemo objects, static labels are
+	// named by iseq type, and the thread status enum starts with
+	// "running" (before, THREAD_TO_KILL came first).
+	epFrames bool
+	// execContext: 2.5+, threads run in execution contexts
+	// (ruby_current_execution_context_ptr until 3.0).
+	execContext bool
+	// ractors: 3.0+, the VM holds ractors, each with its threads and GVL
+	// (the VM is found by ruby_current_vm_ptr).
+	ractors bool
+	// gvlOwnerInVM: 2.6-2.7, the GVL (and its owner) is in the VM.
+	gvlOwnerInVM bool
+	// gvlInSched: 3.2+, the GVL's owner is the ractor's thread
+	// scheduler's running thread; schedFlags: 3.3+, three bools (not a
+	// mutex) between it and the ready queue.
+	gvlInSched, schedFlags bool
+	// wideArrayLen: 3.2+, an embedded Array's length has 7 bits (2
+	// before).
+	wideArrayLen bool
+	// singletonUser1: 3.4+, FL_SINGLETON is FL_USER1 (FL_USER0 before).
+	singletonUser1 bool
 }
+
+// newRuntime makes the Runtime of a build of the given version (how it
+// was told: source) with layout l.
+func newRuntime(version, source string, l *layout.Layout) (*Runtime, error) {
+	version = strings.TrimSpace(version)
+	o, err := resolveOffsets(l)
+	if err != nil {
+		return nil, err
+	}
+	ver := parseVer(version)
+	rt := &Runtime{
+		version: version, versionSource: source, ver: ver, lay: l, o: o,
+		iseqBody:        ver >= v(2, 0, 0),
+		livingThreads:   ver >= v(2, 2, 0),
+		symbolSerials:   ver >= v(2, 2, 0),
+		hiddenIvarNames: ver >= v(2, 2, 0) && ver < v(3, 2, 0),
+		epFrames:        ver >= v(2, 3, 0),
+		execContext:     ver >= v(2, 5, 0),
+		gvlOwnerInVM:    ver >= v(2, 6, 0) && ver < v(3, 0, 0),
+		ractors:         ver >= v(3, 0, 0),
+		gvlInSched:      ver >= v(3, 2, 0),
+		schedFlags:      ver >= v(3, 3, 0),
+		wideArrayLen:    ver >= v(3, 2, 0),
+		singletonUser1:  ver >= v(3, 4, 0),
+	}
+	rt.bodyMask = bodyMaskOf(&rt.o)
+	return rt, nil
+}
+
+// Version is the Ruby version ("3.1.2").
+func (rt *Runtime) Version() string { return rt.version }
+
+// Layout returns the struct layout in use.
+func (rt *Runtime) Layout() *layout.Layout { return rt.lay }
 
 // RuntimeStats counts a Runtimes' work and savings.
 type RuntimeStats struct {
@@ -56,7 +135,7 @@ type RuntimeStats struct {
 
 // NewRuntimes returns an empty cache.
 func NewRuntimes() *Runtimes {
-	return &Runtimes{bins: map[string]*elfx.Binary{}, builds: map[string]*runtimeBuild{}, busy: map[string]chan struct{}{}}
+	return &Runtimes{bins: map[string]*elfx.Binary{}, builds: map[string]*Runtime{}, busy: map[string]chan struct{}{}}
 }
 
 // Stats returns the counts so far.
@@ -154,14 +233,14 @@ func buildKey(bins []Binary) string {
 	return strings.Join(ids, "+")
 }
 
-// build returns the cached version and layout of build key; nil when
-// unknown: then the caller resolves them and calls keepBuild (with nil
-// on failure), and other callers for key wait meanwhile.
-func (r *Runtimes) build(key string) *runtimeBuild {
+// build returns the cached Runtime of build key; nil when unknown: then
+// the caller makes it and calls keepBuild (with nil on failure), and
+// other callers for key wait meanwhile.
+func (r *Runtimes) build(key string) *Runtime {
 	if r == nil || key == "" {
 		return nil
 	}
-	var b *runtimeBuild
+	var b *Runtime
 	if r.claim("build:"+key, func() bool { b = r.builds[key]; return b != nil }) {
 		r.layHit.Add(1)
 		return b
@@ -170,7 +249,7 @@ func (r *Runtimes) build(key string) *runtimeBuild {
 }
 
 // keepBuild remembers b (nil: resolution failed) and ends the claim.
-func (r *Runtimes) keepBuild(key string, b *runtimeBuild) {
+func (r *Runtimes) keepBuild(key string, b *Runtime) {
 	if r == nil || key == "" {
 		return
 	}
@@ -192,7 +271,7 @@ func (r *Runtimes) countSymbolLoad() {
 // mapped at base (file offset off), found by the build id in the
 // process's memory, and that id; a nil binary without a cache, a build
 // id or an entry (with an id, the caller then owes keepBinary(id, ...)).
-func (p *Process) sharedBinary(base, off uint64) (*elfx.Binary, string) {
+func (p *opener) sharedBinary(base, off uint64) (*elfx.Binary, string) {
 	if p.opts.Runtimes == nil || off != 0 {
 		return nil, ""
 	}
@@ -204,32 +283,39 @@ func (p *Process) sharedBinary(base, off uint64) (*elfx.Binary, string) {
 }
 
 // versionAndLayout detects the Ruby version and resolves the struct
-// layout, or takes both from another process of the same build.
-func (p *Process) versionAndLayout() error {
-	rt := p.opts.Runtimes
-	if rt != nil {
-		rt.opens.Add(1)
+// layout into the process's Runtime, or takes the Runtime of another
+// process of the same build.
+func (p *opener) versionAndLayout() error {
+	rts := p.opts.Runtimes
+	if rts != nil {
+		rts.opens.Add(1)
 	}
 	key := ""
-	if rt != nil && p.opts.Version == "" && p.opts.Layout == nil {
+	if rts != nil && p.opts.Version == "" && p.opts.Layout == nil {
 		key = buildKey(p.info.Binaries)
 	}
-	if b := rt.build(key); b != nil {
-		p.setVersion(b.version, b.versionSource)
-		p.opts.Layout = b.lay
-		return p.loadLayout()
+	rt := rts.build(key)
+	if rt == nil {
+		if rts != nil {
+			rts.layRes.Add(1)
+		}
+		version, source, err := p.detectVersion()
+		if err == nil {
+			rt, err = p.loadLayout(version, source)
+		}
+		rts.keepBuild(key, rt)
+		if err != nil {
+			return err
+		}
 	}
-	if rt != nil {
-		rt.layRes.Add(1)
-	}
-	if err := p.detectVersion(); err != nil {
-		rt.keepBuild(key, nil)
-		return err
-	}
-	if err := p.loadLayout(); err != nil {
-		rt.keepBuild(key, nil)
-		return err
-	}
-	rt.keepBuild(key, &runtimeBuild{version: p.version, versionSource: p.info.VersionSource, lay: p.lay})
+	p.useRuntime(rt)
 	return nil
+}
+
+// useRuntime makes rt the process's Runtime.
+func (p *Process) useRuntime(rt *Runtime) {
+	p.rt = rt
+	p.info.Version = rt.version
+	p.info.VersionSource = rt.versionSource
+	p.info.LayoutSource = rt.lay.Source
 }

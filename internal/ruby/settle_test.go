@@ -9,10 +9,11 @@ import (
 // a consistent region, and from where.
 func TestSettle(t *testing.T) {
 	const sz, slots = 56, 6
-	p := &Process{}
-	p.o.cfpSize = sz
-	p.o.cfpPC = fieldOff{off: 0, size: 8, ok: true}
-	p.o.cfpSP = fieldOff{off: 8, size: 8, ok: true}
+	p := newProcess(nil, Options{})
+	p.rt = &Runtime{}
+	p.rt.o.cfpSize = sz
+	p.rt.o.cfpPC = fieldOff{off: 0, size: 8, ok: true}
+	p.rt.o.cfpSP = fieldOff{off: 8, size: 8, ok: true}
 	const lo = 0x10000
 	end := uint64(lo + sz*slots)
 	frames := func(mark byte) []byte {
@@ -56,7 +57,7 @@ func TestSettle(t *testing.T) {
 		{"cfp between two slots", cfps(a+8, a+8, a+8), true, frames(0), false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			region, at, ok := p.settle(lo, end, tc.c, tc.mid, frames(0), tc.second)
+			region, at, ok := p.w.settle(lo, end, tc.c, tc.mid, frames(0), tc.second)
 			if ok != tc.wantOK || (ok && at != tc.wantAt) {
 				t.Fatalf("settle: ok %v at 0x%x, want ok %v at 0x%x", ok, at, tc.wantOK, tc.wantAt)
 			}
@@ -72,8 +73,9 @@ func TestSettle(t *testing.T) {
 // the innermost such slot to the end of the copies.
 func TestStableOuter(t *testing.T) {
 	const sz, slots = 56, 8
-	p := &Process{}
-	p.o.cfpSize = sz
+	p := newProcess(nil, Options{})
+	p.rt = &Runtime{}
+	p.rt.o.cfpSize = sz
 	const lo = 0x20000
 	end := uint64(lo + sz*slots)
 	frames := func(diff ...int) []byte {
@@ -107,7 +109,7 @@ func TestStableOuter(t *testing.T) {
 		{"a cfp between two slots", cfps(at(1), at(2)+8, at(1)), frames(), -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			region, start := p.stableOuter(lo, end, tc.c, frames(), tc.second)
+			region, start := p.w.stableOuter(lo, end, tc.c, frames(), tc.second)
 			if tc.wantStart < 0 {
 				if region != nil {
 					t.Fatalf("stable region of %d bytes from 0x%x, want none", len(region), start)

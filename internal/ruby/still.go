@@ -38,7 +38,7 @@ func (p *Process) StillSkips() uint64 { return p.stillSkips }
 // GC epoch with no GC running, from this cfp, by this native thread,
 // their stack is trusted, and the thread has not been on a CPU since
 // that batch began.
-func (p *Process) stillStack(r *threadRef, cfp uint64) *keptStack {
+func (p *walker) stillStack(r *threadRef, cfp uint64) *keptStack {
 	if p.offCPU == nil {
 		return nil
 	}

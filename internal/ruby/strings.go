@@ -4,11 +4,11 @@ import "fmt"
 
 // rstring reads the Ruby String at addr (embedded or heap, any encoding),
 // at most maxString bytes.
-func (p *Process) rstring(addr uint64) (string, error) {
+func (p *namer) rstring(addr uint64) (string, error) {
 	if !isHeapPtr(addr) {
 		return "", invalidf("0x%x is not a String", addr)
 	}
-	o := &p.o
+	o := &p.rt.o
 	b, err := p.r.read(addr, 48)
 	if err != nil {
 		return "", fmt.Errorf("read String at 0x%x: %w", addr, err)
@@ -71,7 +71,7 @@ func (p *Process) rstring(addr uint64) (string, error) {
 }
 
 // rarray returns the length and element pointer of the Array at addr.
-func (p *Process) rarray(addr uint64) (n, ptr uint64, err error) {
+func (p *namer) rarray(addr uint64) (n, ptr uint64, err error) {
 	if !isHeapPtr(addr) {
 		return 0, 0, invalidf("0x%x is not an Array", addr)
 	}
@@ -86,20 +86,20 @@ func (p *Process) rarray(addr uint64) (n, ptr uint64, err error) {
 	const embed = 1 << 13 // RARRAY_EMBED_FLAG = FL_USER1
 	if flags&embed != 0 {
 		mask := uint64(0x3)
-		if p.ver >= v(3, 2, 0) {
+		if p.rt.wideArrayLen {
 			mask = 0x7f
 		}
 		p.sawWord(addr, flags, tMask|embed|mask<<15)
-		return (flags >> 15) & mask, addr + p.o.aryAsAry.off, nil
+		return (flags >> 15) & mask, addr + p.rt.o.aryAsAry.off, nil
 	}
 	p.sawWord(addr, flags, tMask|embed)
-	p.sawField(addr, b, p.o.aryHeapLen)
-	p.sawField(addr, b, p.o.aryHeapPtr)
-	return p.o.aryHeapLen.u64(b), p.o.aryHeapPtr.u64(b), nil
+	p.sawField(addr, b, p.rt.o.aryHeapLen)
+	p.sawField(addr, b, p.rt.o.aryHeapPtr)
+	return p.rt.o.aryHeapLen.u64(b), p.rt.o.aryHeapPtr.u64(b), nil
 }
 
 // aryEntry reads element i of the Array at addr.
-func (p *Process) aryEntry(addr uint64, i uint64) (uint64, error) {
+func (p *namer) aryEntry(addr uint64, i uint64) (uint64, error) {
 	n, ptr, err := p.rarray(addr)
 	if err != nil {
 		return 0, err

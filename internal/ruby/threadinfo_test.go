@@ -61,7 +61,7 @@ func TestThreadNamesAndStatuses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !p.o.thToKill.ok {
+		if !p.rt.o.thToKill.ok {
 			t.Errorf("layout %s: no to_kill flag: a thread being killed cannot read as aborting", p.LayoutSource())
 		}
 		// The busy threads' stacks may change while they are read:

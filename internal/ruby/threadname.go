@@ -39,7 +39,7 @@ var startLike = regexp.MustCompile(`^[^/]*:[0-9]+$|^[^/]{14}\*$`)
 // outermost frame (once per thread). Else it keeps the kernel's name (a
 // C extension's pthread_setname_np, the process's name for the main
 // thread), which may be cut too (stack.Thread.NameMayBeCut).
-func (p *Process) nameThread(th *stack.Thread, addr uint64, comm string) {
+func (p *walker) nameThread(th *stack.Thread, addr uint64, comm string) {
 	if comm == "" {
 		return
 	}
@@ -88,8 +88,8 @@ const startFrames = 4
 // the path and the first line of its outermost Ruby frame's iseq, the
 // block (or method) the thread was started with, as Ruby's own name for
 // the native thread of an unnamed thread (rb_proc_location of the block).
-func (p *Process) threadStart(addr uint64) (string, bool) {
-	o := &p.o
+func (p *walker) threadStart(addr uint64) (string, bool) {
+	o := &p.rt.o
 	tb, err := p.r.readOwned(addr, int(o.thSize))
 	if err != nil {
 		return "", false
@@ -122,7 +122,7 @@ func (p *Process) threadStart(addr uint64) (string, bool) {
 		if !isHeapPtr(iseq) {
 			continue
 		}
-		info, err := p.iseqInfo(iseq, nil)
+		info, err := p.n.iseqInfo(iseq, nil)
 		if err != nil || info == nil || info.path == "" {
 			continue
 		}

@@ -34,7 +34,7 @@ import (
 // tickThreads lists the Ruby threads and starts the GC epoch of this
 // snapshot: in one batched read when the thread list is the one seen last
 // time, else by walking the list.
-func (p *Process) tickThreads() ([]threadRef, error) {
+func (p *walker) tickThreads() ([]threadRef, error) {
 	if refs, ok := p.knownThreadList(); ok {
 		return refs, nil
 	}
@@ -46,7 +46,7 @@ func (p *Process) tickThreads() ([]threadRef, error) {
 	p.knownThreads = p.knownThreads[:0]
 	p.knownHeads = p.knownHeads[:0]
 	p.knownRactor = 0
-	if p.ver >= v(3, 0, 0) && len(refs) > 0 && refs[0].tb != nil {
+	if p.rt.ractors && len(refs) > 0 && refs[0].tb != nil {
 		ra := refs[0].ractor
 		for _, r := range refs {
 			if r.ractor != ra || r.tb == nil {
@@ -63,8 +63,8 @@ func (p *Process) tickThreads() ([]threadRef, error) {
 // knownThreadList reads the GC count, the ractor count, the ractor and the
 // threads seen last time in one call, and returns them when they still
 // form the ractor's whole thread list.
-func (p *Process) knownThreadList() ([]threadRef, bool) {
-	o := &p.o
+func (p *walker) knownThreadList() ([]threadRef, bool) {
+	o := &p.rt.o
 	if len(p.knownThreads) == 0 || p.knownRactor == 0 || p.vmAddr == 0 {
 		return nil, false
 	}
@@ -157,8 +157,8 @@ func (p *Process) knownThreadList() ([]threadRef, bool) {
 // head and native thread id, unless knownThreadList read them where they
 // were last tick and the thread still points there. Whatever it could not
 // read is read thread by thread later.
-func (p *Process) prefetchHeads(refs []threadRef) {
-	o := &p.o
+func (p *walker) prefetchHeads(refs []threadRef) {
+	o := &p.rt.o
 	if !o.thEC.ok || len(refs) == 0 {
 		return
 	}
@@ -208,14 +208,14 @@ func (p *Process) prefetchHeads(refs []threadRef) {
 
 // checkHolder returns a *HolderError unless thread tid holds the GVL of the
 // process's only ractor (see SnapshotHolderStopped).
-func (p *Process) checkHolder(refs []threadRef, tid int) error {
+func (p *walker) checkHolder(refs []threadRef, tid int) error {
 	fail := func(holder int, why string, args ...any) error {
 		return &HolderError{Stopped: tid, Holder: holder, Why: fmt.Sprintf(why, args...)}
 	}
 	if !p.act.owner.ok {
 		return fail(0, "the layout does not locate the GVL's owner")
 	}
-	if p.ver >= v(3, 0, 0) && p.ractors != 1 {
+	if p.rt.ractors && p.ractors != 1 {
 		return fail(0, "the process runs %d ractors (0: not known)", p.ractors)
 	}
 	var held *threadRef
@@ -240,8 +240,8 @@ func (p *Process) checkHolder(refs []threadRef, tid int) error {
 // prefetchRegions reads every thread's control-frame region at once: once
 // when the target is stopped, else framed by reads of the cfp
 // (framedReads). Whatever it could not read is read thread by thread later.
-func (p *Process) prefetchRegions(refs []threadRef) {
-	o := &p.o
+func (p *walker) prefetchRegions(refs []threadRef) {
+	o := &p.rt.o
 	if !o.thEC.ok || len(refs) == 0 {
 		return
 	}
@@ -330,13 +330,13 @@ type regionCheck struct {
 
 // threadName returns the Ruby name of a thread from its name String,
 // cached for the GC epoch.
-func (p *Process) threadName(nv uint64) string {
-	if s, ok := p.cachedString(p.nameCache, nv); ok {
+func (p *walker) threadName(nv uint64) string {
+	if s, ok := p.n.cachedString(p.nameCache, nv); ok {
 		return s
 	}
-	wit := p.startWitness()
-	s, err := p.rstring(nv)
-	p.endWitness(wit)
+	wit := p.n.startWitness()
+	s, err := p.n.rstring(nv)
+	p.n.endWitness(wit)
 	if err != nil {
 		return ""
 	}
@@ -356,7 +356,7 @@ type threadHeads struct{ ec, nt uint64 }
 // read them with the thread structs next tick: one system call less per
 // tick. A thread that switched fibers points elsewhere; prefetchHeads then
 // reads its new context.
-func (p *Process) keepHeads(refs []threadRef) {
+func (p *walker) keepHeads(refs []threadRef) {
 	p.knownHeads = p.knownHeads[:0]
 	if len(refs) != len(p.knownThreads) {
 		return
@@ -382,19 +382,19 @@ func (p *Process) keepHeads(refs []threadRef) {
 // and, unless nt is 0, of the tid of its native thread at nt, and notes
 // where they were read from (r.ebAt, r.tidAt). r must not move before the
 // reads are made (they fill r.tid).
-func (p *Process) headReads(reqs []target.Read, r *threadRef, ec, nt uint64) []target.Read {
+func (p *walker) headReads(reqs []target.Read, r *threadRef, ec, nt uint64) []target.Read {
 	r.eb, r.ebAt, r.tidAt = p.scratch.take(p.ecHeadSize()), ec, nt
 	reqs = append(reqs, target.Read{Addr: ec, Buf: r.eb})
 	if nt != 0 {
-		reqs = append(reqs, target.Read{Addr: nt + p.o.ntTID.off, Buf: r.tid[:]})
+		reqs = append(reqs, target.Read{Addr: nt + p.rt.o.ntTID.off, Buf: r.tid[:]})
 	}
 	return reqs
 }
 
 // ecHeadSize is how much of an execution context a tick reads: vm_stack,
 // vm_stack_size and cfp lead the struct in every version.
-func (p *Process) ecHeadSize() int {
-	return int(max(p.o.ecCFP.off, p.o.ecVMStackSize.off) + 8)
+func (p *walker) ecHeadSize() int {
+	return int(max(p.rt.o.ecCFP.off, p.rt.o.ecVMStackSize.off) + 8)
 }
 
 // maxGapPad is how many extra reads of its cfp may be put between the two

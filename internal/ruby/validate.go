@@ -30,20 +30,20 @@ const (
 // candidate, newest first, and the first one whose reading of the process
 // passes validateLayout is taken (Source says so). None passing is
 // ErrNoLayout, never a guess.
-func (p *Process) openLayout() error {
+func (p *opener) openLayout() error {
 	cands := p.opts.LayoutCandidates
 	lacks := ""
 	if len(cands) == 0 {
-		// p.lay is what versionAndLayout chose (DWARF, a table, or
+		// p.rt.lay is what versionAndLayout chose (DWARF, a table, or
 		// the caller's).
-		if !strings.Contains(p.lay.Source, layout.NearestMarker) {
+		if !strings.Contains(p.rt.lay.Source, layout.NearestMarker) {
 			return p.locate()
 		}
-		names, err := layout.BuiltinSeries(p.version)
+		names, err := layout.BuiltinSeries(p.rt.version)
 		if err != nil {
 			return err
 		}
-		lacks = fmt.Sprintf("; the tables lack Ruby %s", p.version)
+		lacks = fmt.Sprintf("; the tables lack Ruby %s", p.rt.version)
 		for _, n := range names {
 			l, err := layout.BuiltinRelease(n)
 			if err != nil {
@@ -54,29 +54,30 @@ func (p *Process) openLayout() error {
 	}
 	var why []string
 	for _, l := range cands {
-		err := p.tryLayout(l)
+		// The candidate is copied: its Source says how it was chosen.
+		cl := *l
+		if cl.Source == "" {
+			cl.Source = "builtin:" + l.RubyVersion
+		}
+		cl.Source += " (checked on the process" + lacks + ")"
+		err := p.tryLayout(&cl)
 		if err == nil {
-			src := l.Source
-			if src == "" {
-				src = "builtin:" + l.RubyVersion
-			}
-			p.lay.Source = src + " (checked on the process" + lacks + ")"
-			p.info.LayoutSource = p.lay.Source
 			return nil
 		}
 		why = append(why, fmt.Sprintf("%s: %v", l.RubyVersion, err))
 	}
 	return fmt.Errorf("%w: no candidate table reads this Ruby %s process consistently (%s)%s; give rbscope the Ruby binary's DWARF or its debug file",
-		ErrNoLayout, p.version, strings.Join(why, "; "), lacks)
+		ErrNoLayout, p.rt.version, strings.Join(why, "; "), lacks)
 }
 
-// tryLayout uses l, locates the VM with it and checks what it reads.
-func (p *Process) tryLayout(l *layout.Layout) error {
-	o, err := resolveOffsets(l)
+// tryLayout uses l (in a Runtime of its own), locates the VM with it and
+// checks what it reads.
+func (p *opener) tryLayout(l *layout.Layout) error {
+	rt, err := newRuntime(p.rt.version, p.rt.versionSource, l)
 	if err != nil {
 		return err
 	}
-	p.lay, p.o = l, o
+	p.useRuntime(rt)
 	p.vmAddr, p.vmPtrAddr, p.ecPtrAddr, p.thPtrAddr = 0, 0, 0, 0
 	if err := p.locate(); err != nil {
 		return err
@@ -96,16 +97,16 @@ func (p *Process) tryLayout(l *layout.Layout) error {
 // imemo of a kind a frame holds (iseq, C-block ifunc, method entry). At
 // least one frame must hold an iseq. A live process's stacks move while
 // they are read, so the caller retries.
-func (p *Process) validateLayout() error {
-	o := &p.o
-	refs, err := p.threadList()
+func (p *opener) validateLayout() error {
+	o := &p.rt.o
+	refs, err := p.w.threadList()
 	if err != nil {
 		return err
 	}
 	if len(refs) == 0 {
 		return invalidf("the VM has no threads")
 	}
-	if !o.cfpIseq.ok || p.o.cfpSize == 0 {
+	if !o.cfpIseq.ok || p.rt.o.cfpSize == 0 {
 		return invalidf("the layout has no control frame iseq")
 	}
 	iseqs := 0
@@ -125,7 +126,7 @@ func (p *Process) validateLayout() error {
 			if !isHeapPtr(ec) {
 				return invalidf("thread 0x%x has execution context 0x%x", ref.addr, ec)
 			}
-			n := uint64(p.ecHeadSize())
+			n := uint64(p.w.ecHeadSize())
 			if o.ecThreadPtr.ok && o.ecThreadPtr.off+8 > n {
 				n = o.ecThreadPtr.off + 8
 			}
@@ -166,8 +167,8 @@ func (p *Process) validateLayout() error {
 
 // checkFrames checks the iseq slot of the control frames from cfp to the
 // end of the VM stack and returns how many hold an iseq.
-func (p *Process) checkFrames(cfp, end uint64) (int, error) {
-	o := &p.o
+func (p *opener) checkFrames(cfp, end uint64) (int, error) {
+	o := &p.rt.o
 	frames := (end - cfp) / o.cfpSize
 	if frames > validateFrames {
 		frames = validateFrames
@@ -177,7 +178,7 @@ func (p *Process) checkFrames(cfp, end uint64) (int, error) {
 		return 0, fmt.Errorf("read %d control frames at 0x%x: %w", frames, cfp, err)
 	}
 	iseqs := 0
-	if p.ver < v(2, 3, 0) {
+	if !p.rt.epFrames {
 		// Before 2.3 an iseq is a T_DATA, not an imemo: the stack
 		// bounds above are the check.
 		return 1, nil

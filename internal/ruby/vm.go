@@ -5,7 +5,7 @@ import "fmt"
 // VMAddress returns the address of the process's rb_vm_t, for readers of
 // VM state the walker does not interpret itself (rbscope alloc reads the
 // object space's allocation counter through it).
-func (p *Process) VMAddress() (uint64, error) { return p.currentVM() }
+func (p *Process) VMAddress() (uint64, error) { return p.w.currentVM() }
 
 // Objspace returns the address of the process's rb_objspace (the GC's
 // state: heap pages, size pools) and where it came from (Info.GCSource),
@@ -20,7 +20,7 @@ func (p *Process) Objspace() (uint64, string, error) {
 
 // VersionNumber is the Ruby version as major*10000+minor*100+patch
 // (30102 for 3.1.2), for callers that compare versions.
-func (p *Process) VersionNumber() int { return p.ver }
+func (p *Process) VersionNumber() int { return p.rt.ver }
 
 // Symbol returns the run-time address of a symbol of the Ruby binaries
 // (from a hint, .symtab or .dynsym), for readers of VM globals the walker

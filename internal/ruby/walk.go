@@ -69,7 +69,7 @@ func rubyStatus(internal string, toKill bool) string {
 }
 
 // Snapshot returns every Ruby thread's stack, innermost frame first.
-func (p *Process) Snapshot() ([]stack.Thread, error) { return p.snapshot(0) }
+func (p *Process) Snapshot() ([]stack.Thread, error) { return p.w.snapshot(0) }
 
 // SnapshotHolderStopped is Snapshot while the caller keeps thread tid
 // stopped, and only it. When tid holds the GVL the snapshot is as exact as
@@ -79,7 +79,7 @@ func (p *Process) Snapshot() ([]stack.Thread, error) { return p.snapshot(0) }
 // returns a *HolderError, having read no frame, when tid does not hold the
 // GVL or that cannot be told (the layout does not locate the GVL's owner,
 // or the process runs several ractors, each with a lock of its own).
-func (p *Process) SnapshotHolderStopped(tid int) ([]stack.Thread, error) { return p.snapshot(tid) }
+func (p *Process) SnapshotHolderStopped(tid int) ([]stack.Thread, error) { return p.w.snapshot(tid) }
 
 // HolderError is SnapshotHolderStopped's error when the stopped thread did
 // not hold the GVL.
@@ -100,7 +100,7 @@ func (e *HolderError) Error() string {
 // GVL (SnapshotHolderStopped can then succeed).
 func (p *Process) HolderKnown() bool { return p.act.owner.ok }
 
-func (p *Process) snapshot(holder int) ([]stack.Thread, error) {
+func (p *walker) snapshot(holder int) ([]stack.Thread, error) {
 	p.scratch.reset()
 	p.gcFresh = false
 	p.regionsAt = 0
@@ -140,7 +140,7 @@ func (p *Process) snapshot(holder int) ([]stack.Thread, error) {
 				return nil, err
 			}
 			if len(refs) == 1 {
-				return nil, &StackError{Pid: p.t.Pid(), Addr: ref.addr, TID: th.TID, Name: th.Name, Activity: th.Activity, Err: err}
+				return nil, &StackError{Pid: p.t.Pid(), Addr: ref.addr, TID: th.TID, Name: th.Name, Activity: string(th.Activity), Err: err}
 			}
 			// One thread changing under us (created or ending) must not
 			// cost the other threads' stacks.
@@ -180,7 +180,7 @@ func (e *StackError) Error() string { return fmt.Sprintf("read thread 0x%x: %v",
 // Unwrap returns the read's error.
 func (e *StackError) Unwrap() error { return e.Err }
 
-func (p *Process) refreshOSNames() {
+func (p *walker) refreshOSNames() {
 	ths, err := p.t.Threads()
 	if err != nil {
 		return
@@ -194,8 +194,8 @@ func (p *Process) refreshOSNames() {
 
 // thread reads one thread: its state, activity and stack (under the
 // activity's pseudo-frames, see activity).
-func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thread, error) {
-	o := &p.o
+func (p *walker) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thread, error) {
+	o := &p.rt.o
 	tb := ref.tb
 	if tb == nil {
 		var err error
@@ -203,48 +203,10 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 			return stack.Thread{}, fmt.Errorf("read rb_thread_t: %w", err)
 		}
 	}
-	th := stack.Thread{Main: ref.main, GVL: ref.gvl}
-	internal := "unknown"
-	if st := o.thStatus.u64(tb); p.ver < v(2, 3, 0) {
-		// Older Rubies have THREAD_TO_KILL first.
-		if st == 0 {
-			internal = "to_kill"
-		} else if int(st-1) < len(statusNames) {
-			internal = statusNames[st-1]
-		}
-	} else if int(st) < len(statusNames) {
-		internal = statusNames[st]
-	}
-	// activity reads Ruby's internal status; the thread reports
-	// Thread#status's.
-	th.State = internal
-	var prefix []stack.Frame
-	th.Activity, prefix = activity(&th, ownerKnown, ref.waiting, gc)
-	th.State = rubyStatus(internal, o.thToKill.u64(tb) != 0)
-	th.TID = p.refTID(&ref, tb)
-	th.ThreadID = ref.addr
-	if o.thName.ok {
-		if nv := o.thName.u64(tb); isHeapPtr(nv) {
-			th.Name = p.threadName(nv)
-		}
-	}
-
-	var stackStart, stackSize, cfp, ec uint64
-	if o.thEC.ok {
-		ec = o.thEC.u64(tb)
-		if !isHeapPtr(ec) {
-			return th, invalidf("thread has execution context 0x%x", ec)
-		}
-		eb := ref.eb
-		if eb == nil {
-			var err error
-			if eb, err = p.r.read(ec, p.ecHeadSize()); err != nil {
-				return th, fmt.Errorf("read execution context: %w", err)
-			}
-		}
-		stackStart, stackSize, cfp = o.ecVMStack.u64(eb), o.ecVMStackSize.u64(eb), o.ecCFP.u64(eb)
-	} else {
-		stackStart, stackSize, cfp = o.thStack.u64(tb), o.thStackSize.u64(tb), o.thCFP.u64(tb)
+	th, internal, prefix := p.threadState(ref, tb, ownerKnown, gc)
+	stackStart, stackSize, cfp, ec, err := p.stackBounds(ref, tb)
+	if err != nil {
+		return th, err
 	}
 	if cfp == 0 && (stackStart == 0 || internal == "killed") {
 		// A thread being created (no VM stack yet) or already dead.
@@ -318,6 +280,61 @@ func (p *Process) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Thre
 	return th, nil
 }
 
+// threadState reads thread ref's state from its rb_thread_t tb: status,
+// activity (and the pseudo-frames it puts on top of the stack), native
+// thread and name; and Ruby's internal status name.
+func (p *walker) threadState(ref threadRef, tb []byte, ownerKnown bool, gc gcState) (th stack.Thread, internal string, prefix []stack.Frame) {
+	o := &p.rt.o
+	th = stack.Thread{Main: ref.main, GVL: ref.gvl}
+	internal = "unknown"
+	if st := o.thStatus.u64(tb); !p.rt.epFrames {
+		// Older Rubies have THREAD_TO_KILL first.
+		if st == 0 {
+			internal = "to_kill"
+		} else if int(st-1) < len(statusNames) {
+			internal = statusNames[st-1]
+		}
+	} else if int(st) < len(statusNames) {
+		internal = statusNames[st]
+	}
+	// activity reads Ruby's internal status; the thread reports
+	// Thread#status's.
+	th.State = internal
+	th.Activity, prefix = activity(&th, ownerKnown, ref.waiting, gc)
+	th.State = rubyStatus(internal, o.thToKill.u64(tb) != 0)
+	th.TID = p.refTID(&ref, tb)
+	th.ThreadID = ref.addr
+	if o.thName.ok {
+		if nv := o.thName.u64(tb); isHeapPtr(nv) {
+			th.Name = p.threadName(nv)
+		}
+	}
+	return th, internal, prefix
+}
+
+// stackBounds returns thread ref's VM stack (start and size), its current
+// control frame, and its execution context (0 before 2.5), from its
+// rb_thread_t tb and execution context.
+func (p *walker) stackBounds(ref threadRef, tb []byte) (stackStart, stackSize, cfp, ec uint64, err error) {
+	o := &p.rt.o
+	if o.thEC.ok {
+		ec = o.thEC.u64(tb)
+		if !isHeapPtr(ec) {
+			return 0, 0, 0, 0, invalidf("thread has execution context 0x%x", ec)
+		}
+		eb := ref.eb
+		if eb == nil {
+			if eb, err = p.r.read(ec, p.ecHeadSize()); err != nil {
+				return 0, 0, 0, 0, fmt.Errorf("read execution context: %w", err)
+			}
+		}
+		stackStart, stackSize, cfp = o.ecVMStack.u64(eb), o.ecVMStackSize.u64(eb), o.ecCFP.u64(eb)
+	} else {
+		stackStart, stackSize, cfp = o.thStack.u64(tb), o.thStackSize.u64(tb), o.thCFP.u64(tb)
+	}
+	return stackStart, stackSize, cfp, ec, nil
+}
+
 // tornFrame is the frame on top of a stack that kept changing while it was
 // read: the frames that did not hold still are unknown.
 var tornFrame = stack.Frame{Name: stack.FrameTorn, Kind: stack.KindTorn}
@@ -326,7 +343,7 @@ var tornFrame = stack.Frame{Name: stack.FrameTorn, Kind: stack.KindTorn}
 // consistently (err, an ErrTorn): prefix, the marker frame tornFrame, then
 // the outer frames that held still while it was read (see stableOuter), or
 // none when they cannot be named without tearing too.
-func (p *Process) tornFrames(stackStart, stackSize, cfpAddr uint64, err error, prefix []stack.Frame) []stack.Frame {
+func (p *walker) tornFrames(stackStart, stackSize, cfpAddr uint64, err error, prefix []stack.Frame) []stack.Frame {
 	var te *tornError
 	var outer []stack.Frame
 	if errors.As(err, &te) && te.region != nil {
@@ -348,7 +365,7 @@ const glibcPthreadTID = 0x2d0
 // as this host knows it, 0 when it cannot be read. Ruby keeps the id its
 // own PID namespace gives the thread: in a container, another id than
 // this host's, and one that may name another process here.
-func (p *Process) refTID(ref *threadRef, tb []byte) int {
+func (p *walker) refTID(ref *threadRef, tb []byte) int {
 	tid := 0
 	if ref.haveTID {
 		tid = int(int32(le32(ref.tid[:], 0)))
@@ -364,16 +381,16 @@ func (p *Process) refTID(ref *threadRef, tb []byte) int {
 	return tid
 }
 
-func (p *Process) threadTID(tb []byte) int {
-	o := &p.o
+func (p *walker) threadTID(tb []byte) int {
+	o := &p.rt.o
 	switch {
 	case o.thTID.ok:
 		if tid := o.thTID.u64(tb); tid != 0 {
 			return int(int32(tid))
 		}
-	case o.thNT.ok && p.o.ntTID.ok:
+	case o.thNT.ok && p.rt.o.ntTID.ok:
 		if nt := o.thNT.u64(tb); isHeapPtr(nt) {
-			if v, err := p.r.u32(nt + p.o.ntTID.off); err == nil && v != 0 {
+			if v, err := p.r.u32(nt + p.rt.o.ntTID.off); err == nil && v != 0 {
 				return int(int32(v))
 			}
 		}
@@ -405,8 +422,8 @@ type frameData struct {
 // entries they point to in another. The frames returned start with prefix
 // (the activity's pseudo-frames) when the stack has any frame, so that
 // they are not copied again to be prepended.
-func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, prefix []stack.Frame) ([]stack.Frame, error) {
-	o := &p.o
+func (p *walker) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, prefix []stack.Frame) ([]stack.Frame, error) {
+	o := &p.rt.o
 	p.walks++
 	buf := pre
 	if buf == nil {
@@ -415,72 +432,9 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 			return nil, err
 		}
 	}
-	n := uint64(len(buf))
-	count := int(n / o.cfpSize)
-	// Scratch reused across snapshots (a Process is not for concurrent use).
-	if cap(p.fdsBuf) < count {
-		p.fdsBuf = make([]frameData, count)
-		p.cachedBuf = make([]bool, count)
-	}
-	fds := p.fdsBuf[:count]
-	cached := p.cachedBuf[:count]
-	for i := range fds {
-		fds[i] = frameData{}
-		cached[i] = false
-	}
-	modern := p.ver >= v(2, 3, 0)
-	reqs := p.reqBuf[:0]
-	// The slot cache of this VM stack, indexed by slot from the stack's
-	// end: slot top-i is frame i.
-	end := stackStart + stackSize*8
-	top := int((end - cfp) / o.cfpSize)
-	slots := p.stackSlots(end, top+1)
-	for i := range fds {
-		fd := &fds[i]
-		fd.cf = buf[uint64(i)*o.cfpSize : uint64(i+1)*o.cfpSize]
-		fd.ep = o.cfpEP.u64(fd.cf)
-		if modern && !isHeapPtr(fd.ep) {
-			return nil, fmt.Errorf("frame %d: %w", i, invalidf("control frame has ep 0x%x", fd.ep))
-		}
-		// A frame whose iseq, self, environment and block are those seen
-		// in this slot before is the same frame (only its pc moves): its
-		// environment, iseq header and method entry are not read again.
-		if e := &slots[top-i]; e.gen == p.epoch && e.key == slotKeyOf(o, fd.cf) {
-			fd.epData, fd.iseqHdr, fd.meHdr = e.epData, e.iseqHdr, e.meHdr
-			cached[i] = true
-			continue
-		}
-		if modern {
-			reqs = append(reqs, target.Read{Addr: fd.ep - 16, Buf: fd.epData[:]})
-		}
-		if iseq := o.cfpIseq.u64(fd.cf); o.iseqBody.ok && isHeapPtr(iseq) {
-			reqs = append(reqs, target.Read{Addr: iseq, Buf: fd.iseqHdr[:]})
-		}
-	}
-	if err := p.batch(reqs); err != nil {
-		return nil, fmt.Errorf("read frame environments: %w", err)
-	}
-	if modern {
-		reqs = reqs[:0]
-		for i := range fds {
-			if me := le64(fds[i].epData[:], 0); !cached[i] && isHeapPtr(me) {
-				reqs = append(reqs, target.Read{Addr: me, Buf: fds[i].meHdr[:]})
-			}
-		}
-		if err := p.batch(reqs); err != nil {
-			return nil, fmt.Errorf("read method entries: %w", err)
-		}
-	}
-	p.reqBuf = reqs[:0]
-	if modern {
-		p.checkNames(fds, cached)
-	}
-
-	for i := range fds {
-		if !cached[i] {
-			fd := &fds[i]
-			slots[top-i] = slotEntry{key: slotKeyOf(o, fd.cf), gen: p.epoch, epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
-		}
+	fds, cached, slots, top, err := p.frameHeaders(buf, stackStart, stackSize, cfp)
+	if err != nil {
+		return nil, err
 	}
 	// Environments of this stack by address, for block frames whose
 	// method entry is in an outer frame's environment: indexed when first
@@ -559,11 +513,89 @@ func (p *Process) walk(stackStart, stackSize, cfp, cfpAddr uint64, pre []byte, p
 	return frames, nil
 }
 
+// frameHeaders reads what naming the frames in buf (the control frames
+// from cfp to the end of the VM stack at stackStart) needs beyond them:
+// each frame's environment, iseq header and method entry, from the
+// stack's slot cache when the frame is the one seen in its slot before
+// (cached), else in two batched reads; and checks the cached names of
+// the frames read anew (checkNames). slots is the stack's slot cache,
+// slot top-i holding frame i.
+func (p *walker) frameHeaders(buf []byte, stackStart, stackSize, cfp uint64) (fds []frameData, cached []bool, slots []slotEntry, top int, err error) {
+	o := &p.rt.o
+	n := uint64(len(buf))
+	count := int(n / o.cfpSize)
+	// Scratch reused across snapshots (a Process is not for concurrent use).
+	if cap(p.fdsBuf) < count {
+		p.fdsBuf = make([]frameData, count)
+		p.cachedBuf = make([]bool, count)
+	}
+	fds, cached = p.fdsBuf[:count], p.cachedBuf[:count]
+	for i := range fds {
+		fds[i] = frameData{}
+		cached[i] = false
+	}
+	modern := p.rt.epFrames
+	reqs := p.reqBuf[:0]
+	// The slot cache of this VM stack, indexed by slot from the stack's
+	// end: slot top-i is frame i.
+	end := stackStart + stackSize*8
+	top = int((end - cfp) / o.cfpSize)
+	slots = p.stackSlots(end, top+1)
+	for i := range fds {
+		fd := &fds[i]
+		fd.cf = buf[uint64(i)*o.cfpSize : uint64(i+1)*o.cfpSize]
+		fd.ep = o.cfpEP.u64(fd.cf)
+		if modern && !isHeapPtr(fd.ep) {
+			return nil, nil, nil, 0, fmt.Errorf("frame %d: %w", i, invalidf("control frame has ep 0x%x", fd.ep))
+		}
+		// A frame whose iseq, self, environment and block are those seen
+		// in this slot before is the same frame (only its pc moves): its
+		// environment, iseq header and method entry are not read again.
+		if e := &slots[top-i]; e.gen == p.epoch && e.key == slotKeyOf(o, fd.cf) {
+			fd.epData, fd.iseqHdr, fd.meHdr = e.epData, e.iseqHdr, e.meHdr
+			cached[i] = true
+			continue
+		}
+		if modern {
+			reqs = append(reqs, target.Read{Addr: fd.ep - 16, Buf: fd.epData[:]})
+		}
+		if iseq := o.cfpIseq.u64(fd.cf); o.iseqBody.ok && isHeapPtr(iseq) {
+			reqs = append(reqs, target.Read{Addr: iseq, Buf: fd.iseqHdr[:]})
+		}
+	}
+	if err := p.batch(reqs); err != nil {
+		return nil, nil, nil, 0, fmt.Errorf("read frame environments: %w", err)
+	}
+	if modern {
+		reqs = reqs[:0]
+		for i := range fds {
+			if me := le64(fds[i].epData[:], 0); !cached[i] && isHeapPtr(me) {
+				reqs = append(reqs, target.Read{Addr: me, Buf: fds[i].meHdr[:]})
+			}
+		}
+		if err := p.batch(reqs); err != nil {
+			return nil, nil, nil, 0, fmt.Errorf("read method entries: %w", err)
+		}
+	}
+	p.reqBuf = reqs[:0]
+	if modern {
+		p.checkNames(fds, cached)
+	}
+
+	for i := range fds {
+		if !cached[i] {
+			fd := &fds[i]
+			slots[top-i] = slotEntry{key: slotKeyOf(o, fd.cf), gen: p.epoch, epData: fd.epData, iseqHdr: fd.iseqHdr, meHdr: fd.meHdr}
+		}
+	}
+	return fds, cached, slots, top, nil
+}
+
 // checkNames checks, in one batched read, the witnesses of the cached
 // names (iseqs, method owners, C functions) of the frames read anew that
 // were cached before the last GC (see witness.go): after a GC, naming a
 // stack then costs one read instead of one per name.
-func (p *Process) checkNames(fds []frameData, cached []bool) {
+func (p *walker) checkNames(fds []frameData, cached []bool) {
 	ws := p.checkWits[:0]
 	todo := p.checkTodo[:0] // what ws[k] is the witness of
 	seen := func(kind byte, key uint64) bool {
@@ -579,11 +611,11 @@ func (p *Process) checkNames(fds []frameData, cached []bool) {
 			continue
 		}
 		fd := &fds[i]
-		if hdr := fd.iseqHdr[:]; p.o.iseqBody.ok {
+		if hdr := fd.iseqHdr[:]; p.rt.o.iseqBody.ok {
 			flags := le64(hdr, 0)
 			if flags&tMask == tImemo && (flags>>flUShift)&0x0f == imemoIseq {
-				iseq := p.o.cfpIseq.u64(fd.cf)
-				if c := p.iseqCache[iseq]; c != nil && c.gen != p.epoch && c.body == p.o.iseqBody.u64(hdr) &&
+				iseq := p.rt.o.cfpIseq.u64(fd.cf)
+				if c := p.iseqCache[iseq]; c != nil && c.gen != p.epoch && c.body == p.rt.o.iseqBody.u64(hdr) &&
 					!c.wit.empty() && !seen(checkIseq, iseq) {
 					todo = append(todo, nameCheck{checkIseq, iseq})
 					ws = append(ws, c.wit)
@@ -607,7 +639,7 @@ func (p *Process) checkNames(fds []frameData, cached []bool) {
 	if len(ws) == 0 {
 		return
 	}
-	ok := p.unchangedAll(ws, p.checkOK[:0])
+	ok := p.n.unchangedAll(ws, p.checkOK[:0])
 	p.checkOK = ok[:0]
 	for k, t := range todo {
 		if !ok[k] {
@@ -674,7 +706,7 @@ type keptStack struct {
 // returned), else a copy, remembered for the next snapshot with the
 // region it was named from (nil: none to compare with next time; see
 // sameStack).
-func (p *Process) keepFrames(thread uint64, frames []stack.Frame, region []byte, cfp uint64, prefixLen, tid int) []stack.Frame {
+func (p *walker) keepFrames(thread uint64, frames []stack.Frame, region []byte, cfp uint64, prefixLen, tid int) []stack.Frame {
 	if len(frames) == 0 {
 		return nil
 	}
@@ -718,7 +750,7 @@ func (p *Process) keepFrames(thread uint64, frames []stack.Frame, region []byte,
 // environments and method entries it reads after the frames can be a
 // running thread's next frames', and a thread that then waits would show
 // such a name tick after tick.)
-func (p *Process) sameStack(thread, cfp uint64, region []byte, prefix []stack.Frame) ([]stack.Frame, bool) {
+func (p *walker) sameStack(thread, cfp uint64, region []byte, prefix []stack.Frame) ([]stack.Frame, bool) {
 	k := p.lastFrames[thread]
 	if k == nil || !k.trusted || !k.holds(region, cfp, p.epoch, len(prefix)) || !slices.Equal(k.frames[:k.prefixLen], prefix) {
 		return nil, false
@@ -734,7 +766,7 @@ func (k *keptStack) holds(region []byte, cfp, epoch uint64, prefixLen int) bool 
 
 // ErrTorn reports a stack that kept changing while it was read (a running
 // thread read without pausing it): no consistent copy was obtained.
-var ErrTorn = fmt.Errorf("%w: the stack changed while it was read", ErrInvalid)
+var ErrTorn = fmt.Errorf("%w: the stack changed while it was read", ErrInconsistent)
 
 // maxTornWalks bounds the walks of a thread whose stack changed during one.
 // On the Rails fixture under load (scripts/rails-app.sh) 6.5 % of samples
@@ -751,7 +783,7 @@ const maxStackReads = 24
 // stopped while a snapshot reads it (blocking mode, or a core file). A
 // running target's stacks are copied twice and compared (see readFrames);
 // a stopped one's once.
-func (p *Process) SetStopped(stopped bool) { p.stoppedAll, p.stopped = stopped, stopped }
+func (p *Process) SetStopped(stopped bool) { p.stoppedAll, p.w.stopped = stopped, stopped }
 
 // Torn returns how many stack reads found the stack changing (and read it
 // again) since the process was opened.
@@ -774,10 +806,10 @@ func (p *Process) Torn() uint64 { return p.tornReads }
 // the same torn state): a frame that has a callee cannot be past its last
 // instruction, and a method's frame always has a method entry in its
 // environment chain.
-func (p *Process) readFrames(stackStart, stackSize, cfp, cfpAddr uint64) ([]byte, uint64, error) {
+func (p *walker) readFrames(stackStart, stackSize, cfp, cfpAddr uint64) ([]byte, uint64, error) {
 	end := stackStart + stackSize*8
 	check := !p.stopped && cfpAddr != 0
-	sz := p.o.cfpSize
+	sz := p.rt.o.cfpSize
 	// The outer frames found holding still by a torn read, from stableAt
 	// (see stableOuter): the reads that follow copy only the frames inner
 	// to them and their innermost one, which must not have changed.
@@ -874,8 +906,8 @@ func (e *tornError) Unwrap() error { return ErrTorn }
 // that returned below them and called back in the same frames between two
 // cfp reads would pass, as it would settle's check.) nil when no frame
 // held still.
-func (p *Process) stableOuter(lo, end uint64, cfps [3][8]byte, first, second []byte) ([]byte, uint64) {
-	sz := p.o.cfpSize
+func (p *walker) stableOuter(lo, end uint64, cfps [3][8]byte, first, second []byte) ([]byte, uint64) {
+	sz := p.rt.o.cfpSize
 	outer := lo
 	for _, c := range cfps {
 		at := le64(c[:], 0)
@@ -914,8 +946,8 @@ const frameHeadroom = 4
 // at end whose cfp was last seen at cfp, and how many bytes: from cfp, or
 // with headroom from up to frameHeadroom slots below it (still in the VM
 // stack), to the end, at most maxFrameBytes past cfp, whole frames.
-func (p *Process) frameSpan(stackStart, end, cfp uint64, headroom bool) (lo, n uint64) {
-	sz := p.o.cfpSize
+func (p *walker) frameSpan(stackStart, end, cfp uint64, headroom bool) (lo, n uint64) {
+	sz := p.rt.o.cfpSize
 	lo = cfp
 	if headroom {
 		lo -= min(frameHeadroom, (cfp-stackStart)/sz) * sz
@@ -945,7 +977,7 @@ func (p *Process) frameSpan(stackStart, end, cfp uint64, headroom bool) (lo, n u
 // made for it (sampler/testdata/torn.rb) 0 to 0.21 % of the looping
 // threads' samples pass (1.3 to 2.9 % without this check), and blocking
 // mode has none.
-func (p *Process) settle(lo, end uint64, cfps [3][8]byte, mid bool, first, second []byte) ([]byte, uint64, bool) {
+func (p *walker) settle(lo, end uint64, cfps [3][8]byte, mid bool, first, second []byte) ([]byte, uint64, bool) {
 	c0, c1, c2 := le64(cfps[0][:], 0), le64(cfps[1][:], 0), le64(cfps[2][:], 0)
 	at := c1
 	if !mid {
@@ -956,7 +988,7 @@ func (p *Process) settle(lo, end uint64, cfps [3][8]byte, mid bool, first, secon
 	} else if c1 != c0 && c1 != c2 {
 		return nil, 0, false
 	}
-	sz := p.o.cfpSize
+	sz := p.rt.o.cfpSize
 	if at < lo || at > end || (end-at)%sz != 0 {
 		return nil, 0, false
 	}
@@ -969,7 +1001,7 @@ func (p *Process) settle(lo, end uint64, cfps [3][8]byte, mid bool, first, secon
 	if n == 0 && at != end {
 		return nil, 0, false
 	}
-	if !sameFrames(&p.o, first[off:off+n], second[off:off+n]) {
+	if !sameFrames(&p.rt.o, first[off:off+n], second[off:off+n]) {
 		return nil, 0, false
 	}
 	return second[off : off+n], at, true
@@ -1004,7 +1036,7 @@ const maxSlotCache = 1 << 15
 // stackSlots returns the slot cache of the VM stack that ends at end, with
 // at least n slots (one map lookup per stack and snapshot, not per frame).
 // An entry of generation 0 is empty: epochs start at 1.
-func (p *Process) stackSlots(end uint64, n int) []slotEntry {
+func (p *walker) stackSlots(end uint64, n int) []slotEntry {
 	s := p.slotCache[end]
 	if len(s) >= n {
 		return s
@@ -1054,7 +1086,7 @@ type slotEntry struct {
 
 // batch reads reqs in one system call where the target allows it; a
 // request that fails (a race with the target) fails the batch.
-func (p *Process) batch(reqs []target.Read) error {
+func (p *walker) batch(reqs []target.Read) error {
 	if len(reqs) == 0 {
 		return nil
 	}
@@ -1063,13 +1095,13 @@ func (p *Process) batch(reqs []target.Read) error {
 
 // frame names one control frame; ok is false for frames Ruby's own
 // backtraces skip (dummy and finish frames).
-func (p *Process) frame(fd *frameData) (stack.Frame, bool, error) {
-	o := &p.o
+func (p *walker) frame(fd *frameData) (stack.Frame, bool, error) {
+	o := &p.rt.o
 	cf := fd.cf
 	p.frameDone = false
 	iseq := o.cfpIseq.u64(cf)
 	pc := o.cfpPC.u64(cf)
-	modern := p.ver >= v(2, 3, 0)
+	modern := p.rt.epFrames
 
 	var magic uint64
 	if modern {
@@ -1085,7 +1117,7 @@ func (p *Process) frame(fd *frameData) (stack.Frame, bool, error) {
 		} else {
 			me = o.cfpMe.u64(cf)
 		}
-		name := p.cfuncName(me)
+		name := p.n.cfuncName(me)
 		if name == unnamedCFunc && modern && !p.stopped && !p.isMethodEntry(me) {
 			// Read while a running thread was pushing the frame.
 			p.tornReads++
@@ -1106,7 +1138,7 @@ func (p *Process) frame(fd *frameData) (stack.Frame, bool, error) {
 	if o.iseqBody.ok {
 		hdr = fd.iseqHdr[:]
 	}
-	info, err := p.iseqInfo(iseq, hdr)
+	info, err := p.n.iseqInfo(iseq, hdr)
 	if err != nil {
 		return stack.Frame{}, false, err
 	}
@@ -1122,7 +1154,7 @@ func (p *Process) frame(fd *frameData) (stack.Frame, bool, error) {
 		// it pushes until their code calls out (the slot keeps an older
 		// frame's pc). The frame's own first line is the best known.
 		line = info.firstLine
-	} else if line, err = p.lineFor(info, pc); err != nil {
+	} else if line, err = p.n.lineFor(info, pc); err != nil {
 		line = info.firstLine
 	}
 	name := info.label
@@ -1167,7 +1199,7 @@ func rubyMagic(magic uint64) bool {
 // methodOwner finds the method entry of a frame through its environment
 // chain (rb_vm_frame_method_entry) and returns the qualified owner prefix
 // ("Foo#", "Foo.") or "" for anonymous owners.
-func (p *Process) methodOwner(fd *frameData) (string, bool) {
+func (p *walker) methodOwner(fd *frameData) (string, bool) {
 	epData := fd.epData[:]
 	meHdr := fd.meHdr[:]
 	tmp := &p.ownerTmp
@@ -1209,7 +1241,7 @@ func (p *Process) methodOwner(fd *frameData) (string, bool) {
 
 // env returns the frame of the stack being walked whose environment is at
 // ep, or nil. The index is built on the first call of a walk.
-func (p *Process) env(ep uint64) *frameData {
+func (p *walker) env(ep uint64) *frameData {
 	if !p.envsIndexed {
 		if p.envs == nil {
 			p.envs = map[uint64]*frameData{}
@@ -1225,7 +1257,7 @@ func (p *Process) env(ep uint64) *frameData {
 
 // checkMethodEntry returns obj when it is a method entry imemo (or an svar
 // holding one, at a local ep); hdr holds obj's first 24 bytes when known.
-func (p *Process) checkMethodEntry(obj uint64, hdr []byte, canBeSvar bool) (uint64, bool) {
+func (p *walker) checkMethodEntry(obj uint64, hdr []byte, canBeSvar bool) (uint64, bool) {
 	if !isHeapPtr(obj) {
 		return 0, false
 	}
@@ -1253,19 +1285,19 @@ func (p *Process) checkMethodEntry(obj uint64, hdr []byte, canBeSvar bool) (uint
 }
 
 // ownerPrefix returns "Owner#" or "Owner." for method entry me.
-func (p *Process) ownerPrefix(me uint64) (string, error) {
-	if s, ok := p.cachedString(p.ownerCache, me); ok {
+func (p *walker) ownerPrefix(me uint64) (string, error) {
+	if s, ok := p.n.cachedString(p.ownerCache, me); ok {
 		return s, nil
 	}
-	wit := p.startWitness()
-	defer p.endWitness(wit)
-	owner, err := p.sawU64(me + p.o.meOwner.off)
+	wit := p.n.startWitness()
+	defer p.n.endWitness(wit)
+	owner, err := p.n.sawU64(me + p.rt.o.meOwner.off)
 	if err != nil {
 		return "", err
 	}
 	misses := p.incomplete
 	prefix := ""
-	name, singleton, err := p.classNameOf(owner)
+	name, singleton, err := p.n.classNameOf(owner)
 	if err == nil && name != "" {
 		if singleton {
 			prefix = name + "."
@@ -1290,7 +1322,7 @@ func (p *Process) ownerPrefix(me uint64) (string, error) {
 const unnamedCFunc = "<cfunc>"
 
 // isMethodEntry reports whether obj is a method entry imemo now.
-func (p *Process) isMethodEntry(obj uint64) bool {
+func (p *walker) isMethodEntry(obj uint64) bool {
 	if !isHeapPtr(obj) {
 		return false
 	}
@@ -1299,7 +1331,7 @@ func (p *Process) isMethodEntry(obj uint64) bool {
 }
 
 // cfuncName names a C function frame from its method entry.
-func (p *Process) cfuncName(me uint64) string {
+func (p *namer) cfuncName(me uint64) string {
 	if !isHeapPtr(me) {
 		return unnamedCFunc
 	}
@@ -1310,13 +1342,13 @@ func (p *Process) cfuncName(me uint64) string {
 	defer p.endWitness(wit)
 	misses := p.incomplete
 	name := unnamedCFunc
-	def, err := p.sawU64(me + p.o.meDef.off)
+	def, err := p.sawU64(me + p.rt.o.meDef.off)
 	var id uint64
-	if err == nil && isHeapPtr(def) && p.o.defOriginalID.ok {
-		id, err = p.sawU64(def + p.o.defOriginalID.off)
+	if err == nil && isHeapPtr(def) && p.rt.o.defOriginalID.ok {
+		id, err = p.sawU64(def + p.rt.o.defOriginalID.off)
 	}
-	if (err != nil || id == 0) && p.o.meCalledID.ok {
-		id, err = p.sawU64(me + p.o.meCalledID.off)
+	if (err != nil || id == 0) && p.rt.o.meCalledID.ok {
+		id, err = p.sawU64(me + p.rt.o.meCalledID.off)
 	}
 	if err == nil && id != 0 {
 		// Symbol names are cached for the life of the process: not
@@ -1326,8 +1358,8 @@ func (p *Process) cfuncName(me uint64) string {
 		resume()
 		if err == nil && s != "" {
 			name = s
-			if p.ver >= v(2, 3, 0) {
-				if prefix, err := p.ownerPrefix(me); err == nil {
+			if p.rt.epFrames {
+				if prefix, err := p.w.ownerPrefix(me); err == nil {
 					name = prefix + s
 				} else {
 					p.incomplete++
@@ -1391,8 +1423,8 @@ const (
 	iseqMain   = 7
 )
 
-func (p *Process) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
-	o := &p.o
+func (p *namer) iseqInfo(iseq uint64, hdr []byte) (*iseqInfo, error) {
+	o := &p.rt.o
 	body := iseq
 	if o.iseqBody.ok {
 		b := hdr
@@ -1445,8 +1477,8 @@ func (i *iseqInfo) sameIseq(n *iseqInfo) bool {
 }
 
 // readIseqInfo reads the facts of the iseq at iseq whose body is at body.
-func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
-	o := &p.o
+func (p *namer) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
+	o := &p.rt.o
 	if !isHeapPtr(body) {
 		return nil, invalidf("iseq 0x%x has body 0x%x", iseq, body)
 	}
@@ -1466,7 +1498,7 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 		}
 	}
 	info.typ = o.bType.u64(bb)
-	if p.ver < v(2, 0, 0) {
+	if !p.rt.iseqBody {
 		// 1.9: name and filename are in the iseq itself.
 		if info.label, err = p.rstring(o.iseqName.u64(bb)); err != nil {
 			return nil, fmt.Errorf("read iseq name: %w", err)
@@ -1482,9 +1514,9 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 			// Static labels live in libruby's .rodata, which a core file
 			// may lack; the iseq type names the two that matter.
 			switch {
-			case p.ver >= v(2, 3, 0) && info.typ == iseqMain:
+			case p.rt.epFrames && info.typ == iseqMain:
 				info.label = "<main>"
-			case p.ver >= v(2, 3, 0) && info.typ == iseqTop:
+			case p.rt.epFrames && info.typ == iseqTop:
 				info.label = "<top (required)>"
 			default:
 				return nil, fmt.Errorf("read iseq label: %w", err)
@@ -1520,7 +1552,7 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 		info.tableAddr = o.bInsnInfoTable.u64(bb)
 		info.tableSize = o.bInsnInfoSize.u64(bb) & 0xffffffff
 	}
-	if p.ver >= v(2, 3, 0) {
+	if p.rt.epFrames {
 		p.setQualification(info)
 	}
 	return info, nil
@@ -1529,7 +1561,7 @@ func (p *Process) readIseqInfo(iseq, body uint64) (*iseqInfo, error) {
 // setQualification decides how a label is qualified with its owner, as
 // Ruby 3.4's backtraces do: methods become "Owner#name", blocks (and
 // rescue/ensure) "block in Owner#name".
-func (p *Process) setQualification(info *iseqInfo) {
+func (p *namer) setQualification(info *iseqInfo) {
 	switch info.typ {
 	case iseqMethod:
 		info.qualifiable = true
@@ -1568,7 +1600,7 @@ func innerLabel(s string) bool {
 
 // pathobj returns the path of an iseq: its realpath (absolute) when Ruby
 // has one, else the path.
-func (p *Process) pathobj(v uint64) (string, error) {
+func (p *namer) pathobj(v uint64) (string, error) {
 	if !isHeapPtr(v) {
 		return "", invalidf("iseq pathobj 0x%x", v)
 	}

@@ -85,7 +85,7 @@ func (w *witness) add(addr uint64, b []byte, kind uint8, mask []byte) {
 
 // saw records, while a fact is being decoded (see startWitness), that it
 // used data read at addr.
-func (p *Process) saw(addr uint64, data []byte) {
+func (p *namer) saw(addr uint64, data []byte) {
 	if p.rec != nil {
 		p.rec.add(addr, data, maskNone, nil)
 	}
@@ -93,15 +93,15 @@ func (p *Process) saw(addr uint64, data []byte) {
 
 // sawBody records the iseq body b read at addr, of which the fields in
 // bodyMask were used.
-func (p *Process) sawBody(addr uint64, b []byte) {
+func (p *namer) sawBody(addr uint64, b []byte) {
 	if p.rec != nil {
-		p.rec.add(addr, b, maskBody, p.bodyMask())
+		p.rec.add(addr, b, maskBody, p.rt.bodyMask)
 	}
 }
 
 // sawWord records the 8-byte word v read at addr, of which only the bits
 // in mask were used.
-func (p *Process) sawWord(addr, v, mask uint64) {
+func (p *namer) sawWord(addr, v, mask uint64) {
 	if p.rec == nil {
 		return
 	}
@@ -116,7 +116,7 @@ func (p *Process) sawWord(addr, v, mask uint64) {
 }
 
 // sawField records field f of the object at addr, read into b.
-func (p *Process) sawField(addr uint64, b []byte, f fieldOff) {
+func (p *namer) sawField(addr uint64, b []byte, f fieldOff) {
 	if p.rec == nil || !f.ok || f.off+f.size > uint64(len(b)) {
 		return
 	}
@@ -124,7 +124,7 @@ func (p *Process) sawField(addr uint64, b []byte, f fieldOff) {
 }
 
 // sawU64 reads the word at addr and records it.
-func (p *Process) sawU64(addr uint64) (uint64, error) {
+func (p *namer) sawU64(addr uint64) (uint64, error) {
 	b, err := p.r.read(addr, 8)
 	if err != nil {
 		return 0, err
@@ -138,7 +138,7 @@ func (p *Process) sawU64(addr uint64) (uint64, error) {
 // be ended by endWitness, which adds it to the witness of the fact being
 // decoded around this one, if any (a name built from a cached path
 // carries the path's witness).
-func (p *Process) startWitness() *witness {
+func (p *namer) startWitness() *witness {
 	depth := len(p.witOuter)
 	if depth == len(p.witStack) {
 		p.witStack = append(p.witStack, &witness{})
@@ -151,7 +151,7 @@ func (p *Process) startWitness() *witness {
 }
 
 // endWitness stops recording w (see startWitness).
-func (p *Process) endWitness(w *witness) {
+func (p *namer) endWitness(w *witness) {
 	n := len(p.witOuter) - 1
 	p.rec = p.witOuter[n]
 	p.witOuter = p.witOuter[:n]
@@ -160,14 +160,14 @@ func (p *Process) endWitness(w *witness) {
 
 // notRecording pauses recording (for facts cached for the life of the
 // process, such as symbol names) and returns the function that resumes it.
-func (p *Process) notRecording() func() {
+func (p *namer) notRecording() func() {
 	outer := p.rec
 	p.rec = nil
 	return func() { p.rec = outer }
 }
 
 // reuse adds the witness of a cached fact used while another is decoded.
-func (p *Process) reuse(w witness) {
+func (p *namer) reuse(w witness) {
 	if p.rec == nil {
 		return
 	}
@@ -186,7 +186,7 @@ func (p *Process) reuse(w witness) {
 // current reports whether a cached fact of epoch *gen with witness w
 // holds in this epoch: read in it, or its witness read again unchanged
 // (then *gen becomes this epoch). A fact without a witness is read again.
-func (p *Process) current(gen *uint64, w witness) bool {
+func (p *namer) current(gen *uint64, w witness) bool {
 	if *gen == p.epoch {
 		return true
 	}
@@ -200,7 +200,7 @@ func (p *Process) current(gen *uint64, w witness) bool {
 // cachedString returns cache m's string for key k when it holds in this
 // GC epoch (see current), adding its witness to the fact being decoded
 // around this lookup, if any.
-func (p *Process) cachedString(m map[uint64]genString, k uint64) (string, bool) {
+func (p *namer) cachedString(m map[uint64]genString, k uint64) (string, bool) {
 	c, ok := m[k]
 	if !ok || !p.current(&c.gen, c.wit) {
 		return "", false
@@ -212,7 +212,7 @@ func (p *Process) cachedString(m map[uint64]genString, k uint64) (string, bool) 
 
 // unchanged reads every range of w in one batch and compares the bits
 // that were used.
-func (p *Process) unchanged(w witness) bool {
+func (p *namer) unchanged(w witness) bool {
 	p.witOK = p.unchangedAll([]witness{w}, p.witOK[:0])
 	return p.witOK[0]
 }
@@ -224,7 +224,7 @@ const maxWitnessGap = 64
 // unchangedAll reads the ranges of every witness in ws in one batch and
 // appends to ok whether each is unchanged. Neighbouring ranges are read
 // as one.
-func (p *Process) unchangedAll(ws []witness, ok []bool) []bool {
+func (p *namer) unchangedAll(ws []witness, ok []bool) []bool {
 	spans := p.witSpans[:0]
 	for _, w := range ws {
 		for _, r := range w.ranges {
@@ -287,7 +287,7 @@ func (p *Process) unchangedAll(ws []witness, ok []bool) []bool {
 			case maskInline:
 				mask = w.data[r.off+uint32(r.n) : r.off+2*uint32(r.n)]
 			case maskBody:
-				mask = p.bodyMask()
+				mask = p.rt.bodyMask
 			}
 			for j := range now {
 				m := byte(0xff)
@@ -308,12 +308,9 @@ func (p *Process) unchangedAll(ws []witness, ok []bool) []bool {
 // witSpan is a range of target memory read to check witnesses.
 type witSpan struct{ start, end uint64 }
 
-// bodyMask is the mask of the iseq body bytes readIseqInfo decodes.
-func (p *Process) bodyMask() []byte {
-	if p.bodyMaskBuf != nil {
-		return p.bodyMaskBuf
-	}
-	o := &p.o
+// bodyMaskOf is the mask of the iseq body bytes readIseqInfo decodes,
+// with offsets o.
+func bodyMaskOf(o *offsets) []byte {
 	m := make([]byte, o.bodySize)
 	for _, f := range []fieldOff{o.bEncoded, o.bIseqSize, o.bFirstLineno, o.bType, o.bLabel, o.bPathobj, o.bPath, o.bAbsPath,
 		o.bInsnsInfo, o.bInsnsInfoSize, o.bInsnsPositions, o.bSuccTable, o.bLineInfoTable, o.bLineInfoSize,
@@ -325,7 +322,6 @@ func (p *Process) bodyMask() []byte {
 			m[i] = 0xff
 		}
 	}
-	p.bodyMaskBuf = m
 	return m
 }
 

@@ -149,17 +149,17 @@ func modes(t *testing.T, f func(t *testing.T, blocking bool)) {
 }
 
 // shares counts each thread's samples by activity.
-type shares map[string]map[string]int
+type shares map[string]map[stack.Activity]int
 
 func (s shares) add(sm *stack.Sample) {
 	if s[sm.ThreadName] == nil {
-		s[sm.ThreadName] = map[string]int{}
+		s[sm.ThreadName] = map[stack.Activity]int{}
 	}
 	s[sm.ThreadName][sm.Activity]++
 	s[sm.ThreadName]["total"]++
 }
 
-func (s shares) pct(thread, activity string) float64 {
+func (s shares) pct(thread string, activity stack.Activity) float64 {
 	m := s[thread]
 	if m == nil || m["total"] == 0 {
 		return math.NaN()
@@ -383,7 +383,7 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 	}
 	res.GCms, res.Wallms, res.CPUms, res.GCWallms = raw["gc_ms"], raw["wall_ms"], raw["cpu_ms"], raw["gc_wall_ms"]
 	var onGVL, inGC, phases int
-	byActivity := map[string]int{}
+	byActivity := map[stack.Activity]int{}
 	for i := range samples {
 		s := &samples[i]
 		if s.TID != proc.Pid {
@@ -412,7 +412,7 @@ func gcShareAttempt(t *testing.T, rb testutil.RubyUnderTest, blocking bool, gc, 
 	// Samples whose stack could not be read still say what the thread
 	// was doing; left out, they would lean the share towards GC (a
 	// running thread's stack changes under the reader, one in GC not).
-	var unread map[string]int
+	var unread map[stack.Activity]int
 	for _, sp := range st.Threads {
 		if sp.TID == proc.Pid {
 			unread = sp.Unread

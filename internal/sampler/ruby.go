@@ -156,31 +156,7 @@ func (s *RubySource) Process() *ruby.Process { return s.p }
 func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	now := time.Now()
 	tk := tickOf(ctx)
-	s.cpuAt = 0
-	if tk != nil && tk.cpu {
-		if s.cpu == nil {
-			s.cpu = oncpu.New(s.pid)
-		}
-		s.cpuAt = oncpu.Mono(tk.deadline)
-	}
-	// Nonblocking ticks watch the threads' context switches in Mode wall
-	// too (wallWatch): not for the on-CPU state at the deadline, but to
-	// skip reading the frames of threads that have not run since they
-	// were last read, and for the kernel state after the read in place of
-	// /proc. Where the kernel refuses, /proc and every read stay.
-	wallWatch := tk != nil && !tk.cpu && s.pauser == nil
-	if wallWatch && s.cpu == nil {
-		s.cpu = oncpu.New(s.pid)
-	}
-	s.stopStates = s.stopStates[:0]
-	s.pausedAt, s.pausedTIDs, s.readAt = 0, nil, 0
-	if s.cpu != nil && s.pauser == nil && (s.cpuAt != 0 || wallWatch) {
-		// The records also say which threads have not run since their
-		// frames were last read: those are not read again.
-		s.p.SetOffCPUWatch(offCPUWatch{s.cpu})
-	} else {
-		s.p.SetOffCPUWatch(nil)
-	}
+	wallWatch := s.startTick(tk)
 	threads, err := s.snapshot()
 	if s.cpuAt != 0 {
 		s.readAt = oncpu.Now()
@@ -199,41 +175,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 	s.sampledTIDs, s.needState = s.sampledTIDs[:0], s.needState[:0]
 	for i := range threads {
 		th := &threads[i]
-		cs := s.cpuState(th.TID)
-		if cs == oncpu.Running {
-			switch since := s.since(th.TID); {
-			case since == oncpu.Stayed:
-			case since == oncpu.Resumed && th.Activity != stack.ActivityGVLWait:
-				// Switched out (preempted, or asleep a while) and in
-				// again, and on a CPU or preempted on one when the read
-				// ended: its stack is where it ran then, a little later
-				// than the deadline, as that of a thread that stayed
-				// on a CPU is. Dropping these (as moved on) lost the
-				// samples of threads cut short on a CPU, which share it
-				// or hand the GVL on: a quarter of a cpu profile under
-				// load, and more of the methods that switch the most.
-			case since == oncpu.Slept && th.Activity == stack.ActivityGVLWait && yielded(th.Frames):
-				// On a CPU at the deadline, it has since given the GVL
-				// up (a late tick: the thread it waits for took it) and
-				// waits where it was running, as it was then: a holder
-				// yields the GVL at the interrupt check between two
-				// instructions of Ruby code. Dropping these samples (as
-				// waiting for the GVL) left the cpu profile of a thread
-				// that shares the GVL 15-55 % short under load.
-				th.Activity = stack.ActivityRunning
-				th.Frames = th.Frames[1:]
-			case th.Activity != stack.ActivityGVLWait:
-				// Switched in again (it may have run anywhere since),
-				// or gone to sleep where it is read (Thread::Queue#pop,
-				// a read: not where it ran). (A thread waiting for the
-				// GVL now, switched in since, is dropped by Mode cpu
-				// whatever its stack.)
-				cs = movedOn
-				if th.Error == "" {
-					th.Error = errMovedOn
-				}
-			}
-		}
+		cs := s.tickCPUState(th)
 		s.cpuStates = append(s.cpuStates, cs)
 		letter := cpuLetter(cs)
 		if letter == 0 && wallAt != 0 && th.TID != 0 {
@@ -248,17 +190,7 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		}
 	}
 	s.states.read(s.sampledTIDs, s.needState)
-	if s.cpuAt != 0 {
-		err := s.cpu.Watch(s.sampledTIDs)
-		if err == nil {
-			err = s.cpu.Err() // a refusal when the source was made
-		}
-		if err != nil && tk.cpuErr == nil {
-			tk.cpuErr = err
-		}
-	} else if wallWatch {
-		_ = s.cpu.Watch(s.sampledTIDs) // refused: /proc and every read, as without
-	}
+	s.watchSampled(tk, wallWatch)
 	s.out = s.out[:0]
 	// A thread that changed under the walker (created, ending, or read
 	// without pausing): its partial stack would distort the profile, so
@@ -275,44 +207,150 @@ func (s *RubySource) Sample(ctx context.Context) ([]stack.Sample, error) {
 		if th.Error != "" {
 			continue
 		}
-		cs := s.cpuStates[i]
-		kstate := s.stopStates[i]
-		if kstate == 0 {
-			kstate = s.letters[i]
-		}
-		if kstate == 0 {
-			kstate = s.states.state(th.TID)
-		}
-		ruby.KernelActivity(th, kstate)
-		onCPU := kstate == 'R'
-		switch {
-		case cs == movedOn:
-			onCPU = true
-		case cs.Known():
-			onCPU = cs == oncpu.Running
-		case kstate == 0:
-			onCPU = th.Activity == stack.ActivityRunning || th.Activity == stack.ActivityGC
-		}
-		frames := th.Frames
-		if s.noGC {
-			frames = stack.WithoutGC(frames)
-		}
-		s.out = append(s.out, stack.Sample{
-			Time:       now,
-			Pid:        s.pid,
-			TID:        th.TID,
-			ThreadID:   th.ThreadID,
-			ThreadName: th.DisplayName(),
-			OnCPU:      onCPU,
-			Activity:   th.Activity,
-			GVL:        th.GVL,
-			Frames:     frames,
-		})
+		s.out = append(s.out, s.threadSample(now, i, th))
 	}
 	if failed != nil {
 		return s.out, failed
 	}
 	return s.out, nil
+}
+
+// startTick prepares the source for tick tk (nil: not run by Run): the
+// instant the tick stands for when it asks for on-CPU states, the
+// context-switch watch, the per-tick state of the last tick cleared, and
+// which threads the walker may skip as not run since their last read. It
+// returns whether this nonblocking tick of Mode wall watches the context
+// switches (see Sample).
+func (s *RubySource) startTick(tk *tick) (wallWatch bool) {
+	s.cpuAt = 0
+	if tk != nil && tk.cpu {
+		if s.cpu == nil {
+			s.cpu = oncpu.New(s.pid)
+		}
+		s.cpuAt = oncpu.Mono(tk.deadline)
+	}
+	// Nonblocking ticks watch the threads' context switches in Mode wall
+	// too (wallWatch): not for the on-CPU state at the deadline, but to
+	// skip reading the frames of threads that have not run since they
+	// were last read, and for the kernel state after the read in place of
+	// /proc. Where the kernel refuses, /proc and every read stay.
+	wallWatch = tk != nil && !tk.cpu && s.pauser == nil
+	if wallWatch && s.cpu == nil {
+		s.cpu = oncpu.New(s.pid)
+	}
+	s.stopStates = s.stopStates[:0]
+	s.pausedAt, s.pausedTIDs, s.readAt = 0, nil, 0
+	if s.cpu != nil && s.pauser == nil && (s.cpuAt != 0 || wallWatch) {
+		// The records also say which threads have not run since their
+		// frames were last read: those are not read again.
+		s.p.SetOffCPUWatch(offCPUWatch{s.cpu})
+	} else {
+		s.p.SetOffCPUWatch(nil)
+	}
+	return wallWatch
+}
+
+// tickCPUState is th's state at this tick's deadline (cpuState), or
+// movedOn for a thread running then whose stack, read later, is no longer
+// where it ran (th.Error then says so). A thread running at the deadline
+// that has since yielded the GVL where it ran is taken as running there:
+// th loses its "(waiting for GVL)" frame.
+func (s *RubySource) tickCPUState(th *stack.Thread) oncpu.State {
+	cs := s.cpuState(th.TID)
+	if cs == oncpu.Running {
+		switch since := s.since(th.TID); {
+		case since == oncpu.Stayed:
+		case since == oncpu.Resumed && th.Activity != stack.ActivityGVLWait:
+			// Switched out (preempted, or asleep a while) and in
+			// again, and on a CPU or preempted on one when the read
+			// ended: its stack is where it ran then, a little later
+			// than the deadline, as that of a thread that stayed
+			// on a CPU is. Dropping these (as moved on) lost the
+			// samples of threads cut short on a CPU, which share it
+			// or hand the GVL on: a quarter of a cpu profile under
+			// load, and more of the methods that switch the most.
+		case since == oncpu.Slept && th.Activity == stack.ActivityGVLWait && yielded(th.Frames):
+			// On a CPU at the deadline, it has since given the GVL
+			// up (a late tick: the thread it waits for took it) and
+			// waits where it was running, as it was then: a holder
+			// yields the GVL at the interrupt check between two
+			// instructions of Ruby code. Dropping these samples (as
+			// waiting for the GVL) left the cpu profile of a thread
+			// that shares the GVL 15-55 % short under load.
+			th.Activity = stack.ActivityRunning
+			th.Frames = th.Frames[1:]
+		case th.Activity != stack.ActivityGVLWait:
+			// Switched in again (it may have run anywhere since),
+			// or gone to sleep where it is read (Thread::Queue#pop,
+			// a read: not where it ran). (A thread waiting for the
+			// GVL now, switched in since, is dropped by Mode cpu
+			// whatever its stack.)
+			cs = movedOn
+			if th.Error == "" {
+				th.Error = errMovedOn
+			}
+		}
+	}
+	return cs
+}
+
+// watchSampled watches the context switches of this tick's threads
+// (sampledTIDs) when the tick uses them: in Mode cpu a refusal is the
+// tick's cpuErr; in nonblocking Mode wall it leaves /proc and every
+// read, as without.
+func (s *RubySource) watchSampled(tk *tick, wallWatch bool) {
+	if s.cpuAt != 0 {
+		err := s.cpu.Watch(s.sampledTIDs)
+		if err == nil {
+			err = s.cpu.Err() // a refusal when the source was made
+		}
+		if err != nil && tk.cpuErr == nil {
+			tk.cpuErr = err
+		}
+	} else if wallWatch {
+		_ = s.cpu.Watch(s.sampledTIDs) // refused: /proc and every read, as without
+	}
+}
+
+// threadSample is the sample of th, the i-th thread of this tick's
+// snapshot, read without error: its kernel state (from its stop, the
+// context-switch records or /proc, in that order) completes an unknown
+// activity and says whether it was on a CPU, which the records at the
+// deadline decide where they tell.
+func (s *RubySource) threadSample(now time.Time, i int, th *stack.Thread) stack.Sample {
+	cs := s.cpuStates[i]
+	kstate := s.stopStates[i]
+	if kstate == 0 {
+		kstate = s.letters[i]
+	}
+	if kstate == 0 {
+		kstate = s.states.state(th.TID)
+	}
+	ruby.KernelActivity(th, kstate)
+	onCPU := kstate == 'R'
+	switch {
+	case cs == movedOn:
+		onCPU = true
+	case cs.Known():
+		onCPU = cs == oncpu.Running
+	case kstate == 0:
+		onCPU = th.Activity == stack.ActivityRunning || th.Activity == stack.ActivityGC
+	}
+	frames := th.Frames
+	if s.noGC {
+		frames = stack.WithoutGC(frames)
+	}
+	return stack.Sample{
+		Time:       now,
+		Pid:        s.pid,
+		TID:        th.TID,
+		ThreadID:   th.ThreadID,
+		ThreadName: th.DisplayName(),
+		OnCPU:      onCPU,
+		Activity:   th.Activity,
+		GVL:        th.GVL,
+		Frames:     frames,
+	}
 }
 
 // offCPUError returns a failed snapshot's error, unless (Mode cpu) it is
@@ -327,7 +365,7 @@ func (s *RubySource) offCPUError(now time.Time, err error) ([]stack.Sample, erro
 	if cs := s.cpuState(se.TID); !cs.Known() || cs == oncpu.Running {
 		return nil, err
 	}
-	s.out = append(s.out[:0], stack.Sample{Time: now, Pid: s.pid, TID: se.TID, ThreadID: se.Addr, ThreadName: se.Name, Activity: se.Activity})
+	s.out = append(s.out[:0], stack.Sample{Time: now, Pid: s.pid, TID: se.TID, ThreadID: se.Addr, ThreadName: se.Name, Activity: stack.Activity(se.Activity)})
 	return s.out, nil
 }
 
@@ -442,7 +480,7 @@ type ThreadError struct {
 	Err  string
 	// Activity is what the thread was doing, read before its stack
 	// (from the GVL and GC state): known even when the stack is not.
-	Activity string
+	Activity stack.Activity
 }
 
 // ThreadErrors is returned with the other threads' samples when some
@@ -461,8 +499,9 @@ func (e *ThreadErrors) Error() string {
 	return fmt.Sprintf("process %d: %d threads could not be read, first %d: %s", e.Pid, len(e.Threads), e.Threads[0].TID, e.Threads[0].Err)
 }
 
-// Inconsistent marks the error as a read that raced with the target.
-func (e *ThreadErrors) Inconsistent() bool { return true }
+// Is matches ruby.ErrInconsistent: the threads' reads raced with the
+// target.
+func (e *ThreadErrors) Is(target error) bool { return target == ruby.ErrInconsistent }
 
 // unreadThreads returns the threads a failed sample could not read, with
 // their activities where known: those of a ThreadErrors, or the one
@@ -474,7 +513,7 @@ func unreadThreads(err error) *ThreadErrors {
 	}
 	var se *ruby.StackError
 	if errors.As(err, &se) {
-		return &ThreadErrors{Pid: se.Pid, Threads: []ThreadError{{TID: se.TID, Name: se.Name, Err: se.Err.Error(), Activity: se.Activity}}}
+		return &ThreadErrors{Pid: se.Pid, Threads: []ThreadError{{TID: se.TID, Name: se.Name, Err: se.Err.Error(), Activity: stack.Activity(se.Activity)}}}
 	}
 	return nil
 }
@@ -732,8 +771,7 @@ func retryInconsistent(ctx context.Context, timeout time.Duration, try func() er
 		if target.IsExited(err) || (time.Now().After(deadline) && !transient) {
 			return err
 		}
-		var perm target.ErrPermission
-		if errors.As(err, &perm) {
+		if errors.Is(err, target.ErrDenied) {
 			return err
 		}
 		select {
@@ -800,7 +838,7 @@ func Snapshot(ctx context.Context, p *ruby.Process) ([]stack.Thread, error) {
 
 // errTornKept is Snapshot's error, to retry, of a snapshot that kept a
 // stack under a (stack changed while read) frame.
-var errTornKept = fmt.Errorf("%w: a stack kept changing while it was read", ruby.ErrInvalid)
+var errTornKept = fmt.Errorf("%w: a stack kept changing while it was read", ruby.ErrInconsistent)
 
 // threadErrors returns the threads of a snapshot of process pid that
 // could not be read, nil when every one was.

@@ -1,7 +1,6 @@
 package sampler
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,40 +28,12 @@ func eachRuby(t *testing.T, f func(t *testing.T, rb testutil.RubyUnderTest)) {
 	})
 }
 
-// startRuby runs script on rb in its own process group (killed on
-// cleanup) and waits for it to print "ready".
+// startRuby runs script on rb (testutil.RubyUnderTest.StartSource, as
+// script.rb) and waits for it to print "ready"; its process group is
+// killed on cleanup.
 func startRuby(t testing.TB, rb testutil.RubyUnderTest, script string, args ...string) *exec.Cmd {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "script.rb")
-	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := rb.Command(append([]string{path}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if sc.Text() == "ready" {
-			go func() {
-				for sc.Scan() {
-				}
-			}()
-			return cmd
-		}
-	}
-	t.Fatalf("script did not get ready: %v", sc.Err())
-	return nil
+	return rb.StartSource(t, "script.rb", script, args...).Cmd
 }
 
 const twoThreads = `

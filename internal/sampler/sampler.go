@@ -111,21 +111,16 @@ func (k ErrorKind) String() string {
 
 // Classify returns the kind of a sampling error.
 func Classify(err error) ErrorKind {
-	var perm target.ErrPermission
-	var unmapped target.ErrUnmapped
-	var inc interface{ Inconsistent() bool }
 	switch {
-	case target.IsExited(err):
+	case errors.Is(err, target.ErrExited):
 		return KindExited
-	case errors.As(err, &perm):
+	case errors.Is(err, target.ErrDenied):
 		return KindPermission
-	case errors.As(err, &unmapped):
+	case errors.Is(err, target.ErrUnmapped):
 		return KindUnmapped
 	case movedOnly(err):
 		return KindMovedOn
-	case errors.As(err, &inc) && inc.Inconsistent():
-		return KindUnmapped
-	case errors.Is(err, ruby.ErrInvalid):
+	case errors.Is(err, ruby.ErrInconsistent):
 		return KindUnmapped
 	}
 	return KindOther
@@ -142,7 +137,7 @@ type ThreadSpan struct {
 	// before the stack, so known): a running thread's stack changes under
 	// the reader far more often than one in GC or waiting, and shares
 	// by activity that leave these out lean away from running.
-	Unread map[string]int `json:",omitempty"`
+	Unread map[stack.Activity]int `json:",omitempty"`
 	// Torn counts the thread's samples delivered with a
 	// (stack changed while read) frame (nonblocking): its stack kept
 	// changing however often it was read, and its inner frames are
@@ -340,36 +335,13 @@ type clock interface {
 // jitter*period/2 either way (0: evenly spaced, for tests that count
 // ticks exactly).
 func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample), clk clock, jitter float64) (Stats, error) {
-	rate := cfg.Rate
-	if rate == 0 {
-		rate = DefaultRate
-	}
-	if rate < 0 || rate > MaxRate {
-		return Stats{}, fmt.Errorf("rate %g Hz is outside 0..%d", rate, MaxRate)
-	}
-	period := time.Duration(float64(time.Second) / rate)
-	if period <= 0 {
-		period = 1
-	}
-	progressEvery := cfg.ProgressEvery
-	if progressEvery <= 0 {
-		progressEvery = 250 * time.Millisecond
+	rate, period, progressEvery, err := schedule(cfg)
+	if err != nil {
+		return Stats{}, err
 	}
 
 	st := Stats{Rate: rate}
-	spans := make(map[threadKey]int) // index into st.Threads
-	// span returns thread (pid, tid)'s entry in st.Threads, added (named
-	// name, first and last seen at t) the first time.
-	span := func(pid, tid int, name string, t time.Time) *ThreadSpan {
-		key := threadKey{pid, tid}
-		idx, ok := spans[key]
-		if !ok {
-			idx = len(st.Threads)
-			spans[key] = idx
-			st.Threads = append(st.Threads, ThreadSpan{Pid: pid, TID: tid, Name: name, First: t, Last: t})
-		}
-		return &st.Threads[idx]
-	}
+	counts := runCounts{st: &st, spans: make(map[threadKey]int)}
 	cpu0, _ := SelfCPU()
 	start := clk.Now()
 	st.Start = start
@@ -422,42 +394,10 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 			}
 			st.Errors[k]++
 			st.LastError = err
-			te := unreadThreads(err)
-			if te != nil {
-				for _, th := range te.Threads {
-					if th.TID == 0 || th.Activity == "" {
-						continue
-					}
-					sp := span(te.Pid, th.TID, th.Name, now)
-					if sp.Unread == nil {
-						sp.Unread = map[string]int{}
-					}
-					sp.Unread[th.Activity]++
-				}
-			}
+			counts.unread(err, now)
 		}
 		if len(samples) > 0 {
-			kept = kept[:0]
-			for i := range samples {
-				s := &samples[i]
-				if (cfg.OnCPUOnly && !s.OnCPU) || !cfg.Mode.Keeps(s) {
-					st.Filtered++
-					continue
-				}
-				kept = append(kept, *s)
-				sp := span(s.Pid, s.TID, s.ThreadName, s.Time)
-				sp.Last = s.Time
-				sp.Samples++
-				if s.GVL {
-					sp.GVL++
-				}
-				if HasTorn(s.Frames) {
-					sp.Torn++
-				}
-				if s.ThreadName != "" {
-					sp.Name = s.ThreadName
-				}
-			}
+			kept = counts.keep(cfg, samples, kept[:0])
 			st.Samples += len(kept)
 			if len(kept) > 0 && sink != nil {
 				sink(kept)
@@ -465,17 +405,9 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 		}
 		// Skip the ticks whose sample would already be late.
 		now = clk.Now()
-		if behind := now.Sub(start.Add(time.Duration(n+1) * period)); behind > period {
-			skip := int64(behind / period)
-			if !end.IsZero() {
-				// Do not count ticks past the end as missed.
-				if left := int64((end.Sub(start)+period-1)/period) - (n + 1); skip > left {
-					skip = max(left, 0)
-				}
-			}
-			st.Missed += int(skip)
-			n += skip
-		}
+		skip := ticksBehind(now, start, end, period, n)
+		st.Missed += int(skip)
+		n += skip
 		if cfg.Progress != nil && !now.Before(nextProgress) {
 			st.End = now
 			cfg.Progress(st)
@@ -488,6 +420,112 @@ func run(ctx context.Context, src Source, cfg Config, sink func([]stack.Sample),
 	}
 	sort.SliceStable(st.Threads, func(i, j int) bool { return st.Threads[i].First.Before(st.Threads[j].First) })
 	return st, nil
+}
+
+// schedule returns cfg's rate (DefaultRate for 0), the period between
+// ticks at that rate, and how often Progress is called, or an error for a
+// rate out of range.
+func schedule(cfg Config) (rate float64, period, progressEvery time.Duration, err error) {
+	rate = cfg.Rate
+	if rate == 0 {
+		rate = DefaultRate
+	}
+	if rate < 0 || rate > MaxRate {
+		return 0, 0, 0, fmt.Errorf("rate %g Hz is outside 0..%d", rate, MaxRate)
+	}
+	period = time.Duration(float64(time.Second) / rate)
+	if period <= 0 {
+		period = 1
+	}
+	progressEvery = cfg.ProgressEvery
+	if progressEvery <= 0 {
+		progressEvery = 250 * time.Millisecond
+	}
+	return rate, period, progressEvery, nil
+}
+
+// runCounts counts a run's samples into st: the filtered ones, and per
+// thread in st.Threads, indexed by spans.
+type runCounts struct {
+	st    *Stats
+	spans map[threadKey]int // index into st.Threads
+}
+
+// span returns thread (pid, tid)'s entry in st.Threads, added (named
+// name, first and last seen at t) the first time.
+func (c *runCounts) span(pid, tid int, name string, t time.Time) *ThreadSpan {
+	key := threadKey{pid, tid}
+	idx, ok := c.spans[key]
+	if !ok {
+		idx = len(c.st.Threads)
+		c.spans[key] = idx
+		c.st.Threads = append(c.st.Threads, ThreadSpan{Pid: pid, TID: tid, Name: name, First: t, Last: t})
+	}
+	return &c.st.Threads[idx]
+}
+
+// unread counts, by activity, the samples of the threads whose stack a
+// tick that failed with err (at now) could not read.
+func (c *runCounts) unread(err error, now time.Time) {
+	te := unreadThreads(err)
+	if te == nil {
+		return
+	}
+	for _, th := range te.Threads {
+		if th.TID == 0 || th.Activity == "" {
+			continue
+		}
+		sp := c.span(te.Pid, th.TID, th.Name, now)
+		if sp.Unread == nil {
+			sp.Unread = map[stack.Activity]int{}
+		}
+		sp.Unread[th.Activity]++
+	}
+}
+
+// keep appends to kept the samples that cfg keeps (OnCPUOnly, Mode),
+// counting the others filtered and each kept one in its thread's span,
+// and returns kept.
+func (c *runCounts) keep(cfg Config, samples, kept []stack.Sample) []stack.Sample {
+	for i := range samples {
+		s := &samples[i]
+		if (cfg.OnCPUOnly && !s.OnCPU) || !cfg.Mode.Keeps(s) {
+			c.st.Filtered++
+			continue
+		}
+		kept = append(kept, *s)
+		sp := c.span(s.Pid, s.TID, s.ThreadName, s.Time)
+		sp.Last = s.Time
+		sp.Samples++
+		if s.GVL {
+			sp.GVL++
+		}
+		if HasTorn(s.Frames) {
+			sp.Torn++
+		}
+		if s.ThreadName != "" {
+			sp.Name = s.ThreadName
+		}
+	}
+	return kept
+}
+
+// ticksBehind is how many ticks after tick n a run that started at start
+// and ends at end (zero: no end) skips at now, when their samples would
+// already be late; ticks past the end are not counted.
+func ticksBehind(now, start, end time.Time, period time.Duration, n int64) int64 {
+	behind := now.Sub(start.Add(time.Duration(n+1) * period))
+	if behind <= period {
+		return 0
+	}
+	skip := int64(behind / period)
+	if !end.IsZero() {
+		// Do not count ticks past the end as missed.
+		if left := int64((end.Sub(start)+period-1)/period) - (n + 1); skip > left {
+			skip = max(left, 0)
+		}
+	}
+	return skip
 }
 
 // threadClock sleeps the calling goroutine's thread, in steps of at most

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
 )
@@ -200,16 +201,16 @@ func TestRealClock(t *testing.T) {
 
 func TestErrorKinds(t *testing.T) {
 	errs := []error{
-		target.ErrUnmapped{Addr: 0x10, Len: 8},
-		fmt.Errorf("read frame: %w", target.ErrUnmapped{Addr: 0x20, Len: 8}),
-		target.ErrPermission{Pid: 7, Op: "read memory of", Err: errors.New("EPERM")},
+		target.UnmappedError{Addr: 0x10, Len: 8},
+		fmt.Errorf("read frame: %w", target.UnmappedError{Addr: 0x20, Len: 8}),
+		target.DeniedError{Pid: 7, Op: "read memory of", Err: errors.New("EPERM")},
 		errors.New("bad iseq"),
 		inconsistent{},
 		fmt.Errorf("process 7: %w", &ThreadErrors{Pid: 7, Threads: []ThreadError{{TID: 9, Err: "frame moved"}}}),
 		&ThreadErrors{Pid: 7, Threads: []ThreadError{{TID: 9, Err: errMovedOn}}},
 		&ThreadErrors{Pid: 7, Threads: []ThreadError{{TID: 9, Err: errMovedOn}, {TID: 10, Err: "frame moved"}}},
 		nil,
-		fmt.Errorf("walk: %w", target.ErrProcessExited{Pid: 7}),
+		fmt.Errorf("walk: %w", target.ExitedError{Pid: 7}),
 		nil, // never reached: sampling stops on exit
 	}
 	var i atomic.Int32
@@ -238,8 +239,8 @@ func TestErrorKinds(t *testing.T) {
 
 type inconsistent struct{}
 
-func (inconsistent) Error() string      { return "frame changed during read" }
-func (inconsistent) Inconsistent() bool { return true }
+func (inconsistent) Error() string        { return "frame changed during read" }
+func (inconsistent) Is(target error) bool { return target == ruby.ErrInconsistent }
 
 // TestThreadsOverTime: threads appear and disappear between samples; each
 // one's first and last sample times are kept, and OnCPUOnly filters.

@@ -36,7 +36,7 @@ type TreeOptions struct {
 // from it, discovered as they appear (or the root alone, with
 // NoChildren). A process that execs is opened anew. Each sample carries its pid. Non-Ruby
 // processes are skipped (after OpenTimeout of attempts at each rescan).
-// Sampling ends (with target.ErrProcessExited) when the root exits;
+// Sampling ends (with target.ExitedError) when the root exits;
 // children that exit are dropped silently.
 type TreeSource struct {
 	root     int
@@ -135,16 +135,16 @@ func (ts *TreeSource) rescan(now time.Time) error {
 	if ts.rootStat == nil {
 		f, err := procfs.OpenStat(ts.root)
 		if err != nil {
-			return target.ErrProcessExited{Pid: ts.root}
+			return target.ExitedError{Pid: ts.root}
 		}
 		ts.rootStat = f
 	}
 	st, err := ts.rootStat.Read()
 	if err != nil {
-		return target.ErrProcessExited{Pid: ts.root}
+		return target.ExitedError{Pid: ts.root}
 	}
 	if st.State == 'Z' || st.State == 'X' {
-		return target.ErrProcessExited{Pid: ts.root}
+		return target.ExitedError{Pid: ts.root}
 	}
 	ts.check(ts.root, st.Identity(), now)
 	var kids []int

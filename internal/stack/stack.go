@@ -9,13 +9,19 @@ import (
 	"time"
 )
 
+// Kind is what a frame is: a Ruby frame, a C function, or one of the
+// pseudo-frames. Its value is the string written to JSON and to raw
+// recordings ("ruby", "cfunc", ...); "" is read as KindRuby (see
+// Frame.Func).
+type Kind string
+
 // Frame kinds.
 const (
-	KindRuby  = "ruby"  // an iseq frame (method, block, <main>, ...)
-	KindCFunc = "cfunc" // a C-function frame (Array#each)
-	KindGC    = "gc"    // the pseudo-frames "(garbage collection)", "(marking)", "(sweeping)"
-	KindGVL   = "gvl"   // the pseudo-frame "(waiting for GVL)"
-	KindTorn  = "torn"  // the pseudo-frame "(stack changed while read)"
+	KindRuby  Kind = "ruby"  // an iseq frame (method, block, <main>, ...)
+	KindCFunc Kind = "cfunc" // a C-function frame (Array#each)
+	KindGC    Kind = "gc"    // the pseudo-frames "(garbage collection)", "(marking)", "(sweeping)"
+	KindGVL   Kind = "gvl"   // the pseudo-frame "(waiting for GVL)"
+	KindTorn  Kind = "torn"  // the pseudo-frame "(stack changed while read)"
 )
 
 // Pseudo-frame names (stackprof's convention for GC).
@@ -31,23 +37,29 @@ const (
 	FrameTorn = "(stack changed while read)"
 )
 
+// Activity is why a thread is where it is at one moment. Its value is the
+// string JSON carries ("running", "gvl_wait", ...), as in snapshot's
+// output and a raw recording's trailer; "" in samples of recordings that
+// predate it.
+type Activity string
+
 // Activities: why a thread is where it is at one moment.
 const (
 	// ActivityRunning: the thread holds the GVL, executing Ruby or C.
-	ActivityRunning = "running"
+	ActivityRunning Activity = "running"
 	// ActivityGVLWait: runnable, waiting for the GVL.
-	ActivityGVLWait = "gvl_wait"
+	ActivityGVLWait Activity = "gvl_wait"
 	// ActivityBlocked: the GVL released (IO, sleep, Mutex, Queue,
 	// ConditionVariable, a C extension's blocking region).
-	ActivityBlocked = "blocked"
+	ActivityBlocked Activity = "blocked"
 	// ActivityGC: the thread is running the garbage collector.
-	ActivityGC = "gc"
+	ActivityGC Activity = "gc"
 	// ActivityUnknown: neither Ruby's state nor the kernel's could tell.
-	ActivityUnknown = "unknown"
+	ActivityUnknown Activity = "unknown"
 )
 
 // Activities lists the activities in display order.
-var Activities = []string{ActivityRunning, ActivityGVLWait, ActivityBlocked, ActivityGC, ActivityUnknown}
+var Activities = []Activity{ActivityRunning, ActivityGVLWait, ActivityBlocked, ActivityGC, ActivityUnknown}
 
 // IsPseudo reports whether f is a pseudo-frame (GC, GVL wait, or a stack
 // that changed while read) rather than a Ruby or C frame.
@@ -108,7 +120,7 @@ type Frame struct {
 	Name string `json:"name"` // "Outer::Inner#level3", "block in Foo#bar", "Array#each"
 	Path string `json:"path"` // iseq path; a C or internal frame takes its Ruby caller's
 	Line int    `json:"line"` // line being executed; 0 when unknown
-	Kind string `json:"kind"` // KindRuby, KindCFunc or KindGC
+	Kind Kind   `json:"kind"` // KindRuby, KindCFunc, KindGC, KindGVL or KindTorn
 	// InternalPath and InternalLine are where a Ruby frame of a method
 	// defined inside Ruby itself ("<internal:kernel>", as Kernel#loop on
 	// 3.3) is executing. Such a frame is shown as Ruby 3.4's backtraces
@@ -181,8 +193,8 @@ type Thread struct {
 	KernelState string `json:"kernel_state,omitempty"`
 	// Activity is why the thread is where it is: ActivityRunning,
 	// ActivityGVLWait, ActivityBlocked, ActivityGC or ActivityUnknown.
-	Activity string  `json:"activity"`
-	Frames   []Frame `json:"frames"`
+	Activity Activity `json:"activity"`
+	Frames   []Frame  `json:"frames"`
 	// Error, when set, says why the stack stops early (frames past it could
 	// not be read, as in a core file that lacks part of the memory).
 	Error string `json:"error,omitempty"`
@@ -214,9 +226,9 @@ type Sample struct {
 	// by the kernel's context-switch records; otherwise its kernel state
 	// was R, which includes runnable threads waiting for a CPU.
 	OnCPU    bool
-	Activity string  // ActivityRunning, ...; "" in recordings that predate it
-	GVL      bool    // the thread owned the GVL
-	Frames   []Frame // innermost first
+	Activity Activity // ActivityRunning, ...; "" in recordings that predate it
+	GVL      bool     // the thread owned the GVL
+	Frames   []Frame  // innermost first
 }
 
 // ThreadKey identifies a Ruby thread among samples: its process and its

@@ -364,7 +364,7 @@ func (c *core) Close() error {
 func (c *core) ReadAt(p []byte, addr uint64) error {
 	for len(p) > 0 {
 		if addr+uint64(len(p)) < addr {
-			return ErrUnmapped{Addr: addr, Len: len(p)}
+			return UnmappedError{Addr: addr, Len: len(p)}
 		}
 		n, err := c.readSome(p, addr)
 		if err != nil {
@@ -401,7 +401,7 @@ func (c *core) readSome(p []byte, addr uint64) (int, error) {
 			}
 			return int(n), nil
 		case rel < s.filesz:
-			return 0, fmt.Errorf("%w: the core file %s is truncated before these bytes", ErrUnmapped{Addr: addr, Len: len(p)}, c.name)
+			return 0, fmt.Errorf("%w: the core file %s is truncated before these bytes", UnmappedError{Addr: addr, Len: len(p)}, c.name)
 		default:
 			n := min(uint64(len(p)), s.memsz-rel)
 			return c.readMapped(p[:n], addr)
@@ -418,7 +418,7 @@ func (c *core) readSome(p []byte, addr uint64) (int, error) {
 func (c *core) readMapped(p []byte, addr uint64) (int, error) {
 	j := sort.Search(len(c.files), func(j int) bool { return c.files[j].end > addr })
 	if j == len(c.files) || addr < c.files[j].start {
-		return 0, ErrUnmapped{Addr: addr, Len: len(p)}
+		return 0, UnmappedError{Addr: addr, Len: len(p)}
 	}
 	m := &c.files[j]
 	n := min(uint64(len(p)), m.end-addr)
@@ -426,7 +426,7 @@ func (c *core) readMapped(p []byte, addr uint64) (int, error) {
 	if h.err != nil {
 		return 0, fmt.Errorf("%w: it is in %s, which the core does not hold and which cannot be read here (%v); "+
 			"pass the executable with --exe or a copy of the target's files with --sysroot",
-			ErrUnmapped{Addr: addr, Len: len(p)}, m.path, h.err)
+			UnmappedError{Addr: addr, Len: len(p)}, m.path, h.err)
 	}
 	off := m.off + (addr - m.start)
 	got, err := h.f.ReadAt(p[:n], int64(off))
@@ -435,7 +435,7 @@ func (c *core) readMapped(p []byte, addr uint64) (int, error) {
 	}
 	if err == nil || errors.Is(err, io.EOF) {
 		return 0, fmt.Errorf("%w: it maps offset 0x%x of %s, beyond the end of that file here (%s): "+
-			"the file differs from the one the process mapped", ErrUnmapped{Addr: addr, Len: len(p)}, off, m.path, h.path)
+			"the file differs from the one the process mapped", UnmappedError{Addr: addr, Len: len(p)}, off, m.path, h.path)
 	}
 	return 0, fmt.Errorf("read 0x%x from %s: %w", addr, h.path, err)
 }
@@ -501,7 +501,7 @@ func (c *core) sameFile(path string, f *os.File) error {
 		if mem, err := elfx.ReadMemoryBuildID(coreMemory{c}, m.start); err == nil && mem != "" {
 			disk, err := elfx.FileBuildID(f)
 			if err != nil || disk != mem {
-				return ErrReplaced{Path: path, Why: fmt.Sprintf("build id %s in the core, %s in %s", mem, orNone(disk), f.Name())}
+				return ReplacedError{Path: path, Why: fmt.Sprintf("build id %s in the core, %s in %s", mem, orNone(disk), f.Name())}
 			}
 		}
 		n := min(m.end-m.start, 4096)
@@ -509,7 +509,7 @@ func (c *core) sameFile(path string, f *os.File) error {
 		if i < 0 || m.start-c.segs[i].vaddr >= c.segs[i].avail {
 			// The core holds none of it: nothing to compare.
 			if m.deleted && c.opts.SysRoot == "/" && !(c.opts.Exe != "" && path == c.exe) {
-				return ErrReplaced{Path: path, Why: "the core marks its mapping (deleted) and holds none of it to compare"}
+				return ReplacedError{Path: path, Why: "the core marks its mapping (deleted) and holds none of it to compare"}
 			}
 			return nil
 		}
@@ -521,7 +521,7 @@ func (c *core) sameFile(path string, f *os.File) error {
 			return fmt.Errorf("read the first page of %s from the core: %w", path, err)
 		}
 		if k, _ := f.ReadAt(onDisk, 0); k != len(onDisk) || !bytes.Equal(inCore, onDisk) {
-			return ErrReplaced{Path: path, Why: fmt.Sprintf("the first page of %s differs from the core's copy", f.Name())}
+			return ReplacedError{Path: path, Why: fmt.Sprintf("the first page of %s differs from the core's copy", f.Name())}
 		}
 		return nil
 	}
@@ -537,7 +537,7 @@ func (r coreMemory) ReadAt(p []byte, addr uint64) error {
 	for len(p) > 0 {
 		i := sort.Search(len(c.segs), func(i int) bool { return c.segs[i].vaddr > addr }) - 1
 		if i < 0 || addr-c.segs[i].vaddr >= c.segs[i].avail {
-			return ErrUnmapped{Addr: addr, Len: len(p)}
+			return UnmappedError{Addr: addr, Len: len(p)}
 		}
 		s := &c.segs[i]
 		rel := addr - s.vaddr

@@ -264,9 +264,9 @@ func TestCoreDumps(t *testing.T) {
 				s, _ := mi.Lookup(name)
 				var b [16]byte
 				err := tg.ReadAt(b[:], s.Value)
-				var unmapped target.ErrUnmapped
+				var unmapped target.UnmappedError
 				if !errors.As(err, &unmapped) || unmapped.Addr != s.Value {
-					t.Errorf("read %s at 0x%x: %v; want ErrUnmapped at that address", name, s.Value, err)
+					t.Errorf("read %s at 0x%x: %v; want UnmappedError at that address", name, s.Value, err)
 				}
 				if d.RubyVersion == "3.3.0" && (err == nil || !strings.Contains(err.Error(), img.Path)) {
 					t.Errorf("read %s: error %v does not name %s", name, err, img.Path)
@@ -411,9 +411,9 @@ func TestCoreDumpTruncated(t *testing.T) {
 			}
 			var got [8]byte
 			err = tg.ReadAt(got[:], hints[file])
-			var u target.ErrUnmapped
+			var u target.UnmappedError
 			if err != nil && !errors.As(err, &u) {
-				t.Errorf("%s cut at %d: read hint: %v, want the bytes or ErrUnmapped", file, cut, err)
+				t.Errorf("%s cut at %d: read hint: %v, want the bytes or UnmappedError", file, cut, err)
 			}
 			if err == nil && got != want {
 				t.Errorf("%s cut at %d: hint reads %x, uncut %x", file, cut, got, want)
@@ -422,7 +422,7 @@ func TestCoreDumpTruncated(t *testing.T) {
 				// The stack is in the last third of the 2.1.6 dump.
 				regs, _ := tg.(target.CoreInfo).Registers(tg.Pid())
 				if err := tg.ReadAt(got[:], regs.Rsp); !errors.As(err, &u) || !strings.Contains(err.Error(), "truncated") {
-					t.Errorf("%s cut at %d: stack read: %v, want ErrUnmapped saying truncated", file, cut, err)
+					t.Errorf("%s cut at %d: stack read: %v, want UnmappedError saying truncated", file, cut, err)
 				}
 			}
 			opened++

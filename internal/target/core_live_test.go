@@ -194,10 +194,10 @@ func TestCoreMatchesLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bare.Close()
-	var u target.ErrUnmapped
+	var u target.UnmappedError
 	err = bare.ReadAt(b[:], text[0].Start)
 	if !errors.As(err, &u) || u.Addr != text[0].Start || !strings.Contains(err.Error(), text[0].Path) {
-		t.Errorf("text read without the files: %v; want ErrUnmapped naming %s", err, text[0].Path)
+		t.Errorf("text read without the files: %v; want UnmappedError naming %s", err, text[0].Path)
 	}
 }
 

@@ -48,12 +48,12 @@ func checkPattern(t *testing.T, tg Target, addr uint64, n int) {
 
 func wantUnmapped(t *testing.T, err error, addr uint64, msg string) {
 	t.Helper()
-	var u ErrUnmapped
+	var u UnmappedError
 	if !errors.As(err, &u) {
-		t.Fatalf("error %v, want ErrUnmapped", err)
+		t.Fatalf("error %v, want UnmappedError", err)
 	}
 	if u.Addr != addr {
-		t.Errorf("ErrUnmapped at 0x%x, want 0x%x", u.Addr, addr)
+		t.Errorf("UnmappedError at 0x%x, want 0x%x", u.Addr, addr)
 	}
 	if !strings.Contains(err.Error(), msg) {
 		t.Errorf("error %q does not say %q", err, msg)
@@ -327,7 +327,7 @@ func TestCoreBadInput(t *testing.T) {
 
 // TestCoreTruncated cuts the tiny core at many points: no cut panics;
 // cuts in the headers or notes are errors; cuts in the memory leave what
-// is before the cut readable and the rest ErrUnmapped.
+// is before the cut readable and the rest UnmappedError.
 func TestCoreTruncated(t *testing.T) {
 	tc := defaultTinyCore()
 	good := tc.bytes()

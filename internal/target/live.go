@@ -51,13 +51,13 @@ func OpenLive(pid int) (Target, error) {
 		return nil, fmt.Errorf("invalid pid %d", pid)
 	}
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-		return nil, ErrProcessExited{Pid: pid}
+		return nil, ExitedError{Pid: pid}
 	}
 	l := &live{pid: pid}
 	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
-			return nil, NewErrPermission(pid, "inspect", err)
+			return nil, NewDeniedError(pid, "inspect", err)
 		}
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, notUserProcess(pid)
@@ -74,11 +74,11 @@ func notUserProcess(pid int) error {
 	st, err := procfs.ReadStat(pid)
 	switch {
 	case err != nil || st.Gone():
-		return ErrProcessExited{Pid: pid}
+		return ExitedError{Pid: pid}
 	case st.KernelThread():
-		return ErrNotUserProcess{Pid: pid, Why: fmt.Sprintf("(%s) is a kernel thread: it has no user memory", st.Comm)}
+		return NotUserProcessError{Pid: pid, Why: fmt.Sprintf("(%s) is a kernel thread: it has no user memory", st.Comm)}
 	}
-	return ErrNotUserProcess{Pid: pid, Why: fmt.Sprintf("(%s) has no executable or memory map", st.Comm)}
+	return NotUserProcessError{Pid: pid, Why: fmt.Sprintf("(%s) has no executable or memory map", st.Comm)}
 }
 
 func (l *live) Pid() int           { return l.pid }
@@ -99,7 +99,7 @@ func (l *live) ReadAt(p []byte, addr uint64) error {
 		return l.readErr(err, addr, len(p))
 	}
 	if n != len(p) {
-		return ErrUnmapped{Addr: addr + uint64(n), Len: len(p) - n}
+		return UnmappedError{Addr: addr + uint64(n), Len: len(p) - n}
 	}
 	return nil
 }
@@ -128,14 +128,14 @@ func vmReadv(pid int, local []unix.Iovec, remote []unix.RemoteIovec) (int, error
 func (l *live) readErr(err error, addr uint64, n int) error {
 	switch {
 	case errors.Is(err, unix.ESRCH):
-		return ErrProcessExited{Pid: l.pid}
+		return ExitedError{Pid: l.pid}
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return NewErrPermission(l.pid, "read memory of", err)
+		return NewDeniedError(l.pid, "read memory of", err)
 	case errors.Is(err, unix.EFAULT):
 		if !l.alive() {
-			return ErrProcessExited{Pid: l.pid}
+			return ExitedError{Pid: l.pid}
 		}
-		return ErrUnmapped{Addr: addr, Len: n}
+		return UnmappedError{Addr: addr, Len: n}
 	}
 	return fmt.Errorf("read %d bytes at 0x%x of process %d: %w", n, addr, l.pid, err)
 }
@@ -200,7 +200,7 @@ func (l *live) Mappings() ([]Mapping, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", l.pid))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, ErrProcessExited{Pid: l.pid}
+			return nil, ExitedError{Pid: l.pid}
 		}
 		return nil, fmt.Errorf("read mappings of process %d: %w", l.pid, err)
 	}
@@ -210,7 +210,7 @@ func (l *live) Mappings() ([]Mapping, error) {
 		return nil, fmt.Errorf("read mappings of process %d: %w", l.pid, err)
 	}
 	if len(maps) == 0 && !l.alive() {
-		return nil, ErrProcessExited{Pid: l.pid}
+		return nil, ExitedError{Pid: l.pid}
 	}
 	return maps, nil
 }
@@ -258,7 +258,7 @@ func (l *live) Threads() ([]Thread, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, ErrProcessExited{Pid: l.pid}
+			return nil, ExitedError{Pid: l.pid}
 		}
 		return nil, fmt.Errorf("list threads of process %d: %w", l.pid, err)
 	}
@@ -295,7 +295,7 @@ func (f osFile) Size() int64 {
 // (so that files in containers resolve; never the host's path instead)
 // and checks that it is the mapped file: same inode as /proc/PID/maps
 // says, same build id as the image in memory. A mapping marked
-// (deleted), or a file that fails those checks, gives ErrReplaced. A path
+// (deleted), or a file that fails those checks, gives ReplacedError. A path
 // the process does not map is opened through /proc/PID/root unchecked.
 func (l *live) OpenFile(path string) (File, error) {
 	maps, err := l.Mappings()
@@ -311,20 +311,20 @@ func (l *live) OpenFile(path string) (File, error) {
 		}
 		mfErr = err
 		if m.Deleted {
-			return nil, ErrReplaced{Pid: l.pid, Path: path, Why: "its mapping is marked (deleted)", Err: mfErr}
+			return nil, ReplacedError{Pid: l.pid, Path: path, Why: "its mapping is marked (deleted)", Err: mfErr}
 		}
 	}
 	p := HostPath(l.pid, path)
 	f, err := os.Open(p)
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
-			return nil, NewErrPermission(l.pid, "open files of", err)
+			return nil, NewDeniedError(l.pid, "open files of", err)
 		}
 		if !l.alive() {
-			return nil, ErrProcessExited{Pid: l.pid}
+			return nil, ExitedError{Pid: l.pid}
 		}
 		if mapped && errors.Is(err, os.ErrNotExist) {
-			return nil, ErrReplaced{Pid: l.pid, Path: path, Why: "no file is at its path any more", Err: mfErr}
+			return nil, ReplacedError{Pid: l.pid, Path: path, Why: "no file is at its path any more", Err: mfErr}
 		}
 		return nil, fmt.Errorf("open %s of process %d as %s: %w", path, l.pid, p, err)
 	}
@@ -347,7 +347,7 @@ func (l *live) checkMapped(f *os.File, m Mapping, path string, mfErr error) erro
 		return fmt.Errorf("stat %s of process %d: %w", path, l.pid, err)
 	}
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok && m.Inode != 0 && sys.Ino != m.Inode {
-		return ErrReplaced{Pid: l.pid, Path: path, Err: mfErr,
+		return ReplacedError{Pid: l.pid, Path: path, Err: mfErr,
 			Why: fmt.Sprintf("the process mapped inode %d, the path now holds inode %d", m.Inode, sys.Ino)}
 	}
 	if m.Offset != 0 {
@@ -359,11 +359,11 @@ func (l *live) checkMapped(f *os.File, m Mapping, path string, mfErr error) erro
 	}
 	disk, err := elfx.FileBuildID(f)
 	if err != nil {
-		return ErrReplaced{Pid: l.pid, Path: path, Err: mfErr,
+		return ReplacedError{Pid: l.pid, Path: path, Err: mfErr,
 			Why: fmt.Sprintf("the process mapped an ELF file with build id %s, the file now at the path is not ELF (%v)", mem, err)}
 	}
 	if disk != mem {
-		return ErrReplaced{Pid: l.pid, Path: path, Err: mfErr,
+		return ReplacedError{Pid: l.pid, Path: path, Err: mfErr,
 			Why: fmt.Sprintf("build id %s in the process's memory, %s on disk", mem, orNone(disk))}
 	}
 	return nil

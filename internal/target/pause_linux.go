@@ -321,7 +321,7 @@ func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 					} else if tracer != 0 {
 						return fail(fmt.Errorf("pause process %d: thread %d is already traced by process %d (a debugger?); use --nonblocking", pid, tid, tracer))
 					}
-					return fail(NewErrPermission(pid, "pause (ptrace) thread "+strconv.Itoa(tid)+" of", err))
+					return fail(NewDeniedError(pid, "pause (ptrace) thread "+strconv.Itoa(tid)+" of", err))
 				}
 				return fail(fmt.Errorf("seize thread %d of process %d: %w", tid, pid, err))
 			}
@@ -349,7 +349,7 @@ func (p *Pauser) pause(pid int, only []int) ([]pausedThread, error) {
 	}
 	if len(stopped) == 0 {
 		if s := procfs.TaskState(pid, pid); s == 'Z' || s == 'X' || s == 0 || !processAlive(pid) {
-			return nil, ErrProcessExited{Pid: pid}
+			return nil, ExitedError{Pid: pid}
 		}
 	}
 	return stopped, nil
@@ -662,12 +662,12 @@ func (p *Pauser) listTasks(pid int) ([]int, error) {
 	tids, err := procfs.Tasks(pid)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, ErrProcessExited{Pid: pid}
+			return nil, ExitedError{Pid: pid}
 		}
 		return nil, err
 	}
 	if len(tids) == 0 {
-		return nil, ErrProcessExited{Pid: pid}
+		return nil, ExitedError{Pid: pid}
 	}
 	return tids, nil
 }

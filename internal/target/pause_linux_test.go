@@ -121,7 +121,7 @@ func TestPauseExitedProcess(t *testing.T) {
 	_ = cmd.Wait()
 	_, err := Pause(pid)
 	if !IsExited(err) {
-		t.Fatalf("pause of exited process: %v, want ErrProcessExited", err)
+		t.Fatalf("pause of exited process: %v, want ExitedError", err)
 	}
 }
 

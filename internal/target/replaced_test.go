@@ -26,7 +26,7 @@ type openFileResult struct {
 // (libruby for a shared build, the executable for a static one) and
 // checks that OpenFile never hands out the file now at the path: as root
 // it opens the mapped object itself (its build id is the one the process
-// loaded), and without CAP_SYS_ADMIN it refuses with ErrReplaced, whose
+// loaded), and without CAP_SYS_ADMIN it refuses with ReplacedError, whose
 // message names the cause.
 func TestOpenFileReplaced(t *testing.T) {
 	if os.Getenv(testutil.NoSysAdminEnv) == "1" {
@@ -72,7 +72,7 @@ func TestOpenFileReplaced(t *testing.T) {
 		var res openFileResult
 		testutil.ChildResult(t, out, &res)
 		if !res.Replaced || res.BuildID != "" {
-			t.Fatalf("without CAP_SYS_ADMIN: OpenFile gave build id %q, error %q; want ErrReplaced", res.BuildID, res.Err)
+			t.Fatalf("without CAP_SYS_ADMIN: OpenFile gave build id %q, error %q; want ReplacedError", res.BuildID, res.Err)
 		}
 		for _, want := range []string{filepath.Base(s.Path) + " was replaced on disk after process " + strconv.Itoa(s.Pid) + " started", "(deleted)", "map_files"} {
 			if !strings.Contains(res.Err, want) {
@@ -202,7 +202,7 @@ func TestCoreReplacedBinary(t *testing.T) {
 				t.Errorf("%s: OpenFile(%s) opened the swapped-in file (build id %s)", tc.name, s.Path, id)
 			} else if !target.IsReplaced(err) || !strings.Contains(err.Error(), s.BuildID) ||
 				!strings.Contains(err.Error(), "not the file the process mapped") {
-				t.Errorf("%s: OpenFile error %q: want ErrReplaced naming build id %s", tc.name, err, s.BuildID)
+				t.Errorf("%s: OpenFile error %q: want ReplacedError naming build id %s", tc.name, err, s.BuildID)
 			}
 			tg.Close()
 		}

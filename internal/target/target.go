@@ -92,30 +92,48 @@ type File interface {
 	Size() int64
 }
 
-// ErrProcessExited is returned when the live process no longer exists.
-type ErrProcessExited struct{ Pid int }
+// The kinds of failure a reader of a target tells apart. The typed errors
+// below carry the details and match these with errors.Is.
+var (
+	// ErrExited: the process no longer exists (ExitedError).
+	ErrExited = errors.New("the process exited")
+	// ErrDenied: the kernel refused access to the process (DeniedError).
+	ErrDenied = errors.New("access to the process refused")
+	// ErrUnmapped: an address the target does not map, or whose bytes a
+	// core does not hold (UnmappedError).
+	ErrUnmapped = errors.New("address not mapped")
+	// ErrReplaced: a file the process mapped is not the file now at its
+	// path (ReplacedError).
+	ErrReplaced = errors.New("mapped file replaced on disk")
+)
 
-func (e ErrProcessExited) Error() string {
+// ExitedError is returned when the live process no longer exists.
+type ExitedError struct{ Pid int }
+
+// Is matches ErrExited.
+func (e ExitedError) Is(target error) bool { return target == ErrExited }
+
+func (e ExitedError) Error() string {
 	return fmt.Sprintf("process %d does not exist (or has exited)", e.Pid)
 }
 
-// ErrPermission is returned when the kernel refuses access to the process.
-// Why names what refused, when rbscope could tell (see NewErrPermission).
-type ErrPermission struct {
+// DeniedError is returned when the kernel refuses access to the process.
+// Why names what refused, when rbscope could tell (see NewDeniedError).
+type DeniedError struct {
 	Pid int
 	Op  string
 	Err error
 	Why string
 }
 
-// NewErrPermission is the error for operation op on process pid refused
+// NewDeniedError is the error for operation op on process pid refused
 // with err, saying what refused: a missing capability, Yama's
 // ptrace_scope, a seccomp filter or a foreign namespace.
-func NewErrPermission(pid int, op string, err error) ErrPermission {
-	return ErrPermission{Pid: pid, Op: op, Err: err, Why: procfs.Refusal(pid)}
+func NewDeniedError(pid int, op string, err error) DeniedError {
+	return DeniedError{Pid: pid, Op: op, Err: err, Why: procfs.Refusal(pid)}
 }
 
-func (e ErrPermission) Error() string {
+func (e DeniedError) Error() string {
 	if e.Why != "" {
 		return fmt.Sprintf("%s process %d: %v: %s", e.Op, e.Pid, e.Err, e.Why)
 	}
@@ -124,36 +142,42 @@ func (e ErrPermission) Error() string {
 		e.Op, e.Pid, e.Err)
 }
 
-// ErrNotUserProcess is returned for a process that exists but cannot run
+// NotUserProcessError is returned for a process that exists but cannot run
 // Ruby: a kernel thread, or a process without a memory map.
-type ErrNotUserProcess struct {
+type NotUserProcessError struct {
 	Pid int
 	Why string
 }
 
-func (e ErrNotUserProcess) Error() string {
+func (e NotUserProcessError) Error() string {
 	return fmt.Sprintf("process %d %s, so it cannot be a Ruby process", e.Pid, e.Why)
 }
 
-func (e ErrPermission) Unwrap() error { return e.Err }
+func (e DeniedError) Unwrap() error { return e.Err }
 
-// ErrUnmapped is returned for a read of an address the target does not map
+// Is matches ErrDenied.
+func (e DeniedError) Is(target error) bool { return target == ErrDenied }
+
+// UnmappedError is returned for a read of an address the target does not map
 // (or, for a core file, whose bytes the core does not hold).
-type ErrUnmapped struct {
+type UnmappedError struct {
 	Addr uint64
 	Len  int
 }
 
-func (e ErrUnmapped) Error() string {
+// Is matches ErrUnmapped.
+func (e UnmappedError) Is(target error) bool { return target == ErrUnmapped }
+
+func (e UnmappedError) Error() string {
 	return fmt.Sprintf("address 0x%x (%d bytes) is not mapped", e.Addr, e.Len)
 }
 
-// ErrReplaced says that a file the process mapped is not the file now at
+// ReplacedError says that a file the process mapped is not the file now at
 // its path: it was replaced (or removed) on disk after the process mapped
 // it, as a package upgrade does to a running program's libraries. Reading
 // the file at the path would describe another binary than the one the
 // process runs.
-type ErrReplaced struct {
+type ReplacedError struct {
 	Pid  int    // the live process, 0 for a core file
 	Path string // the path the process mapped
 	// Why says how the difference was seen ("the mapping is marked
@@ -164,7 +188,7 @@ type ErrReplaced struct {
 	Err error
 }
 
-func (e ErrReplaced) Error() string {
+func (e ReplacedError) Error() string {
 	if e.Pid <= 0 {
 		return fmt.Sprintf("%s on this machine is not the file the process mapped (%s): it was replaced on disk, "+
 			"or the core comes from another machine; pass the binary the process ran with --exe, or a copy of its files with --sysroot",
@@ -178,16 +202,13 @@ func (e ErrReplaced) Error() string {
 		"run rbscope as root (CAP_SYS_ADMIN opens the mapped file itself) or restart the process", e.Path)
 }
 
-func (e ErrReplaced) Unwrap() error { return e.Err }
+func (e ReplacedError) Unwrap() error { return e.Err }
+
+// Is matches ErrReplaced.
+func (e ReplacedError) Is(target error) bool { return target == ErrReplaced }
 
 // IsReplaced reports whether err says a mapped file was replaced on disk.
-func IsReplaced(err error) bool {
-	var e ErrReplaced
-	return errors.As(err, &e)
-}
+func IsReplaced(err error) bool { return errors.Is(err, ErrReplaced) }
 
 // IsExited reports whether err says the process exited.
-func IsExited(err error) bool {
-	var e ErrProcessExited
-	return errors.As(err, &e)
-}
+func IsExited(err error) bool { return errors.Is(err, ErrExited) }

@@ -124,6 +124,51 @@ func StartContainerRuby(t testing.TB, script string, opts ContainerOptions, args
 	if !filepath.IsAbs(script) {
 		script = filepath.Join(RepoRoot(t), "testdata", "ruby", script)
 	}
+	inRootfs := checkContainerHost(t, rootfs)
+	c := &Container{Rootfs: rootfs, Script: "/app/" + filepath.Base(script), ID: randomHex(t, 32)}
+	cg := newTestCgroup(t, c, opts.Pod)
+	// Removed after the container is killed: cleanups run last first.
+	t.Cleanup(cg.remove)
+	fd, err := syscall.Open(cg.dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("open cgroup %s: %v", cg.dir, err)
+	}
+	defer syscall.Close(fd)
+
+	mounts := mountLines(t, opts.Mounts)
+	exe := opts.Exe
+	if exe == "" {
+		exe = ContainerRuby
+	}
+	cmdArgs := []string{"--mount", "--pid", "--fork", "--", "/bin/sh", "-c", containerInit, "rbscope-container",
+		rootfs, t.TempDir(), filepath.Dir(script), strings.Join(mounts, "\n"), exe}
+	cmdArgs = append(append(append(cmdArgs, opts.Args...), c.Script), args...)
+	cmd := exec.Command("unshare", cmdArgs...)
+	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}, opts.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	c.Stdin, err = cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsharePid := c.start(t, cmd)
+
+	// The Ruby is unshare's child (--fork), the container's pid 1.
+	pid, err := onlyChild(unsharePid)
+	if err != nil {
+		t.Fatalf("find the container's Ruby process: %v", err)
+	}
+	c.Pid = pid
+	c.checkRuby(t, exe, opts.Exe == "", inRootfs)
+	return c
+}
+
+// checkContainerHost stops the test when the host cannot run a container
+// (no util-linux tools, no overlayfs: see Missing) or fails it when the
+// host has the container's interpreter's directory (a profiler that read
+// the host's path would pass unnoticed) or rootfs lacks the interpreter.
+// It returns the rootfs's interpreter's file info.
+func checkContainerHost(t testing.TB, rootfs string) os.FileInfo {
+	t.Helper()
 	for _, tool := range []string{"unshare", "mount", "pivot_root"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			Missing(t, "%s (util-linux) to start a container", tool)
@@ -144,23 +189,15 @@ func StartContainerRuby(t testing.TB, script string, opts ContainerOptions, args
 	if err != nil {
 		t.Fatalf("rootfs %s has no %s: %v", rootfs, ContainerRuby, err)
 	}
-	c := &Container{Rootfs: rootfs, Script: "/app/" + filepath.Base(script), ID: randomHex(t, 32)}
-	cg := newTestCgroup(t, c, opts.Pod)
-	// Removed after the container is killed: cleanups run last first.
-	t.Cleanup(cg.remove)
-	fd, err := syscall.Open(cg.dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatalf("open cgroup %s: %v", cg.dir, err)
-	}
-	defer syscall.Close(fd)
+	return inRootfs
+}
 
-	// The container's init, run by the host's sh in the new namespaces:
-	// the root is an overlay of the rootfs (read-only, below) and a
-	// directory of this test's (the container's writes), as docker's
-	// overlay2 makes it; $1 rootfs, $2 the test's directory, $3 the
-	// script's directory, $4 the mounts ("HOST:AT" lines), then the
-	// command.
-	const initScript = `set -e
+// containerInit is the container's init, run by the host's sh in the new
+// namespaces: the root is an overlay of the rootfs (read-only, below) and
+// a directory of this test's (the container's writes), as docker's
+// overlay2 makes it; $1 rootfs, $2 the test's directory, $3 the script's
+// directory, $4 the mounts ("HOST:AT" lines), then the command.
+const containerInit = `set -e
 mount --make-rprivate /
 mkdir "$2/upper" "$2/work" "$2/root"
 mount -t overlay overlay -o "lowerdir=$1,upperdir=$2/upper,workdir=$2/work" "$2/root"
@@ -176,8 +213,14 @@ pivot_root . mnt
 umount -l /mnt
 shift 4
 exec "$@"`
+
+// mountLines returns the mounts as containerInit's "HOST:AT" lines, AT
+// cleaned (Host when empty), failing the test for a relative path or one
+// holding ':' or a newline.
+func mountLines(t testing.TB, ms []Mount) []string {
+	t.Helper()
 	var mounts []string
-	for _, m := range opts.Mounts {
+	for _, m := range ms {
 		at := m.At
 		if at == "" {
 			at = m.Host
@@ -187,28 +230,15 @@ exec "$@"`
 		}
 		mounts = append(mounts, m.Host+":"+filepath.Clean(at))
 	}
-	exe := opts.Exe
-	if exe == "" {
-		exe = ContainerRuby
-	}
-	cmdArgs := []string{"--mount", "--pid", "--fork", "--", "/bin/sh", "-c", initScript, "rbscope-container",
-		rootfs, t.TempDir(), filepath.Dir(script), strings.Join(mounts, "\n"), exe}
-	cmdArgs = append(append(append(cmdArgs, opts.Args...), c.Script), args...)
-	cmd := exec.Command("unshare", cmdArgs...)
-	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}, opts.Env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
-	c.Stdin, err = cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	unsharePid := c.start(t, cmd)
+	return mounts
+}
 
-	// The Ruby is unshare's child (--fork), the container's pid 1.
-	pid, err := onlyChild(unsharePid)
-	if err != nil {
-		t.Fatalf("find the container's Ruby process: %v", err)
-	}
-	c.Pid = pid
+// checkRuby fails the test unless the container's process c.Pid is pid 1
+// of a PID namespace of its own, runs exe (with rootfsRuby, the rootfs's
+// own file, inRootfs, through the overlay) and is in c's cgroup.
+func (c *Container) checkRuby(t testing.TB, exe string, rootfsRuby bool, inRootfs os.FileInfo) {
+	t.Helper()
+	pid := c.Pid
 	if ns, err := nsPid(pid); err != nil || len(ns) < 2 || ns[len(ns)-1] != 1 {
 		t.Fatalf("process %d is not pid 1 of a PID namespace of its own: NSpid %v (%v)", pid, ns, err)
 	}
@@ -217,16 +247,15 @@ exec "$@"`
 	}
 	// The rootfs's file, seen through the overlay: the same inode.
 	running, err := os.Stat(fmt.Sprintf("/proc/%d/exe", pid))
-	if err == nil && opts.Exe == "" && running.Sys().(*syscall.Stat_t).Ino != inRootfs.Sys().(*syscall.Stat_t).Ino {
+	if err == nil && rootfsRuby && running.Sys().(*syscall.Stat_t).Ino != inRootfs.Sys().(*syscall.Stat_t).Ino {
 		err = fmt.Errorf("inode %d, the rootfs's is %d", running.Sys().(*syscall.Stat_t).Ino, inRootfs.Sys().(*syscall.Stat_t).Ino)
 	}
 	if err != nil {
-		t.Fatalf("process %d does not run %s of %s: %v", pid, ContainerRuby, rootfs, err)
+		t.Fatalf("process %d does not run %s of %s: %v", pid, ContainerRuby, c.Rootfs, err)
 	}
 	if got := unifiedCgroup(pid); got != c.Cgroup {
 		t.Fatalf("process %d is in cgroup %q, want %q", pid, got, c.Cgroup)
 	}
-	return c
 }
 
 // start starts cmd in a process group of its own, reads its lines until

@@ -263,6 +263,25 @@ func (r RubyUnderTest) Start(t testing.TB, script string, args ...string) *Proc 
 	return r.StartCmd(t, r.Command(append([]string{script}, args...)...))
 }
 
+// StartSource runs this Ruby, as Start does, on the Ruby source src
+// written to a file named name in a directory of the test's
+// (WriteScript): the name shows in the frames' paths.
+func (r RubyUnderTest) StartSource(t testing.TB, name, src string, args ...string) *Proc {
+	t.Helper()
+	return r.Start(t, WriteScript(t, name, src), args...)
+}
+
+// WriteScript writes the Ruby source src to a file named name in a new
+// directory of the test's and returns its path.
+func WriteScript(t testing.TB, name, src string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // StartCmd starts cmd (built by Command), waits for its "ready" line (up
 // to 30 s) and kills its process group when the test ends. cmd's Stdout
 // must be unset; its Stderr goes to the test's stderr unless set.

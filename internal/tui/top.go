@@ -75,10 +75,10 @@ type Top struct {
 	lastErr     string
 	start       time.Time
 	lastSamples time.Time
-	acts        map[string]int // samples of the interval by activity
+	acts        map[stack.Activity]int // samples of the interval by activity
 	// unread and unreadShown: samples whose stack could not be read, by
 	// activity, since the start (SetUnread) and at the last Snapshot.
-	unread, unreadShown map[string]int
+	unread, unreadShown map[stack.Activity]int
 	// torn says which threads had samples kept under the
 	// (stack changed while read) frame (SetTorn).
 	torn string
@@ -87,10 +87,10 @@ type Top struct {
 // NewTop returns an empty aggregator for samples taken at rate Hz.
 func NewTop(rate float64) *Top {
 	return &Top{rate: rate, all: map[rowKey]*counts{}, byThread: map[rowKey]*counts{},
-		threads: map[stack.ThreadKey]*topThread{}, seen: map[stack.Func]int{}, start: time.Now(), acts: map[string]int{}}
+		threads: map[stack.ThreadKey]*topThread{}, seen: map[stack.Func]int{}, start: time.Now(), acts: map[stack.Activity]int{}}
 }
 
-func bump(m map[rowKey]*counts, k rowKey, own bool, total bool, activity string) {
+func bump(m map[rowKey]*counts, k rowKey, own bool, total bool, activity stack.Activity) {
 	c := m[k]
 	if c == nil {
 		c = &counts{}
@@ -166,7 +166,7 @@ func (t *Top) SetStatus(errors, late int, lastErr string) {
 // next view count the interval's, as summary's do. Leaving them out made
 // running look rarer than it was (a running thread's stack is the one
 // that changes while it is read).
-func (t *Top) SetUnread(by map[string]int) {
+func (t *Top) SetUnread(by map[stack.Activity]int) {
 	t.mu.Lock()
 	t.unread = maps.Clone(by)
 	t.mu.Unlock()
@@ -214,7 +214,7 @@ type View struct {
 	// Activities are the interval's shares of samples by activity
 	// (percent), empty when the samples carry none; they include the
 	// Unread samples of the interval.
-	Activities map[string]float64
+	Activities map[stack.Activity]float64
 	Unread     int
 	// Torn is SetTorn's summary since the start.
 	Torn string
@@ -261,7 +261,7 @@ func (t *Top) Snapshot(sortBy SortKey) View {
 	}
 	t.unreadShown = t.unread
 	if n := t.win + v.Unread; len(t.acts) > 0 && n > 0 {
-		v.Activities = map[string]float64{}
+		v.Activities = map[stack.Activity]float64{}
 		for a, k := range t.acts {
 			v.Activities[a] = 100 * float64(k) / float64(n)
 		}

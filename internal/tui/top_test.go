@@ -159,7 +159,7 @@ func TestUnreadInActivities(t *testing.T) {
 		{TID: 1, Activity: stack.ActivityRunning, Frames: []stack.Frame{fr("A#spin", "/x/a.rb"), root}},
 		{TID: 2, Activity: stack.ActivityBlocked, Frames: []stack.Frame{fr("Kernel#sleep", ""), root}},
 	})
-	top.SetUnread(map[string]int{stack.ActivityRunning: 2})
+	top.SetUnread(map[stack.Activity]int{stack.ActivityRunning: 2})
 	v := top.Snapshot(SortTotalPct)
 	if v.Unread != 2 || v.Activities[stack.ActivityRunning] != 75 || v.Activities[stack.ActivityBlocked] != 25 {
 		t.Errorf("unread %d, activities %v; want 2, running 75%%, blocked 25%%", v.Unread, v.Activities)
@@ -173,7 +173,7 @@ func TestUnreadInActivities(t *testing.T) {
 		t.Errorf("no unread count in\n%s", out)
 	}
 	// The same totals again: nothing new in the next interval.
-	top.SetUnread(map[string]int{stack.ActivityRunning: 2})
+	top.SetUnread(map[stack.Activity]int{stack.ActivityRunning: 2})
 	top.Add([]stack.Sample{{TID: 2, Activity: stack.ActivityBlocked, Frames: []stack.Frame{fr("Kernel#sleep", ""), root}}})
 	if v := top.Snapshot(SortTotalPct); v.Unread != 0 || v.Activities[stack.ActivityBlocked] != 100 {
 		t.Errorf("second interval: unread %d, activities %v", v.Unread, v.Activities)

@@ -9,7 +9,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -132,11 +131,7 @@ func startRuby(t *testing.T, script string) int {
 	if os.Geteuid() != 0 {
 		testutil.Missing(t, "reading another process needs CAP_SYS_PTRACE: run as root")
 	}
-	path := filepath.Join(t.TempDir(), "spin.rb")
-	if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return testutil.SystemRuby(t).Start(t, path).Pid
+	return testutil.SystemRuby(t).StartSource(t, "spin.rb", script).Pid
 }
 
 // TestRubyToPyroscope samples a real Ruby process the way record does

@@ -335,8 +335,7 @@ func (u *Uploader) sender() {
 	warned := false // and the outage was reported
 	var lastWarn, lastDownWarn time.Time
 	draining := false
-	var last422 *entry // the entry the last 422 answer was for
-	n422 := 0
+	var refused422 retries422
 	for {
 		e := u.q.head()
 		if e == nil {
@@ -371,17 +370,7 @@ func (u *Uploader) sender() {
 		}
 		u.q.end()
 		var perm errPermanent
-		var e422 errTransient422
-		if errors.As(err, &e422) {
-			if e == last422 {
-				n422++
-			} else {
-				last422, n422 = e, 1
-			}
-			if n422 > max422Retries {
-				err = errPermanent{err}
-			}
-		}
+		err = refused422.check(e, err)
 		switch {
 		case err == nil:
 			if down && warned {
@@ -496,6 +485,30 @@ func (e errTransient422) Unwrap() error { return e.err }
 // backoff): long enough for a starting server, short enough that a
 // profile the server will never take does not hold up the queue.
 const max422Retries = 8
+
+// retries422 counts the 422 answers for the entry the last one was for.
+type retries422 struct {
+	last *entry // the entry the last 422 answer was for
+	n    int
+}
+
+// check returns a push's error err for entry e, made permanent
+// (errPermanent) when it is a 422 answer past the max422Retries retries
+// of the same entry.
+func (r *retries422) check(e *entry, err error) error {
+	var e422 errTransient422
+	if errors.As(err, &e422) {
+		if e == r.last {
+			r.n++
+		} else {
+			r.last, r.n = e, 1
+		}
+		if r.n > max422Retries {
+			err = errPermanent{err}
+		}
+	}
+	return err
+}
 
 // Stats returns the counters so far.
 func (u *Uploader) Stats() Stats {

@@ -117,7 +117,7 @@ func TestEncodeProfile(t *testing.T) {
 		threads[strings.Join(s.Label["thread_name"], ",")] += s.Value[0]
 		acts[strings.Join(s.Label["activity"], ",")] += s.Value[0]
 	}
-	if acts[stack.ActivityRunning] != 90 || acts[stack.ActivityBlocked] != 10 {
+	if acts[string(stack.ActivityRunning)] != 90 || acts[string(stack.ActivityBlocked)] != 10 {
 		t.Errorf("activity labels %v, want running 90, blocked 10", acts)
 	}
 	want := map[string]int64{"Integer#times": 60, "Object#light": 30, "Kernel#sleep": 10}

@@ -1,0 +1,82 @@
+package ruby
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/rbscope/rbscope/internal/stack"
+	"github.com/rbscope/rbscope/internal/target"
+	"github.com/rbscope/rbscope/internal/testutil"
+)
+
+// forkScript forks a child that sleeps, and prints the child's pid and
+// the line of its sleep before "ready".
+const forkScript = `$stdout.sync = true
+child = fork do
+  sleep # the child's sleep
+end
+puts "child #{child} #{__LINE__ - 2}"
+puts "ready"
+sleep
+`
+
+// TestForkSharesRuntime: a fork opened after its parent with the same
+// Runtimes gets the parent's Runtime itself (made once: one layout
+// resolution, one hit), and its stack is named right with it.
+func TestForkSharesRuntime(t *testing.T) {
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		proc := rb.StartSource(t, "fork.rb", forkScript)
+		script := proc.Cmd.Args[len(proc.Cmd.Args)-1]
+		var child, line int
+		for _, l := range proc.Lines {
+			if _, err := fmt.Sscanf(l, "child %d %d", &child, &line); err == nil {
+				break
+			}
+		}
+		if child == 0 {
+			t.Fatalf("the script printed no child pid: %q", proc.Lines)
+		}
+		rts := NewRuntimes()
+		open := func(pid int) *Process {
+			t.Helper()
+			tg, err := target.OpenLive(pid)
+			if err != nil {
+				t.Fatalf("open live target %d: %v", pid, err)
+			}
+			t.Cleanup(func() { tg.Close() })
+			p, err := Open(tg, Options{Runtimes: rts})
+			if err != nil {
+				t.Fatalf("open Ruby process %d: %v", pid, err)
+			}
+			return p
+		}
+		parent, forked := open(proc.Pid), open(child)
+		if parent.Runtime() != forked.Runtime() {
+			t.Errorf("the fork has a Runtime of its own (%p, parent's %p)", forked.Runtime(), parent.Runtime())
+		}
+		if st := rts.Stats(); st.LayoutResolutions != 1 || st.LayoutHits != 1 || st.Builds != 1 {
+			t.Errorf("runtimes after a parent and its fork: %+v, want 1 resolution, 1 hit, 1 build", st)
+		}
+		threads, err := forked.Snapshot()
+		if err != nil {
+			t.Fatalf("snapshot the fork: %v", err)
+		}
+		want := "block in <main> (" + script + ":" + strconv.Itoa(line) + ")"
+		for _, th := range threads {
+			for _, f := range th.Frames {
+				if f.Kind == stack.KindRuby && f.Name == "block in <main>" && f.Path == script && f.Line == line {
+					return
+				}
+			}
+		}
+		var got []string
+		for _, th := range threads {
+			for _, f := range th.Frames {
+				got = append(got, fmt.Sprintf("%s (%s:%d)", f.Name, f.Path, f.Line))
+			}
+		}
+		t.Errorf("the fork's stack lacks %s: %s", want, strings.Join(got, "; "))
+	})
+}
