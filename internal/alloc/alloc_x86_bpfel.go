@@ -150,6 +150,7 @@ const (
 	allocMapGate             = "gate"
 	allocMapGcStart          = "gc_start"
 	allocMapLastSite         = "last_site"
+	allocMapLastTid          = "last_tid"
 	allocMapMarkPending      = "mark_pending"
 	allocMapPending          = "pending"
 	allocMapPendingNew       = "pending_new"
@@ -243,6 +244,7 @@ type allocMapSpecs struct {
 	Gate           *ebpf.MapSpec `ebpf:"gate"`
 	GcStart        *ebpf.MapSpec `ebpf:"gc_start"`
 	LastSite       *ebpf.MapSpec `ebpf:"last_site"`
+	LastTid        *ebpf.MapSpec `ebpf:"last_tid"`
 	MarkPending    *ebpf.MapSpec `ebpf:"mark_pending"`
 	Pending        *ebpf.MapSpec `ebpf:"pending"`
 	PendingNew     *ebpf.MapSpec `ebpf:"pending_new"`
@@ -310,6 +312,7 @@ type allocMaps struct {
 	Gate           *ebpf.Map `ebpf:"gate"`
 	GcStart        *ebpf.Map `ebpf:"gc_start"`
 	LastSite       *ebpf.Map `ebpf:"last_site"`
+	LastTid        *ebpf.Map `ebpf:"last_tid"`
 	MarkPending    *ebpf.Map `ebpf:"mark_pending"`
 	Pending        *ebpf.Map `ebpf:"pending"`
 	PendingNew     *ebpf.Map `ebpf:"pending_new"`
@@ -334,6 +337,7 @@ func (m *allocMaps) Close() error {
 		m.Gate,
 		m.GcStart,
 		m.LastSite,
+		m.LastTid,
 		m.MarkPending,
 		m.Pending,
 		m.PendingNew,

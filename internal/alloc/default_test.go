@@ -244,7 +244,10 @@ func TestDefaultModeShortLoop(t *testing.T) {
 // other edge showed: a burst stretched by preemption was often under way
 // when a window opened, which then counted its tail alone (a cold CI run
 // beside a CPU hog: Head -16 %, Tail +14 % on three Rubies); windows now
-// also open where the target is idle (untilIdle). 6 s at the default duty
+// also open where the target is idle (untilIdle). Under a hog per core a
+// thread preempted inside a burst made 2 ms pauses too (-18..+14 % both
+// ways): a pause is idle only if the thread that allocated last is not
+// runnable (idleSince). 6 s at the default duty
 // cycle counts several whole bursts (bursts of 4,000 every 50 ms over 3 s
 // gave one or two, now and then none; one window opening inside a burst
 // then moved the shares by 10 %).

@@ -436,6 +436,7 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapStats:          tr.maps.Stats,
 		allocMapGcStart:        tr.maps.GcStart,
 		allocMapGate:           tr.maps.Gate,
+		allocMapLastTid:        tr.maps.LastTid,
 		allocMapStackCountdown: tr.maps.StackCountdown,
 		allocMapLastSite:       tr.maps.LastSite,
 		allocMapStacks:         tr.maps.Stacks,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 )
@@ -395,7 +396,7 @@ func (tr *Tracker) untilQuiet(carved bool) bool {
 		}
 		switch {
 		case err != nil:
-		case cur == last && !cur.inGC:
+		case tr.idleSince(last, cur):
 			tr.quietMisses = 0
 		case cur.events-open >= quietMaxEvents || time.Now().After(deadline):
 			tr.quietMisses++
@@ -442,7 +443,7 @@ func (tr *Tracker) untilIdle() bool {
 			fmt.Fprintf(os.Stderr, "idle? first %+v last %+v now %+v\n", first, last, cur)
 		}
 		switch {
-		case err != nil, cur == last && !cur.inGC:
+		case err != nil, tr.idleSince(last, cur):
 		case cur.events-first.events >= quietMaxEvents || time.Now().After(deadline):
 			tr.quietMisses++
 		default:
@@ -461,6 +462,20 @@ func (tr *Tracker) untilIdle() bool {
 type activity struct {
 	events, gcPhases uint64
 	inGC             bool
+	lastTID          uint32 // the thread of the last allocation event seen
+}
+
+// idleSince reports whether the target went from a to now without an
+// allocation, a GC phase, or being runnable in the thread that allocated
+// last: under CPU contention a thread preempted in the middle of a burst
+// (runnable, waiting for a CPU) makes the same pause in the events as one
+// that finished its burst and sleeps; two CPU hogs made 2 ms pauses inside
+// bursts common enough to move TestDefaultModeBursts' shares by 10-18 %.
+func (tr *Tracker) idleSince(a, now activity) bool {
+	if now != a || now.inGC {
+		return false
+	}
+	return now.lastTID == 0 || procfs.TaskState(tr.pid, int(now.lastTID)) != 'R'
 }
 
 // activity reads the target's activity, its events those counted in the
@@ -484,6 +499,9 @@ func (tr *Tracker) activityOf(events uint32) (activity, error) {
 		return a, err
 	}
 	a.gcPhases = marks + sweeps
+	if err := tr.maps.LastTid.Lookup(uint32(0), &a.lastTID); err != nil {
+		return a, fmt.Errorf("read the last allocating thread: %w", err)
+	}
 	for slot := uint32(0); slot < 2; slot++ {
 		var start uint64
 		if err := tr.maps.GcStart.Lookup(slot, &start); err != nil {

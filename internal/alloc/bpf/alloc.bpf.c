@@ -301,6 +301,17 @@ struct {
 	__type(value, __u32);
 } gate SEC(".maps");
 
+/* last_tid[0]: the thread of the last allocation event seen while attached.
+ * User space takes a pause in the events for the target idling only when
+ * that thread is not runnable: under CPU contention a thread preempted in
+ * the middle of a burst of allocations makes the same pause. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} last_tid SEC(".maps");
+
 /* Ruby's own allocation counter at exit. Once the process is gone its
  * memory cannot be read, so the program copies, at the entry of Ruby's
  * teardown (ruby_vm_destruct: after the last Ruby code and finalizer ran,
@@ -926,6 +937,9 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 
 	stat_add(STAT_SEEN, 1);
 	__u32 zero = 0;
+	__u32 *lt = bpf_map_lookup_elem(&last_tid, &zero);
+	if (lt)
+		*lt = (__u32)bpf_get_current_pid_tgid();
 	__u32 *open = bpf_map_lookup_elem(&gate, &zero);
 	if (!open || !*open)
 		return 0;
