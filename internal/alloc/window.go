@@ -374,40 +374,20 @@ func (tr *Tracker) untilQuiet(carved bool) bool {
 		tr.quietMisses++
 	}
 	tr.mu.Unlock()
-	if !look && !carved {
+	if !look {
+		if carved {
+			// The window's last quietGap, carved out of its steps.
+			select {
+			case <-tr.stop:
+				return false
+			case <-time.After(quietGap):
+			}
+		}
 		return true
 	}
-	deadline := time.Now().Add(quietMaxWait)
-	for {
-		// The first wait is the window's last quietGap when carved,
-		// else past the window's end.
-		select {
-		case <-tr.stop:
-			return false
-		case <-time.After(quietGap):
-		}
-		if !look {
-			return true
-		}
-		tr.mu.Lock()
-		cur, err := tr.activity()
-		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "quiet? open %d last %+v now %+v misses %d\n", open, last, cur, tr.quietMisses)
-		}
-		switch {
-		case err != nil:
-		case tr.idleSince(last, cur):
-			tr.quietMisses = 0
-		case cur.events-open >= quietMaxEvents || time.Now().After(deadline):
-			tr.quietMisses++
-		default:
-			last = cur
-			tr.mu.Unlock()
-			continue
-		}
-		tr.mu.Unlock()
-		return true
-	}
+	// The first wait is the window's last quietGap when carved, else
+	// past the window's end.
+	return tr.tallyWait(tr.pollIdle("quiet?", statObjects, last, open))
 }
 
 // untilIdle waits, once the probes of a window are attached and before
@@ -429,31 +409,68 @@ func (tr *Tracker) untilIdle() bool {
 	if !look || err != nil {
 		return true
 	}
-	last := first
+	r := tr.pollIdle("idle?", statSeen, first, first.events)
+	if r == pollIdle {
+		return true // a window opening idle says nothing of its end
+	}
+	return tr.tallyWait(r)
+}
+
+// pollResult is how pollIdle's wait ended.
+type pollResult int
+
+const (
+	pollIdle    pollResult = iota // the target was idle (idleSince)
+	pollMissed                    // no idle moment within the bounds
+	pollFailed                    // the activity could not be read
+	pollStopped                   // Stop was called
+)
+
+// pollIdle reads the target's activity (its events from stats slot
+// events) every quietGap, from last, until it was idle since the read
+// before, or its events passed from+quietMaxEvents, or quietMaxWait went
+// by. what names the wait in RBSCOPE_ALLOC_DEBUG's lines.
+func (tr *Tracker) pollIdle(what string, events uint32, last activity, from uint64) pollResult {
 	deadline := time.Now().Add(quietMaxWait)
 	for {
 		select {
 		case <-tr.stop:
-			return false
+			return pollStopped
 		case <-time.After(quietGap):
 		}
 		tr.mu.Lock()
-		cur, err := tr.activityOf(statSeen)
+		cur, err := tr.activityOf(events)
 		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "idle? first %+v last %+v now %+v\n", first, last, cur)
+			fmt.Fprintf(os.Stderr, "%s from %d last %+v now %+v misses %d\n", what, from, last, cur, tr.quietMisses)
 		}
-		switch {
-		case err != nil, tr.idleSince(last, cur):
-		case cur.events-first.events >= quietMaxEvents || time.Now().After(deadline):
-			tr.quietMisses++
-		default:
-			last = cur
-			tr.mu.Unlock()
-			continue
-		}
+		idle := err == nil && tr.idleSince(last, cur)
 		tr.mu.Unlock()
-		return true
+		switch {
+		case err != nil:
+			return pollFailed
+		case idle:
+			return pollIdle
+		case cur.events-from >= quietMaxEvents || time.Now().After(deadline):
+			return pollMissed
+		}
+		last = cur
 	}
+}
+
+// tallyWait counts the outcome of a wait for an idle moment in quietMisses
+// and reports whether the duty cycle goes on.
+func (tr *Tracker) tallyWait(r pollResult) bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	switch r {
+	case pollStopped:
+		return false
+	case pollIdle:
+		tr.quietMisses = 0
+	case pollMissed:
+		tr.quietMisses++
+	}
+	return true
 }
 
 // activity is what untilQuiet and untilIdle compare: the events counted,
