@@ -403,10 +403,11 @@ func (p *opener) scanFileForVersion(path string) string {
 // loadLayout makes the Runtime of a process of the given version: its
 // layout from the caller's Options or looked up (see resolveLayout).
 func (p *opener) loadLayout(version, source string) (*Runtime, error) {
+	version = strings.TrimSpace(version)
 	l := p.opts.Layout
 	if l == nil {
 		var err error
-		if l, err = resolveLayout(p.Process, strings.TrimSpace(version)); err != nil {
+		if l, err = resolveLayout(p.Process, version); err != nil {
 			return nil, err
 		}
 	}

@@ -84,10 +84,9 @@ type Runtime struct {
 	singletonUser1 bool
 }
 
-// newRuntime makes the Runtime of a build of the given version (how it
-// was told: source) with layout l.
+// newRuntime makes the Runtime of a build of the given version (trimmed;
+// how it was told: source) with layout l.
 func newRuntime(version, source string, l *layout.Layout) (*Runtime, error) {
-	version = strings.TrimSpace(version)
 	o, err := resolveOffsets(l)
 	if err != nil {
 		return nil, err
@@ -111,12 +110,6 @@ func newRuntime(version, source string, l *layout.Layout) (*Runtime, error) {
 	rt.bodyMask = bodyMaskOf(&rt.o)
 	return rt, nil
 }
-
-// Version is the Ruby version ("3.1.2").
-func (rt *Runtime) Version() string { return rt.version }
-
-// Layout returns the struct layout in use.
-func (rt *Runtime) Layout() *layout.Layout { return rt.lay }
 
 // RuntimeStats counts a Runtimes' work and savings.
 type RuntimeStats struct {
