@@ -360,14 +360,9 @@ func (r *Reader) frameRecord() (err error) {
 	if f.Path, err = r.strRef(); err != nil {
 		return err
 	}
-	line, err := r.uvarint()
-	if err != nil {
+	if f.Line, err = r.lineNumber("line"); err != nil {
 		return err
 	}
-	if line > 1<<31-1 {
-		return fmt.Errorf("line %d out of range", line)
-	}
-	f.Line = int(line)
 	kind, err := r.strRef()
 	if err != nil {
 		return err
@@ -377,17 +372,24 @@ func (r *Reader) frameRecord() (err error) {
 		if f.InternalPath, err = r.strRef(); err != nil {
 			return err
 		}
-		line, err := r.uvarint()
-		if err != nil {
+		if f.InternalLine, err = r.lineNumber("internal line"); err != nil {
 			return err
 		}
-		if line > 1<<31-1 {
-			return fmt.Errorf("internal line %d out of range", line)
-		}
-		f.InternalLine = int(line)
 	}
 	r.frames = append(r.frames, f)
 	return nil
+}
+
+// lineNumber decodes a frame's line number (what names it in errors).
+func (r *Reader) lineNumber(what string) (int, error) {
+	line, err := r.uvarint()
+	if err != nil {
+		return 0, err
+	}
+	if line > 1<<31-1 {
+		return 0, fmt.Errorf("%s %d out of range", what, line)
+	}
+	return int(line), nil
 }
 
 // threadRecord decodes a thread record into the thread table.
