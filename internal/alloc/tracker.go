@@ -487,14 +487,20 @@ func (tr *Tracker) attach() error {
 	if err := tr.attachProbes(); err != nil {
 		return err
 	}
+	tr.openAttached()
+	return nil
+}
+
+// openAttached opens a counting window on the attached probes. Called
+// with mu held.
+func (tr *Tracker) openAttached() {
 	tr.attached = true
 	tr.openWindow()
-	return nil
 }
 
 // attachProbes attaches the program to the windowed sites, the gate
 // closed: attach opens a window at once, reattach at an idle moment
-// (untilIdle). Called with mu held.
+// (untilIdle, then openAttached). Called with mu held.
 func (tr *Tracker) attachProbes() error {
 	var idx []int
 	for i, s := range tr.plan.Sites {
@@ -683,8 +689,7 @@ func (tr *Tracker) reattach() bool {
 		if tr.stopped {
 			return false
 		}
-		tr.attached = true
-		tr.openWindow()
+		tr.openAttached()
 		return true
 	}
 	exited := tr.waitExit(exitWait)

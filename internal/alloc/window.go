@@ -403,10 +403,13 @@ func (tr *Tracker) untilQuiet(carved bool) bool {
 // It returns false when Stop was called meanwhile.
 func (tr *Tracker) untilIdle() bool {
 	tr.mu.Lock()
-	look := tr.quietMisses == 0
+	if tr.quietMisses != 0 {
+		tr.mu.Unlock()
+		return true
+	}
 	first, err := tr.activityOf(statSeen)
 	tr.mu.Unlock()
-	if !look || err != nil {
+	if err != nil {
 		return true
 	}
 	r := tr.pollIdle("idle?", statSeen, first, first.events)
