@@ -512,7 +512,7 @@ func TestRecordProportions(t *testing.T) {
 		script := recScript(t, recProportionScript)
 		dir := t.TempDir()
 		raw := filepath.Join(dir, "rec.raw.gz")
-		measure := func(extra ...string) (gotA float64, na, nb int, cpuA, wallA, cpuPerWall float64, stderr string) {
+		measure := func(extra ...string) (gotA float64, n int, cpuA, wallA, cpuPerWall float64, stderr string) {
 			args := append([]string{"record", "--rate", "100", "--format", "summary", "-o", filepath.Join(dir, "s.txt"), "--raw", raw}, extra...)
 			res := recRun(t, rb, append(append(args, "--"), rb.Argv(script, strconv.Itoa(recProportionSeconds))...)...)
 			if res.err != nil {
@@ -520,6 +520,7 @@ func TestRecordProportions(t *testing.T) {
 			}
 			cpuA, _, wallA, cpuPerWall = recShares(t, res.stdout)
 			_, samples := recReadRaw(t, raw)
+			var na, nb int
 			for _, s := range samples {
 				switch {
 				case hasFrame(s, "Object#work_a"):
@@ -534,19 +535,19 @@ func TestRecordProportions(t *testing.T) {
 			gotA = float64(na) / float64(na+nb)
 			t.Logf("record %s: rbscope a=%.3f (%d samples); script: CPU share a=%.3f, wall share a=%.3f, CPU per wall %.2f",
 				strings.Join(extra, " "), gotA, na+nb, cpuA, wallA, cpuPerWall)
-			return gotA, na, nb, cpuA, wallA, cpuPerWall, res.stderr
+			return gotA, na + nb, cpuA, wallA, cpuPerWall, res.stderr
 		}
-		gotA, na, nb, cpuA, wallA, cpuPerWall, stderr := measure()
+		gotA, n, cpuA, wallA, cpuPerWall, stderr := measure()
 		if strings.Contains(stderr, "the machine was busy") {
 			if err := rtprio.Check(); err != nil {
 				testutil.Missing(t, "real-time priority for --realtime on a busy machine: %v", err)
 			}
 			t.Logf("record said the machine was busy: checking --realtime instead")
-			gotA, na, nb, cpuA, wallA, cpuPerWall, _ = measure("--realtime")
+			gotA, n, cpuA, wallA, cpuPerWall, _ = measure("--realtime")
 		}
 		// 3 points, or 3 sigma of the sampling noise when a busy machine
 		// let rbscope take fewer samples than the ~1000 asked for.
-		tol := max(0.03, 3*math.Sqrt(wallA*(1-wallA)/float64(na+nb)))
+		tol := max(0.03, 3*math.Sqrt(wallA*(1-wallA)/float64(n)))
 		quiet := cpuPerWall >= 0.9
 		within := func(what string, got, want float64) {
 			t.Helper()
@@ -601,7 +602,7 @@ func TestRecordProportions(t *testing.T) {
 			// differ (0.076 in a stackprof run against 0.099 in
 			// rbscope's, each tool right about its own): compare their
 			// errors, with the noise of both sample counts.
-			sd := math.Sqrt(cpuA*(1-cpuA)/float64(na+nb) + spCPUA*(1-spCPUA)/float64(spN))
+			sd := math.Sqrt(cpuA*(1-cpuA)/float64(n) + spCPUA*(1-spCPUA)/float64(spN))
 			if d := (gotA - cpuA) - (spA - spCPUA); math.Abs(d) > max(0.03, 3*sd) {
 				t.Errorf("rbscope's error %+.3f and stackprof's %+.3f differ by more than %.3f", gotA-cpuA, spA-spCPUA, max(0.03, 3*sd))
 			}
