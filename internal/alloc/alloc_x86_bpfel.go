@@ -136,6 +136,15 @@ type allocTrackedObj struct {
 	Pad      uint32
 }
 
+type allocWindowMark struct {
+	_        structs.HostLayout
+	Prev     uint64
+	SigPrev  uint64
+	SigFirst uint64
+	State    uint32
+	Pad      uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -161,6 +170,7 @@ const (
 	allocMapStats            = "stats"
 	allocMapTracked          = "tracked"
 	allocMapTrackedLen       = "tracked_len"
+	allocMapWindowMark       = "window_mark"
 	allocProgRubyAlloc       = "ruby_alloc"
 	allocProgRubyAllocMulti  = "ruby_alloc_multi"
 	allocVarHeapAlign        = "heap_align"
@@ -255,6 +265,7 @@ type allocMapSpecs struct {
 	Stats          *ebpf.MapSpec `ebpf:"stats"`
 	Tracked        *ebpf.MapSpec `ebpf:"tracked"`
 	TrackedLen     *ebpf.MapSpec `ebpf:"tracked_len"`
+	WindowMark     *ebpf.MapSpec `ebpf:"window_mark"`
 }
 
 // allocVariableSpecs contains global variables before they are loaded into the kernel.
@@ -323,6 +334,7 @@ type allocMaps struct {
 	Stats          *ebpf.Map `ebpf:"stats"`
 	Tracked        *ebpf.Map `ebpf:"tracked"`
 	TrackedLen     *ebpf.Map `ebpf:"tracked_len"`
+	WindowMark     *ebpf.Map `ebpf:"window_mark"`
 }
 
 func (m *allocMaps) Close() error {
@@ -348,6 +360,7 @@ func (m *allocMaps) Close() error {
 		m.Stats,
 		m.Tracked,
 		m.TrackedLen,
+		m.WindowMark,
 	)
 }
 

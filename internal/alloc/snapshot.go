@@ -32,6 +32,7 @@ const (
 	statChecks     // sweeps that checked the tracked objects
 	statPending    // create events left for their allocation to return
 	statSeen       // allocation events seen while attached, gate open or not
+	statPastEnd    // events after the window ended at its start's recurrence
 	statMax        = 24
 )
 

@@ -47,6 +47,11 @@ const (
 	// still shorten to about windowEvents events, which bounds the cost
 	// on allocation-bound loops.
 	DefaultRetainedDutyCycle = 0.2
+	// DefaultRetainedDutyWindow is retained mode's duty-cycle period:
+	// windows of up to 100 ms (windowEvents events), so that one spans
+	// many bursts of a busy target's allocations (a loop's steps, a
+	// server's requests) and the one it cuts weighs little.
+	DefaultRetainedDutyWindow = 500 * time.Millisecond
 )
 
 // Options tunes Attach.
@@ -63,7 +68,8 @@ type Options struct {
 	// at most: a window that would count more than about windowEvents
 	// events (by the recent windows' rate) is shorter.
 	DutyCycle float64
-	// DutyWindow is the duty-cycle period (default DefaultDutyWindow).
+	// DutyWindow is the duty-cycle period (default DefaultDutyWindow;
+	// DefaultRetainedDutyWindow in retained mode).
 	DutyWindow time.Duration
 	// ForceSymbols uses the allocation-function fallback even when the
 	// binary has USDT probes.
@@ -167,6 +173,11 @@ type Tracker struct {
 	// quietMisses counts the windows since the last one that ended at a
 	// quiet moment (see untilQuiet).
 	quietMisses int
+	// marking: the current window ends where the next one like it would
+	// begin (window_mark, see armMark); winPastEnd are the events past
+	// such ends when the window opened.
+	marking    bool
+	winPastEnd uint64
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader
@@ -277,6 +288,9 @@ func withDefaults(opts Options) Options {
 	}
 	if opts.DutyWindow <= 0 {
 		opts.DutyWindow = DefaultDutyWindow
+		if opts.Retained {
+			opts.DutyWindow = DefaultRetainedDutyWindow
+		}
 	}
 	if opts.DutyCycle <= 0 {
 		opts.DutyCycle = DefaultDutyCycle
@@ -451,6 +465,7 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapCheckState:     tr.maps.CheckState,
 		allocMapMarkPending:    tr.maps.MarkPending,
 		allocMapPendingNew:     tr.maps.PendingNew,
+		allocMapWindowMark:     tr.maps.WindowMark,
 	}
 }
 
@@ -507,6 +522,9 @@ func (tr *Tracker) attachProbes() error {
 		if !s.always() {
 			idx = append(idx, i)
 		}
+	}
+	if err := tr.resetMark(); err != nil {
+		return err
 	}
 	ls, err := tr.attachSites(idx)
 	if err != nil {
@@ -604,7 +622,7 @@ func (tr *Tracker) detach() {
 
 func (tr *Tracker) dutyLoop() {
 	defer close(tr.done)
-	full := time.Duration(float64(tr.opts.DutyWindow) * tr.opts.DutyCycle)
+	full := tr.fullWindow()
 	for {
 		tr.mu.Lock()
 		on := tr.windowLength(full)

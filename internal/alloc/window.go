@@ -92,6 +92,7 @@ func (tr *Tracker) setGate(open bool) error {
 func (tr *Tracker) openWindow() {
 	tr.winEvents, _ = tr.statSum(statObjects)
 	tr.winOpenEvents = tr.winEvents
+	tr.winPastEnd, _ = tr.statSum(statPastEnd)
 	if tr.cal != nil && tr.counter == nil && !tr.exitFired() {
 		tr.cal.open()
 	}
@@ -129,7 +130,18 @@ func (tr *Tracker) closeWindow() {
 	var v, ev2 uint64
 	var readErr error
 	tight := true
-	if tr.counter != nil {
+	ended := tr.markEnded()
+	switch {
+	case tr.counter != nil && ended:
+		// The program ended the window at its start's recurrence:
+		// the counter then was its value now less the allocations
+		// since (the events past the end, one per allocation as
+		// inside it).
+		var past uint64
+		v, past, tight, readErr = tr.readPairOf(statPastEnd)
+		v -= min(v, past-min(past, tr.winPastEnd))
+		ev2, _ = tr.statSum(statObjects)
+	case tr.counter != nil:
 		v, ev2, tight, readErr = tr.readPair()
 	}
 	if err := tr.setGate(false); err != nil && tr.dutyErr == nil {
@@ -167,7 +179,7 @@ func (tr *Tracker) closeWindow() {
 			v += ev - ev2
 		}
 		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "window: %v events %d counter +%d loose %v/%v\n", d, events, int64(v-tr.winCounter), tr.winLoose, !tight)
+			fmt.Fprintf(os.Stderr, "window: %v events %d counter +%d loose %v/%v marked end %v\n", d, events, int64(v-tr.winCounter), tr.winLoose, !tight, ended)
 		}
 		if tr.winLoose || !tight {
 			// An edge known only to within more than pairSpread events:
@@ -359,12 +371,23 @@ const (
 // untilQuiet waits, after a window's planned length, until no
 // allocation was counted for quietGap (the window's last quietGap counts
 // as the first look when dutyLoop carved it out of the window's steps),
-// or the window counted quietMaxEvents, or it ran quietMaxWait past its
-// length. After a window that found no quiet moment within
-// those bounds (a target that never idles has no bursts to cut: waiting
-// would only make its windows longer and fewer), windows end on time,
-// but every quietRetry-th looks again. It returns false when Stop was
-// called meanwhile.
+// or the program ended the window at its start's recurrence (armMark), or
+// the window counted quietMaxEvents, or it ran quietMaxWait past its
+// length. After a window that found no quiet moment within those bounds
+// (a target that never idles has no bursts to cut: waiting would only
+// make its windows longer and fewer), windows no longer wait for one, but
+// every quietRetry-th looks again; they still wait for the mark, at most
+// as many events again as they counted (markMaxEvents). It returns false
+// when Stop was called meanwhile.
+//
+// The mark (set when the window opened after a burst, see untilIdle)
+// keeps whole bursts when the probes slow the target so much that it no
+// longer idles while they are attached: a Ruby 3.4.5 on a VM whose traps
+// cost tens of microseconds made each 10 ms step of testdata/leaky.rb
+// take 13 ms under the probes (43 under two CPU hogs), and its windows,
+// opened between two steps and ended on time, kept the heads of steps
+// (the leak) and lost their tails (the churn): the leak came out 6-14 %
+// high (TestRetainedBySite).
 func (tr *Tracker) untilQuiet(carved bool) bool {
 	tr.mu.Lock()
 	last, err := tr.activity()
@@ -373,8 +396,9 @@ func (tr *Tracker) untilQuiet(carved bool) bool {
 	if !look {
 		tr.quietMisses++
 	}
+	armed := err == nil && tr.armMark()
 	tr.mu.Unlock()
-	if !look {
+	if !look && !armed {
 		if carved {
 			// The window's last quietGap, carved out of its steps.
 			select {
@@ -385,9 +409,24 @@ func (tr *Tracker) untilQuiet(carved bool) bool {
 		}
 		return true
 	}
-	// The first wait is the window's last quietGap when carved, else
-	// past the window's end.
-	return tr.tallyWait(tr.pollIdle("quiet?", statObjects, last, open))
+	w := idleWait{what: "quiet?", events: statObjects, from: open, idleEnds: look, markEnds: armed,
+		maxEvents: quietMaxEvents, maxWait: quietMaxWait}
+	if !look {
+		w.maxEvents = markMaxEvents(last.events - open)
+	}
+	r := tr.pollIdle(w, last)
+	if !look {
+		return r != pollStopped
+	}
+	return tr.tallyWait(r)
+}
+
+// markMaxEvents bounds how many events a window that does not look for a
+// quiet moment waits for its mark after its planned length: as many as it
+// counted (at least windowEvents/4), so that a target whose first events
+// rarely come again pays at most twice a window.
+func markMaxEvents(counted uint64) uint64 {
+	return max(counted, windowEvents/4)
 }
 
 // untilIdle waits, once the probes of a window are attached and before
@@ -398,23 +437,55 @@ func (tr *Tracker) untilQuiet(carved bool) bool {
 // opening inside it counted its tail alone: 1,000 Head then 1,000 Tail
 // every 20 ms, under a CPU hog, came out Head -16 %, Tail +14 %
 // (TestDefaultModeBursts). It waits at most quietMaxEvents events or
-// quietMaxWait, and not at all while the target found no quiet end to its
-// windows (untilQuiet: a target that never idles has no bursts to cut).
-// It returns false when Stop was called meanwhile.
+// quietMaxWait.
+//
+// With the window mark (armMark), the idle moment must come after an
+// event seen since the probes were attached: the window's first event
+// then has a known predecessor, which tells the start of a burst from the
+// same event inside one (the leak at the start of each step of
+// testdata/leaky.rb is ten objects: the step's first and its second
+// differ by the event before them), and the mark ends the window before
+// the next burst. It waits for that event at most a window's full length
+// (an idle target opens its window at once and it ends unmarked: the
+// program marks no window whose first event has no predecessor seen). A
+// window that opens otherwise has no burst's start to end at: it ends on
+// time (dropMark).
+//
+// While the target found no quiet end to its windows (untilQuiet), the
+// wait is shorter: without the mark, none (a target that never idles
+// has no bursts to cut); with it, at most a random number of events
+// below windowEvents, so that a target the probes keep busy opens its
+// window at a random point of its stream rather than at the start of a
+// burst (it was idle when they were attached): windows that opened at
+// the start of a step of testdata/leaky.rb and ended on time made the
+// leak at its start 6-14 % high. It returns false when Stop was called
+// meanwhile.
 func (tr *Tracker) untilIdle() bool {
 	tr.mu.Lock()
-	if tr.quietMisses != 0 {
-		tr.mu.Unlock()
-		return true
-	}
+	misses, marking := tr.quietMisses, tr.marking
 	first, err := tr.activityOf(statSeen)
 	tr.mu.Unlock()
-	if err != nil {
+	if err != nil || (misses != 0 && !marking) {
 		return true
 	}
-	r := tr.pollIdle("idle?", statSeen, first, first.events)
+	w := idleWait{what: "idle?", events: statSeen, from: first.events, idleEnds: true, needPrev: marking,
+		prevWait: tr.fullWindow(), maxEvents: quietMaxEvents, maxWait: quietMaxWait}
+	if misses != 0 {
+		w.maxEvents = 1 + rand.Uint64N(windowEvents)
+	}
+	r := tr.pollIdle(w, first)
 	if r == pollIdle {
 		return true // a window opening idle says nothing of its end
+	}
+	if marking && r == pollMissed {
+		// Opening at a random point of a busy stream, the window
+		// ends on time: its first event starts no burst.
+		tr.mu.Lock()
+		tr.dropMark()
+		tr.mu.Unlock()
+	}
+	if misses != 0 {
+		return r != pollStopped
 	}
 	return tr.tallyWait(r)
 }
@@ -427,33 +498,62 @@ const (
 	pollMissed                    // no idle moment within the bounds
 	pollFailed                    // the activity could not be read
 	pollStopped                   // Stop was called
+	pollMarked                    // the program ended the window (armMark)
 )
 
-// pollIdle reads the target's activity (its events from stats slot
-// events) every quietGap, from last, until it was idle since the read
-// before, or its events passed from+quietMaxEvents, or quietMaxWait went
-// by. what names the wait in RBSCOPE_ALLOC_DEBUG's lines.
-func (tr *Tracker) pollIdle(what string, events uint32, last activity, from uint64) pollResult {
-	deadline := time.Now().Add(quietMaxWait)
+// idleWait is what pollIdle waits for: the target idle (idleEnds) after
+// an event seen since the probes were attached (needPrev, for at most
+// prevWait; without idleEnds, that event alone), the window's mark
+// (markEnds), within maxEvents of events (from stats slot events, from
+// from) and maxWait; what names it in RBSCOPE_ALLOC_DEBUG's lines.
+type idleWait struct {
+	what      string
+	events    uint32
+	from      uint64
+	idleEnds  bool
+	needPrev  bool
+	prevWait  time.Duration
+	markEnds  bool
+	maxEvents uint64
+	maxWait   time.Duration
+}
+
+// pollIdle reads the target's activity every quietGap, from last, until
+// what w waits for came: the target was idle since the read before, or
+// the program ended the window; or its events passed w.from+w.maxEvents,
+// or w.maxWait went by.
+func (tr *Tracker) pollIdle(w idleWait, last activity) pollResult {
+	deadline := time.Now().Add(w.maxWait)
+	prevDeadline := time.Now().Add(w.prevWait)
 	for {
 		select {
 		case <-tr.stop:
 			return pollStopped
 		case <-time.After(quietGap):
 		}
-		tr.mu.Lock()
-		cur, err := tr.activityOf(events)
-		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "%s from %d last %+v now %+v misses %d\n", what, from, last, cur, tr.quietMisses)
+		if w.needPrev && w.prevWait > 0 && time.Now().After(prevDeadline) {
+			w.needPrev = false
 		}
-		idle := err == nil && tr.idleSince(last, cur)
+		tr.mu.Lock()
+		cur, err := tr.activityOf(w.events)
+		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
+			var m allocWindowMark
+			_ = tr.maps.WindowMark.Lookup(uint32(0), &m)
+			fmt.Fprintf(os.Stderr, "%s from %d last %+v now %+v misses %d mark %+v\n", w.what, w.from, last, cur, tr.quietMisses, m)
+		}
+		idle := err == nil && (w.idleEnds || w.needPrev) &&
+			(!w.idleEnds || tr.idleSince(last, cur)) && (!w.needPrev || tr.markPrev())
+		marked := err == nil && w.markEnds && tr.markEnded()
 		tr.mu.Unlock()
 		switch {
 		case err != nil:
 			return pollFailed
+		case marked:
+			// Before idle: nothing is counted past the mark.
+			return pollMarked
 		case idle:
 			return pollIdle
-		case cur.events-from >= quietMaxEvents || time.Now().After(deadline):
+		case cur.events-w.from >= w.maxEvents || time.Now().After(deadline):
 			return pollMissed
 		}
 		last = cur
@@ -553,15 +653,20 @@ const (
 // read (the middle of the two); tight is false when the two reads stayed
 // more than pairSpread apart in every try.
 func (tr *Tracker) readPair() (counter, events uint64, tight bool, err error) {
+	return tr.readPairOf(statObjects)
+}
+
+// readPairOf is readPair with the events of stats slot slot.
+func (tr *Tracker) readPairOf(slot uint32) (counter, events uint64, tight bool, err error) {
 	for i := 0; i < pairTries; i++ {
-		e1, err := tr.statSum(statObjects)
+		e1, err := tr.statSum(slot)
 		if err != nil {
 			return 0, 0, false, err
 		}
 		if counter, err = tr.readCounter(); err != nil {
 			return 0, 0, false, err
 		}
-		e2, err := tr.statSum(statObjects)
+		e2, err := tr.statSum(slot)
 		if err != nil {
 			return 0, 0, false, err
 		}
