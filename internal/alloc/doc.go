@@ -30,12 +30,14 @@
 // thing: a window ends where the target is idle (untilQuiet), because one
 // that ended on time ended inside a burst far more often than it began
 // inside one, and kept the bursts' heads. It opens where the target is
-// idle too, after a burst (untilIdle), and the program ends it just before
-// the next burst that starts like its first (the window mark: the same
-// first event after the same last one), which keeps whole bursts even
-// where the probes slow the target so much that it no longer idles while
-// they are attached. A target that idles at no window's end opens its
-// windows at a random point of its stream instead, and they end on time.
+// idle too (untilIdle). In retained mode, whose windows are longer and
+// whose probes cost more, a window opens after a burst and the program
+// ends it just before the next burst that starts like its first (the
+// window mark: the same first event after the same last one), which keeps
+// whole bursts even where the probes slow the target so much that it no
+// longer idles while they are attached; a target that idles at no
+// window's end opens its windows at a random point of its stream instead,
+// and they end on time.
 // A gate in the program (a one-entry
 // map) makes the counted events and the counter's growth cover exactly
 // the same span: attaching and detaching take milliseconds, during which
