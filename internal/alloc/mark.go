@@ -43,8 +43,8 @@ func (tr *Tracker) armMark() bool {
 	if !tr.marking {
 		return false
 	}
-	var m allocWindowMark
-	if err := tr.maps.WindowMark.Lookup(uint32(0), &m); err != nil || m.State != markOpen {
+	m, ok := tr.readMark()
+	if !ok || m.State != markOpen {
 		return false
 	}
 	m.State = markArmed
@@ -57,16 +57,22 @@ func (tr *Tracker) markEnded() bool {
 	if !tr.marking {
 		return false
 	}
-	var m allocWindowMark
-	return tr.maps.WindowMark.Lookup(uint32(0), &m) == nil && m.State == markEnded
+	m, ok := tr.readMark()
+	return ok && m.State == markEnded
+}
+
+// readMark reads the window mark; ok is false when it could not be read.
+// Called with mu held.
+func (tr *Tracker) readMark() (m allocWindowMark, ok bool) {
+	return m, tr.maps.WindowMark.Lookup(uint32(0), &m) == nil
 }
 
 // markPrev reports whether the program saw an event since the probes
 // were attached: the window's first event will have a predecessor.
 // Called with mu held.
 func (tr *Tracker) markPrev() bool {
-	var m allocWindowMark
-	return tr.maps.WindowMark.Lookup(uint32(0), &m) == nil && m.Prev != 0
+	m, ok := tr.readMark()
+	return ok && m.Prev != 0
 }
 
 // dropMark turns the window mark off for the current window: it ends on

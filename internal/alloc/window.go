@@ -537,8 +537,7 @@ func (tr *Tracker) pollIdle(w idleWait, last activity) pollResult {
 		tr.mu.Lock()
 		cur, err := tr.activityOf(w.events)
 		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-			var m allocWindowMark
-			_ = tr.maps.WindowMark.Lookup(uint32(0), &m)
+			m, _ := tr.readMark()
 			fmt.Fprintf(os.Stderr, "%s from %d last %+v now %+v misses %d mark %+v\n", w.what, w.from, last, cur, tr.quietMisses, m)
 		}
 		idle := err == nil && (w.idleEnds || w.needPrev) &&

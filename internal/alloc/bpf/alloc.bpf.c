@@ -1021,7 +1021,8 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 	__u32 *open = bpf_map_lookup_elem(&gate, &zero);
 	if (!open)
 		return 0;
-	struct window_mark *m = bpf_map_lookup_elem(&window_mark, &zero);
+	/* Only retained mode marks its windows (user space). */
+	struct window_mark *m = retained ? bpf_map_lookup_elem(&window_mark, &zero) : 0;
 	if (!*open) {
 		if (m && m->state != MARK_OFF)
 			seen_closed(ctx, spec, idx, m);
