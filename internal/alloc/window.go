@@ -503,7 +503,7 @@ const (
 
 // idleWait is what pollIdle waits for: the target idle (idleEnds) after
 // an event seen since the probes were attached (needPrev, for at most
-// prevWait; without idleEnds, that event alone), the window's mark
+// prevWait), the window's mark
 // (markEnds), within maxEvents of events (from stats slot events, from
 // from) and maxWait; what names it in RBSCOPE_ALLOC_DEBUG's lines.
 type idleWait struct {
@@ -540,8 +540,7 @@ func (tr *Tracker) pollIdle(w idleWait, last activity) pollResult {
 			m, _ := tr.readMark()
 			fmt.Fprintf(os.Stderr, "%s from %d last %+v now %+v misses %d mark %+v\n", w.what, w.from, last, cur, tr.quietMisses, m)
 		}
-		idle := err == nil && (w.idleEnds || w.needPrev) &&
-			(!w.idleEnds || tr.idleSince(last, cur)) && (!w.needPrev || tr.markPrev())
+		idle := err == nil && w.idleEnds && tr.idleSince(last, cur) && (!w.needPrev || tr.markPrev())
 		marked := err == nil && w.markEnds && tr.markEnded()
 		tr.mu.Unlock()
 		switch {
