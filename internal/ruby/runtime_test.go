@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
 	"github.com/rbscope/rbscope/internal/target"
@@ -59,16 +60,26 @@ func TestForkSharesRuntime(t *testing.T) {
 		if st := rts.Stats(); st.LayoutResolutions != 1 || st.LayoutHits != 1 || st.Builds != 1 {
 			t.Errorf("runtimes after a parent and its fork: %+v, want 1 resolution, 1 hit, 1 build", st)
 		}
-		threads, err := forked.Snapshot()
-		if err != nil {
-			t.Fatalf("snapshot the fork: %v", err)
-		}
+		// The parent prints the child's pid as soon as it forked: the
+		// child may not have reached its sleep yet (under load it was
+		// still in Kernel#fork), so its stack is read until it has.
 		want := "block in <main> (" + script + ":" + strconv.Itoa(line) + ")"
-		for _, th := range threads {
-			for _, f := range th.Frames {
-				if f.Kind == stack.KindRuby && f.Name == "block in <main>" && f.Path == script && f.Line == line {
-					return
+		var threads []stack.Thread
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			var err error
+			threads, err = forked.Snapshot()
+			if err != nil {
+				t.Fatalf("snapshot the fork: %v", err)
+			}
+			for _, th := range threads {
+				for _, f := range th.Frames {
+					if f.Kind == stack.KindRuby && f.Name == "block in <main>" && f.Path == script && f.Line == line {
+						return
+					}
 				}
+			}
+			if time.Now().After(deadline) {
+				break
 			}
 		}
 		var got []string
