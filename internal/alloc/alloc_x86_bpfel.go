@@ -88,6 +88,13 @@ type allocPending struct {
 	Pad   uint32
 }
 
+type allocPredKey struct {
+	_     structs.HostLayout
+	Pred  uint64
+	First uint32
+	Pad   uint32
+}
+
 type allocProbeSpec struct {
 	_    structs.HostLayout
 	Args [3]allocArgSpec
@@ -142,6 +149,9 @@ type allocWindowMark struct {
 	SigPrev  uint64
 	SigFirst uint64
 	State    uint32
+	Learn    uint32
+	Firsts   [4]uint64
+	Nfirsts  uint32
 	Pad      uint32
 }
 
@@ -156,6 +166,7 @@ const (
 	allocMapExitGen          = "exit_gen"
 	allocMapExitInfo         = "exit_info"
 	allocMapExitRanges       = "exit_ranges"
+	allocMapFirstPreds       = "first_preds"
 	allocMapGate             = "gate"
 	allocMapGcStart          = "gc_start"
 	allocMapLastSite         = "last_site"
@@ -251,6 +262,7 @@ type allocMapSpecs struct {
 	ExitGen        *ebpf.MapSpec `ebpf:"exit_gen"`
 	ExitInfo       *ebpf.MapSpec `ebpf:"exit_info"`
 	ExitRanges     *ebpf.MapSpec `ebpf:"exit_ranges"`
+	FirstPreds     *ebpf.MapSpec `ebpf:"first_preds"`
 	Gate           *ebpf.MapSpec `ebpf:"gate"`
 	GcStart        *ebpf.MapSpec `ebpf:"gc_start"`
 	LastSite       *ebpf.MapSpec `ebpf:"last_site"`
@@ -320,6 +332,7 @@ type allocMaps struct {
 	ExitGen        *ebpf.Map `ebpf:"exit_gen"`
 	ExitInfo       *ebpf.Map `ebpf:"exit_info"`
 	ExitRanges     *ebpf.Map `ebpf:"exit_ranges"`
+	FirstPreds     *ebpf.Map `ebpf:"first_preds"`
 	Gate           *ebpf.Map `ebpf:"gate"`
 	GcStart        *ebpf.Map `ebpf:"gc_start"`
 	LastSite       *ebpf.Map `ebpf:"last_site"`
@@ -346,6 +359,7 @@ func (m *allocMaps) Close() error {
 		m.ExitGen,
 		m.ExitInfo,
 		m.ExitRanges,
+		m.FirstPreds,
 		m.Gate,
 		m.GcStart,
 		m.LastSite,

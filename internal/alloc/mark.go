@@ -1,8 +1,11 @@
 package alloc
 
 import (
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // States of the program's window mark (window_mark in bpf/alloc.bpf.c).
@@ -15,22 +18,28 @@ const (
 )
 
 // resetMark readies the window mark for the next window, before the
-// probes are attached: in retained mode with the counter known (not
-// calibrating: a calibration reads its candidates once the gate closes),
-// the window's first counted event and the one seen before it become its
-// signature; otherwise no mark. The default mode's windows (3 ms) are
-// not marked: waiting for a burst before each one delayed the first
-// counted window of a 0.3 s job past its end on Ruby 3.4.5 (estimated 0,
-// TestAllocJobExits). Without it, a default-mode target that the probes
-// slow past its own period leans to the heads of its bursts
-// (TestDefaultModeBursts on Debian's Ruby, on a VM with slow traps:
-// within 0.5 % on a quiet machine, +6..+10 % with a Ruby build beside it,
-// inside its 10 % bound but not by much). Called with mu held.
+// probes are attached, with the counter known (not calibrating: a
+// calibration's scale is the growth of its candidates, read once the
+// gate closes, per event counted; a window ended at its mark counted
+// fewer: TestDefaultMode's total came out 4-6 % low), the window's first
+// counted event and the one seen before it become its signature. A
+// default-mode window whose first event has no predecessor seen (it
+// opened while the target idled) learns one: the program counts the
+// predecessors of that event's recurrences (first_preds), and armMark
+// takes the rarest, the event that ends a burst where the first began
+// one. Called with mu held.
 func (tr *Tracker) resetMark() error {
-	tr.marking = tr.opts.Retained && !tr.opts.Exact && tr.counter != nil && tr.cal == nil
+	tr.marking = !tr.opts.Exact && tr.counter != nil && tr.cal == nil
+	tr.winAtIdle = false
 	m := allocWindowMark{State: markOff}
 	if tr.marking {
 		m.State = markFresh
+		if !tr.opts.Retained {
+			m.Learn = 1
+			if err := tr.clearFirstPreds(); err != nil {
+				return err
+			}
+		}
 	}
 	if err := tr.maps.WindowMark.Put(uint32(0), m); err != nil {
 		return fmt.Errorf("reset the window mark: %w", err)
@@ -38,20 +47,107 @@ func (tr *Tracker) resetMark() error {
 	return nil
 }
 
+// clearFirstPreds empties first_preds for the next window. Called with mu
+// held.
+func (tr *Tracker) clearFirstPreds() error {
+	var k allocPredKey
+	var v uint64
+	var keys []allocPredKey
+	it := tr.maps.FirstPreds.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read the first event's predecessors: %w", err)
+	}
+	for _, k := range keys {
+		if err := tr.maps.FirstPreds.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("clear the first event's predecessors: %w", err)
+		}
+	}
+	return nil
+}
+
 // armMark arms the window mark once the window's time is up: the program
 // ends the window at the next event like its first (with the same event
 // before it). It reports whether the mark was armed (a signature was
-// taken). Called with mu held.
+// taken). In the default mode only a window that opened while the target
+// idled is marked (its first event began a burst), and one whose first
+// event had no predecessor seen ends at the boundary (learnBoundary).
+// Called with mu held.
 func (tr *Tracker) armMark() bool {
-	if !tr.marking {
+	if !tr.marking || (!tr.opts.Retained && !tr.winAtIdle) {
 		return false
 	}
 	m, ok := tr.readMark()
 	if !ok || m.State != markOpen {
 		return false
 	}
+	if m.SigPrev == 0 {
+		b, ok := tr.learnBoundary(m)
+		if !ok {
+			return false
+		}
+		m.SigPrev, m.SigFirst = b.prev, b.first
+	}
 	m.State = markArmed
 	return tr.maps.WindowMark.Put(uint32(0), m) == nil
+}
+
+// boundary is the pair of events that begins a burst of a default-mode
+// target's allocations, learned in a window that opened before one
+// (learnBoundary): prev ends a burst, first begins the next, and span is
+// about how many events lie between two.
+type boundary struct {
+	prev, first, span uint64
+}
+
+// learnBoundary returns the pair of events at which a window that began
+// with a burst ends: of the predecessors of the recurrences of one of its
+// first events (first_preds), the one rarer than every other is the last
+// event of a burst, the first event the first of the next (Tail and Head,
+// where each step made 2,000 Head then 2,000 Tail: Head came after Head
+// 1,999 times a step, after Tail once). The first of the window's first
+// events with such a predecessor gives the pair: the very first may never
+// recur (a line read before a loop). Else the boundary an earlier window
+// learned, when one of the window's first events is its first; else
+// ok is false. An event with a single predecessor gives none: a burst's
+// boundary was not seen yet, or the event recurs only there. Called with
+// mu held.
+func (tr *Tracker) learnBoundary(m allocWindowMark) (b boundary, ok bool) {
+	type rarest struct{ pred, n, kinds, ties uint64 }
+	var per [len(m.Firsts)]rarest
+	var k allocPredKey
+	var v uint64
+	it := tr.maps.FirstPreds.Iterate()
+	for it.Next(&k, &v) {
+		if int(k.First) >= len(per) {
+			continue
+		}
+		r := &per[k.First]
+		r.kinds++
+		switch {
+		case r.ties == 0 || v < r.n:
+			r.pred, r.n, r.ties = k.Pred, v, 1
+		case v == r.n:
+			r.ties++
+		}
+	}
+	if it.Err() == nil {
+		for i, r := range per {
+			if r.kinds >= 2 && r.ties == 1 {
+				ev, _ := tr.statSum(statObjects)
+				tr.boundary = boundary{prev: r.pred, first: m.Firsts[i], span: (ev - tr.winOpenEvents) / r.n}
+				return tr.boundary, true
+			}
+		}
+	}
+	for i := 0; i < int(min(m.Nfirsts, uint32(len(m.Firsts)))); i++ {
+		if tr.boundary.prev != 0 && m.Firsts[i] == tr.boundary.first {
+			return tr.boundary, true
+		}
+	}
+	return boundary{}, false
 }
 
 // markEnded reports whether the program ended the current window at its

@@ -178,6 +178,13 @@ type Tracker struct {
 	// such ends when the window opened.
 	marking    bool
 	winPastEnd uint64
+	// winAtIdle: the current window opened while the target idled, its
+	// first event began a burst (default mode's mark, see armMark);
+	// seenAtAttach are the events seen when its probes were being
+	// attached (idleNow), boundary the burst boundary learned last.
+	winAtIdle    bool
+	seenAtAttach uint64
+	boundary     boundary
 
 	stacks    stackAgg
 	stackRd   *ringbuf.Reader
@@ -466,6 +473,7 @@ func (tr *Tracker) mapReplacements() map[string]*ebpf.Map {
 		allocMapMarkPending:    tr.maps.MarkPending,
 		allocMapPendingNew:     tr.maps.PendingNew,
 		allocMapWindowMark:     tr.maps.WindowMark,
+		allocMapFirstPreds:     tr.maps.FirstPreds,
 	}
 }
 
@@ -502,6 +510,7 @@ func (tr *Tracker) attach() error {
 	if err := tr.attachProbes(); err != nil {
 		return err
 	}
+	tr.winAtIdle = tr.idleNow()
 	tr.openAttached()
 	return nil
 }
@@ -526,6 +535,7 @@ func (tr *Tracker) attachProbes() error {
 	if err := tr.resetMark(); err != nil {
 		return err
 	}
+	tr.seenAtAttach, _ = tr.statSum(statSeen)
 	ls, err := tr.attachSites(idx)
 	if err != nil {
 		return err

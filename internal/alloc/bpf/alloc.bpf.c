@@ -326,9 +326,11 @@ struct {
  * the probes slow the target so much that it never idles while they are
  * attached, where a window ending on time kept the heads of bursts and
  * lost their tails (+10 % for a leak made at the start of each step, Ruby
- * 3.4.5 on a VM whose traps cost 30 us). User space opens a marked window
- * only after a burst (an event seen, then the target idle); a window whose
- * first event has no predecessor seen is not marked. Elsewhere the mark
+ * 3.4.5 on a VM whose traps cost 30 us). User space marks a window only
+ * when it opened after a burst: in retained mode, an event seen, then the
+ * target idle (a window whose first event has no predecessor seen is not
+ * marked); in the default mode, the target idle, the predecessor then
+ * learned (learn, first_preds) where none was seen. Elsewhere the mark
  * would bias: a window opened at a random point of a busy loop starts at
  * some pair of events inside a step and, ended at that pair's next
  * occurrence after its time is up, keeps whole the step that pair's
@@ -342,11 +344,18 @@ enum mark_state {
 	MARK_ENDED = 4, /* the window ended: nothing more is counted */
 };
 
+#define MARK_FIRSTS 4
+
 struct window_mark {
 	__u64 prev;      /* identity of the last event seen */
 	__u64 sig_prev;  /* the signature: the event before the window's first */
 	__u64 sig_first; /* ... and the window's first */
 	__u32 state;
+	__u32 learn;     /* no predecessor seen: keep the mark open, and count
+			    the predecessors of the recurrences of the
+			    window's first events (first_preds) */
+	__u64 firsts[MARK_FIRSTS]; /* the window's first distinct events */
+	__u32 nfirsts;
 	__u32 pad;
 };
 
@@ -356,6 +365,26 @@ struct {
 	__type(key, __u32);
 	__type(value, struct window_mark);
 } window_mark SEC(".maps");
+
+/* first_preds counts, in a window whose first event had no predecessor
+ * seen (it opened while the target idled, see window_mark's learn), the
+ * identities of the events just before each recurrence of each of the
+ * window's first MARK_FIRSTS distinct events: user space ends the window
+ * at the rarest (the event that ends a burst, where the window began
+ * one). Several, because a window's very first event may never recur (a
+ * line read before a loop). */
+struct pred_key {
+	__u64 pred;  /* the predecessor's identity */
+	__u32 first; /* index in window_mark.firsts */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct pred_key);
+	__type(value, __u64);
+} first_preds SEC(".maps");
 
 /* Ruby's own allocation counter at exit. Once the process is gone its
  * memory cannot be read, so the program copies, at the entry of Ruby's
@@ -984,6 +1013,35 @@ static __attribute__((noinline)) void seen_closed(struct pt_regs *ctx, const str
 	m->prev = event_id(idx, kind, a0, a1, a2);
 }
 
+/* learn_pred counts, for an event id of a learning window (see
+ * first_preds), its predecessor when it recurs one of the window's first
+ * events, or takes it as one of those. Not inlined: its key would take
+ * the hot path past its stack budget (TestHotPathOffPrivateStack). */
+static __attribute__((noinline)) void learn_pred(struct window_mark *m, __u64 id)
+{
+	__u32 n = m->nfirsts;
+	int hit = -1;
+#pragma unroll
+	for (int i = 0; i < MARK_FIRSTS; i++)
+		if (hit < 0 && i < n && m->firsts[i] == id)
+			hit = i;
+	if (hit < 0) {
+		if (n < MARK_FIRSTS) {
+			m->firsts[n & (MARK_FIRSTS - 1)] = id;
+			m->nfirsts = n + 1;
+		}
+		return;
+	}
+	struct pred_key k = {.pred = m->prev, .first = hit};
+	__u64 *c = bpf_map_lookup_elem(&first_preds, &k);
+	if (c) {
+		__sync_fetch_and_add(c, 1);
+		return;
+	}
+	__u64 one = 1;
+	bpf_map_update_elem(&first_preds, &k, &one, BPF_NOEXIST);
+}
+
 /* check_pid: the link does not filter by process itself (a perf-event
  * uprobe follows one task; a uprobe_multi link with a PID runs the
  * program only in that process's threads). */
@@ -1021,8 +1079,7 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 	__u32 *open = bpf_map_lookup_elem(&gate, &zero);
 	if (!open)
 		return 0;
-	/* Only retained mode marks its windows (user space). */
-	struct window_mark *m = retained ? bpf_map_lookup_elem(&window_mark, &zero) : 0;
+	struct window_mark *m = bpf_map_lookup_elem(&window_mark, &zero);
 	if (!*open) {
 		if (m && m->state != MARK_OFF)
 			seen_closed(ctx, spec, idx, m);
@@ -1070,9 +1127,16 @@ static __always_inline int handle(struct pt_regs *ctx, int check_pid)
 		case MARK_FRESH:
 			m->sig_prev = m->prev;
 			m->sig_first = id;
+			m->firsts[0] = id;
+			m->nfirsts = 1;
 			/* No predecessor seen (the window opened as the
-			 * probes were attached): no mark. */
-			m->state = m->prev ? MARK_OPEN : MARK_OFF;
+			 * probes were attached): no mark, unless it is to
+			 * be learned. */
+			m->state = m->prev || m->learn ? MARK_OPEN : MARK_OFF;
+			break;
+		case MARK_OPEN:
+			if (!m->sig_prev && m->prev)
+				learn_pred(m, id);
 			break;
 		case MARK_ARMED:
 			if (id == m->sig_first && m->prev == m->sig_prev)
