@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/rbscope/rbscope/internal/record"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -91,18 +90,17 @@ func (o *snapshotOpts) check() error {
 	return checkFormat(o.format, "text", "json")
 }
 
-// open opens the live process or core file the flags name, and Ruby in it.
-// A live process is opened as record opens it (sampler.OpenRuby: a read
-// that races with the running process is tried again).
+// open opens the live process or core file the flags name, and Ruby in it
+// (ruby.Open: a read that races with the running process is tried again).
 func (o *snapshotOpts) open() (target.Target, *ruby.Process, error) {
 	if err := o.check(); err != nil {
 		return nil, nil, err
 	}
 	opts := ruby.Options{Version: o.RubyVersion, NoSymbols: o.noSymbols}
 	if o.Pid != 0 {
-		p, err := sampler.OpenRuby(context.Background(), o.Pid, opts, 0)
+		p, err := ruby.Open(context.Background(), ruby.Spec{Pid: o.Pid, Options: opts})
 		if err != nil {
-			return nil, nil, record.OpenError(o.Pid, err)
+			return nil, nil, err
 		}
 		return p.Target(), p, nil
 	}
@@ -110,13 +108,10 @@ func (o *snapshotOpts) open() (target.Target, *ruby.Process, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("open core file %s: %w", o.core, err)
 	}
-	p, err := ruby.Open(t, opts)
+	p, err := ruby.Open(context.Background(), ruby.Spec{Target: t, Consistency: ruby.Stopped, Options: opts})
 	if err != nil {
 		t.Close()
-		if errors.Is(err, ruby.ErrNotRuby) {
-			return nil, nil, fmt.Errorf("process %d (%s): %w", t.Pid(), t.Executable(), err)
-		}
-		return nil, nil, record.OpenError(t.Pid(), err)
+		return nil, nil, err
 	}
 	return t, p, nil
 }

@@ -54,7 +54,7 @@ func BenchmarkAgentTick(b *testing.B) {
 			const n = 10
 			for i := 0; i < n; i++ {
 				p := rb.StartCmd(b, rb.Command(script, mode))
-				rp, err := sampler.OpenRuby(context.Background(), p.Pid, ruby.Options{Runtimes: a.runtimes}, 10*time.Second)
+				rp, err := ruby.Open(context.Background(), ruby.Spec{Pid: p.Pid, Wait: 10 * time.Second, Options: ruby.Options{Runtimes: a.runtimes}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -103,7 +103,7 @@ func BenchmarkAgentOpen(b *testing.B) {
 		if i == 1 {
 			b.ResetTimer()
 		}
-		rp, err := sampler.OpenRubyOnce(p.Pid, ruby.Options{Runtimes: rt})
+		rp, err := ruby.Open(context.Background(), ruby.Spec{Pid: p.Pid, Once: true, Options: ruby.Options{Runtimes: rt}})
 		if err != nil {
 			b.Fatal(err)
 		}

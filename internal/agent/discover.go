@@ -102,7 +102,7 @@ func (d *discovery) run(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			for req := range d.requests {
-				p, err := sampler.OpenRubyOnce(req.pid, ruby.Options{Runtimes: d.a.runtimes})
+				p, err := ruby.Open(ctx, ruby.Spec{Pid: req.pid, Once: true, Options: ruby.Options{Runtimes: d.a.runtimes}})
 				d.results <- openResult{req, p, err}
 			}
 		}()

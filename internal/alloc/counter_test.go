@@ -1,6 +1,7 @@
 package alloc
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -322,7 +323,7 @@ end`)
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		rp, err := ruby.Open(tg, ruby.Options{})
+		rp, err := ruby.Open(context.Background(), ruby.Spec{Target: tg, Consistency: ruby.Running})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -468,7 +468,7 @@ func TestRetainedMarkBits(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		rp, err := ruby.Open(tg, ruby.Options{})
+		rp, err := ruby.Open(context.Background(), ruby.Spec{Target: tg, Consistency: ruby.Running})
 		if err != nil {
 			t.Fatal(err)
 		}

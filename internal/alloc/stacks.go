@@ -1,6 +1,7 @@
 package alloc
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -85,7 +86,10 @@ func (tr *Tracker) stackVars(spec *ebpf.CollectionSpec, period uint32) error {
 func (tr *Tracker) readStacks(rd *ringbuf.Reader, done chan<- struct{}) {
 	defer close(done)
 	ov := &overlay{Target: tr.t}
-	walker, err := ruby.Open(ov, ruby.Options{Layout: tr.rb.Layout()})
+	// Stopped: the execution context and frames it walks are copies,
+	// taken by the program while the thread allocated.
+	walker, err := ruby.Open(context.Background(), ruby.Spec{Target: ov, Consistency: ruby.Stopped,
+		Options: ruby.Options{Layout: tr.rb.Layout()}})
 	if err != nil {
 		tr.mu.Lock()
 		tr.stacks.lastErr = fmt.Sprintf("open the walker: %v", err)

@@ -1,6 +1,7 @@
 package alloc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -18,7 +19,7 @@ import (
 // the first counting windows. Failing both, estimates are scaled by time
 // and counterNote says why.
 func (tr *Tracker) findCounter() {
-	p, err := ruby.Open(tr.t, ruby.Options{})
+	p, err := ruby.Open(context.Background(), ruby.Spec{Target: tr.t, Consistency: ruby.Running})
 	if err != nil {
 		tr.counterNote = fmt.Sprintf("locate the Ruby VM: %v", err)
 		return

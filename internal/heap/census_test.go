@@ -47,9 +47,9 @@ func startCensusScript(t *testing.T, rb testutil.RubyUnderTest) (*testutil.Proc,
 	return proc, tr
 }
 
-func openHeap(t *testing.T, tg target.Target) (*ruby.Process, *heap.Heap) {
+func openHeap(t *testing.T, tg target.Target, c ruby.Consistency) (*ruby.Process, *heap.Heap) {
 	t.Helper()
-	p, err := ruby.Open(tg, ruby.Options{})
+	p, err := ruby.Open(context.Background(), ruby.Spec{Target: tg, Consistency: c})
 	if err != nil {
 		t.Fatalf("open Ruby: %v", err)
 	}
@@ -134,7 +134,7 @@ func TestCensusMatchesObjectSpace(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		_, h := openHeap(t, tg)
+		_, h := openHeap(t, tg, ruby.Running)
 
 		c, err := h.Census(context.Background(), heap.Options{Stop: true})
 		if err != nil {
@@ -221,7 +221,7 @@ func TestGrowth(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		_, h := openHeap(t, tg)
+		_, h := openHeap(t, tg, ruby.Running)
 		first, err := h.Census(context.Background(), heap.Options{Stop: true})
 		if err != nil {
 			t.Fatal(err)
@@ -265,7 +265,7 @@ func TestRunningCensusNeverMakesUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		_, h := openHeap(t, tg)
+		_, h := openHeap(t, tg, ruby.Running)
 		time.Sleep(500 * time.Millisecond)
 		for i := 0; i < 3; i++ {
 			c, err := h.Census(context.Background(), heap.Options{})
@@ -323,7 +323,7 @@ func TestEmptyPoolPages(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		_, h := openHeap(t, tg)
+		_, h := openHeap(t, tg, ruby.Running)
 		if empty == 0 {
 			t.Fatalf("the script found no moment with empty-pool pages: %q", proc.Lines)
 		}

@@ -53,7 +53,7 @@ func TestCensusFromCore(t *testing.T) {
 		rb.SetProfilerEnv(t)
 		proc, tr := startCensusScript(t, rb)
 		core := gcore(t, proc.Pid)
-		_, h := openHeap(t, openCore(t, core))
+		_, h := openHeap(t, openCore(t, core), ruby.Stopped)
 		c, err := h.Census(context.Background(), heap.Options{})
 		if err != nil {
 			t.Fatalf("census of the core: %v", err)
@@ -118,7 +118,7 @@ func TestBadCores(t *testing.T) {
 	rb := testutil.SystemRuby(t)
 	proc, tr := startCensusScript(t, rb)
 	core := gcore(t, proc.Pid)
-	_, h := openHeap(t, openCore(t, core))
+	_, h := openHeap(t, openCore(t, core), ruby.Stopped)
 	good, err := h.Census(context.Background(), heap.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +135,7 @@ func TestBadCores(t *testing.T) {
 		// header no longer points back at its page.
 		patch(t, bad, segOffset(t, bad, pages[2]), []byte(strings.Repeat("\xa5", 48)))
 		patch(t, bad, segOffset(t, bad, bodies[5]), make([]byte, 8))
-		_, h := openHeap(t, openCore(t, bad))
+		_, h := openHeap(t, openCore(t, bad), ruby.Stopped)
 		c, err := h.Census(context.Background(), heap.Options{})
 		if err != nil {
 			t.Fatalf("census: %v", err)
@@ -186,7 +186,7 @@ func TestBadCores(t *testing.T) {
 			t.Fatalf("open the truncated core: %v", err)
 		}
 		defer tg.Close()
-		p, err := ruby.Open(tg, ruby.Options{})
+		p, err := ruby.Open(context.Background(), ruby.Spec{Target: tg, Consistency: ruby.Stopped})
 		if err != nil {
 			t.Fatalf("open Ruby in the truncated core: %v", err)
 		}
@@ -298,7 +298,7 @@ func censusOf(t *testing.T, path string) error {
 		return err
 	}
 	defer tg.Close()
-	p, err := ruby.Open(tg, ruby.Options{})
+	p, err := ruby.Open(context.Background(), ruby.Spec{Target: tg, Consistency: ruby.Stopped})
 	if err != nil {
 		return err
 	}
@@ -353,7 +353,7 @@ func TestSharedCoreDumps(t *testing.T) {
 	for _, d := range m.Dumps {
 		t.Run(d.Version, func(t *testing.T) {
 			tg := openCore(t, filepath.Join(dir, d.File))
-			p, err := ruby.Open(tg, ruby.Options{})
+			p, err := ruby.Open(context.Background(), ruby.Spec{Target: tg, Consistency: ruby.Stopped})
 			if err != nil {
 				t.Fatalf("open Ruby: %v", err)
 			}

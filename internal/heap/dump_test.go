@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/rbscope/rbscope/internal/heap"
+	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
@@ -68,7 +69,7 @@ func TestDumpMatchesDumpAll(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		_, h := openHeap(t, tg)
+		_, h := openHeap(t, tg, ruby.Running)
 		var buf bytes.Buffer
 		c, err := h.Census(context.Background(), heap.Options{Stop: true, Dump: &buf})
 		if err != nil {

@@ -1,6 +1,7 @@
 package heap
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -24,7 +25,7 @@ func TestTablesMatchDWARF(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		p, err := ruby.Open(tg, ruby.Options{})
+		p, err := ruby.Open(context.Background(), ruby.Spec{Target: tg, Consistency: ruby.Running})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -516,7 +516,7 @@ func readStacks(path, sysRoot string, maxCore int64, r *Report) (notRuby bool, e
 			r.Mappings = mappingsJSON(ms)
 		}
 	}
-	p, err := ruby.Open(t, ruby.Options{})
+	p, err := ruby.Open(context.Background(), ruby.Spec{Target: t, Consistency: ruby.Stopped})
 	if err != nil {
 		if errors.Is(err, ruby.ErrNotRuby) {
 			return true, err

@@ -10,14 +10,9 @@ import (
 )
 
 // OpenLive opens the running process t.Pid as a Ruby process, for a live
-// view (top) that samples it with SampleLive. Its errors are worded as
-// every command words them (OpenError).
+// view (top) that samples it with SampleLive (ruby.Open).
 func OpenLive(ctx context.Context, t Target) (*ruby.Process, error) {
-	proc, err := sampler.OpenRuby(ctx, t.Pid, ruby.Options{Version: t.RubyVersion}, 0)
-	if err != nil {
-		return nil, OpenError(t.Pid, err)
-	}
-	return proc, nil
+	return ruby.Open(ctx, ruby.Spec{Pid: t.Pid, Options: ruby.Options{Version: t.RubyVersion}})
 }
 
 // SampleLive samples proc at t.Rate until ctx ends or the process exits,

@@ -194,7 +194,7 @@ func (r *rec) open() error {
 		case <-openCtx.Done():
 		}
 	}()
-	proc, err := sampler.OpenRuby(openCtx, r.pid, ruby.Options{Version: r.cfg.RubyVersion}, timeout)
+	proc, err := ruby.Open(openCtx, ruby.Spec{Pid: r.pid, Wait: timeout, Options: ruby.Options{Version: r.cfg.RubyVersion}})
 	openCancel()
 	if err == nil {
 		r.proc = proc
@@ -209,26 +209,14 @@ func (r *rec) open() error {
 			return cause
 		}
 		if errors.Is(err, ruby.ErrNotRuby) && r.cfg.Launch() {
-			return fmt.Errorf("process %d: %w (use --subprocesses to record its Ruby children)", r.pid, err)
+			return fmt.Errorf("%w (use --subprocesses to record its Ruby children)", err)
 		}
-		return OpenError(r.pid, err)
+		return err
 	}
 	// --subprocesses: the command itself may be a wrapper (a shell);
 	// record the Ruby processes it starts.
-	r.con.say("process %d is not Ruby (%v); recording its Ruby subprocesses", r.pid, err)
+	r.con.say("%v; recording its Ruby subprocesses", err)
 	return nil
-}
-
-// OpenError words a failure to open process pid as a Ruby process.
-func OpenError(pid int, err error) error {
-	var nu target.NotUserProcessError
-	switch {
-	case errors.Is(err, ruby.ErrNotRuby):
-		return fmt.Errorf("process %d: %w", pid, err)
-	case errors.As(err, &nu):
-		return err
-	}
-	return fmt.Errorf("find the Ruby VM in process %d: %w", pid, err)
 }
 
 // command is the target's command line, for the raw header and the

@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"os"
 	"strconv"
 	"strings"
@@ -38,7 +39,7 @@ func TestActivitySources(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				p, err := Open(tg, Options{NoDWARF: noDWARF})
+				p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{NoDWARF: noDWARF}})
 				if err != nil {
 					tg.Close()
 					t.Fatalf("open: %v", err)

@@ -2,6 +2,7 @@ package ruby
 
 import (
 	"compress/gzip"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -28,7 +29,7 @@ func testProcessExitsBeforeSnapshot(t *testing.T, rb testutil.RubyUnderTest) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := Open(tg, Options{})
+	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestNotRuby(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = Open(tg, Options{})
+	_, err = Open(context.Background(), Spec{Target: tg, Consistency: Running})
 	if !errors.Is(err, ErrNotRuby) {
 		t.Fatalf("Open(go test binary) = %v, want ErrNotRuby", err)
 	}
@@ -155,7 +156,7 @@ func corruptAndWalk(t testing.TB, where byte, off uint16, data []byte) {
 	base := vm
 	if where%4 != 0 {
 		// Walk to the structure to corrupt with a clean reader first.
-		p, err := Open(tg, Options{Hints: map[string]uint64{"ruby_current_vm_ptr": vmPtr31}})
+		p, err := Open(context.Background(), Spec{Target: tg, Consistency: Stopped, Options: Options{Hints: map[string]uint64{"ruby_current_vm_ptr": vmPtr31}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +179,7 @@ func corruptAndWalk(t testing.TB, where byte, off uint16, data []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		p, err := Open(ov, Options{Hints: map[string]uint64{"ruby_current_vm_ptr": vmPtr31}})
+		p, err := Open(context.Background(), Spec{Target: ov, Consistency: Stopped, Options: Options{Hints: map[string]uint64{"ruby_current_vm_ptr": vmPtr31}}})
 		if err != nil {
 			if err.Error() == "" {
 				t.Error("empty error")

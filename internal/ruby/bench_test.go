@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func BenchmarkSnapshotCore(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer tg.Close()
-	p, err := Open(tg, Options{})
+	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Stopped})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func BenchmarkSnapshotLiveCold(b *testing.B) {
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		p, err := Open(tg, Options{NoDWARF: true})
+		p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{NoDWARF: true}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -143,7 +144,7 @@ func openScenario(b *testing.B, scenario string) (*Process, target.Target) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { tg.Close() })
-	p, err := Open(tg, Options{})
+	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package ruby
 
 import (
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"io"
 	"os"
@@ -116,7 +117,7 @@ func TestCoreDumps(t *testing.T) {
 							opts.Hints["ruby_global_symbols"] = hexAddr(t, d.Symbols)
 						}
 					}
-					p, err := Open(tg, opts)
+					p, err := Open(context.Background(), Spec{Target: tg, Consistency: Stopped, Options: opts})
 					if err != nil {
 						t.Fatalf("open Ruby: %v", err)
 					}
@@ -139,7 +140,7 @@ func TestCoreDumps(t *testing.T) {
 					// The same walk with rbspy's line convention (see
 					// Options.nextInsnLines) for comparing with its manifest.
 					opts.nextInsnLines = true
-					p2, err := Open(tg, opts)
+					p2, err := Open(context.Background(), Spec{Target: tg, Consistency: Stopped, Options: opts})
 					if err != nil {
 						t.Fatalf("open Ruby again: %v", err)
 					}

@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,7 +63,7 @@ func snapshotWith(t *testing.T, pid int, opts Options) ([]stack.Thread, *Process
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := Open(tg, opts)
+	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: opts})
 	if err != nil {
 		return nil, nil
 	}

@@ -1,6 +1,7 @@
 package ruby_test
 
 import (
+	"context"
 	"fmt"
 	"log"
 
@@ -17,7 +18,7 @@ func ExampleOpen() {
 		log.Fatal(err) // errors.Is(err, target.ErrDenied), target.ErrExited...
 	}
 	defer t.Close()
-	p, err := ruby.Open(t, ruby.Options{})
+	p, err := ruby.Open(context.Background(), ruby.Spec{Target: t, Consistency: ruby.Running})
 	if err != nil {
 		log.Fatal(err) // errors.Is(err, ruby.ErrNotRuby), ...
 	}

@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -42,7 +43,7 @@ func TestGCCount(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tg.Close()
-		p, err := Open(tg, Options{})
+		p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running})
 		if err != nil {
 			t.Fatal(err)
 		}

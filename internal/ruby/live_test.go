@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -71,7 +72,7 @@ func snapshotLive(t *testing.T, pid int) ([]stack.Thread, *Process) {
 		t.Fatalf("open live target: %v", err)
 	}
 	t.Cleanup(func() { tg.Close() })
-	p, err := Open(tg, Options{})
+	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running})
 	if err != nil {
 		t.Fatalf("open Ruby process: %v", err)
 	}
@@ -307,7 +308,7 @@ func testNoSymbolsFindsVMByScan(t *testing.T, rb testutil.RubyUnderTest) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tg.Close() })
-	p, err := Open(tg, Options{NoSymbols: true, Version: rb.Version})
+	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{NoSymbols: true, Version: rb.Version}})
 	if err != nil {
 		t.Fatalf("open without symbols: %v", err)
 	}
@@ -501,7 +502,7 @@ func TestNamesHealWhenSymbolsAppear(t *testing.T) {
 		_, p := snapshotLive(t, proc.Pid) // every thread asleep: the stacks stay
 		// Open again, as if while Ruby boots: the table unknown and the
 		// scan for it just failed.
-		p, err := Open(p.t, Options{})
+		p, err := Open(context.Background(), Spec{Target: p.t, Consistency: Running})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,7 +20,7 @@ import (
 	"github.com/rbscope/rbscope/internal/target"
 )
 
-// Options tunes Open.
+// Options tunes Open (Spec).
 type Options struct {
 	// Hints are addresses already known (from a core dump's manifest, say):
 	// "ruby_current_vm_ptr", "ruby_current_thread",
@@ -140,15 +140,12 @@ func newProcess(t target.Target, opts Options) *Process {
 	return p
 }
 
-// Open locates the Ruby VM in t.
-func Open(t target.Target, opts Options) (*Process, error) {
+// openTarget locates the Ruby VM in t, whose memory changes while it is
+// read or not as c says (a live process does unless the caller pauses it:
+// SetStopped).
+func openTarget(t target.Target, opts Options, c Consistency) (*Process, error) {
 	p := newProcess(t, opts)
-	// A core file does not change while it is read; a live process does
-	// unless the caller pauses it (SetStopped). Live targets are the ones
-	// that count process_vm_readv calls.
-	_, live := t.(target.ReadCounter)
-	p.stoppedAll = !live
-	p.w.stopped = p.stoppedAll
+	p.SetStopped(c == Stopped)
 	op := &opener{p}
 	if err := op.findBinaries(); err != nil {
 		return nil, err

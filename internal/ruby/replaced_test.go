@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"os"
 	"strconv"
 	"strings"
@@ -107,7 +108,7 @@ func replacedChild(t *testing.T) {
 	tg, err := target.OpenLive(pid)
 	if err == nil {
 		var p *Process
-		if p, err = Open(tg, Options{}); err == nil {
+		if p, err = Open(context.Background(), Spec{Target: tg, Consistency: Running}); err == nil {
 			res.Info = p.Info()
 			res.Threads, err = p.Snapshot()
 		}

@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -47,7 +48,7 @@ func TestForkSharesRuntime(t *testing.T) {
 				t.Fatalf("open live target %d: %v", pid, err)
 			}
 			t.Cleanup(func() { tg.Close() })
-			p, err := Open(tg, Options{Runtimes: rts})
+			p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Runtimes: rts}})
 			if err != nil {
 				t.Fatalf("open Ruby process %d: %v", pid, err)
 			}

@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"testing"
@@ -57,7 +58,7 @@ func TestThreadNamesAndStatuses(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { tg.Close() })
-		p, err := Open(tg, Options{})
+		p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running})
 		if err != nil {
 			t.Fatal(err)
 		}

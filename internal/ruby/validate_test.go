@@ -1,6 +1,7 @@
 package ruby
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -69,7 +70,7 @@ func TestLayoutCandidatesLive(t *testing.T) {
 		// The previous series' table: refused, or, where the walker's
 		// structs did not change between the series (3.3 to 3.4), taken
 		// and reading Ruby's own stacks.
-		if p, err := Open(tg, Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{wrong}}); err == nil {
+		if p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{wrong}}}); err == nil {
 			t.Logf("Ruby %s's table reads Ruby %s: %s", wrong.RubyVersion, rb.Version, p.Info().LayoutSource)
 			checkMainStacks(t, p, want)
 		} else if !errors.Is(err, ErrNoLayout) {
@@ -82,13 +83,13 @@ func TestLayoutCandidatesLive(t *testing.T) {
 		// bytes, as a patch release that inserts a field moves them
 		// (4.0.6 did so to rb_vm_t): always refused.
 		shifted := shiftStruct(t, own, "rb_execution_context_struct", 8)
-		_, err = Open(tg, Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{shifted}})
+		_, err = Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{shifted}}})
 		if !errors.Is(err, ErrNoLayout) {
 			t.Fatalf("with a table whose execution context moved 8 bytes: %v, want ErrNoLayout", err)
 		}
 		t.Logf("refused: %v", err)
 
-		p, err := Open(tg, Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{shifted, own}})
+		p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Version: rb.Version, LayoutCandidates: []*layout.Layout{shifted, own}}})
 		if err != nil {
 			t.Fatalf("open with candidates shifted %s, %s: %v", own.RubyVersion, own.RubyVersion, err)
 		}
@@ -103,7 +104,7 @@ func TestLayoutCandidatesLive(t *testing.T) {
 		// tables are tried, newest first, and one that reads it right is
 		// taken and named.
 		mm := majorMinor(rb.Version)
-		p, err = Open(tg, Options{Version: mm + ".99", NoDWARF: true})
+		p, err = Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Version: mm + ".99", NoDWARF: true}})
 		if err != nil {
 			t.Fatalf("open as Ruby %s.99: %v", mm, err)
 		}
@@ -244,7 +245,7 @@ func checkCandidateOrder(t *testing.T, tg target.Target, want []string, order []
 		cands = append(cands, l)
 		hasOwn = hasOwn || i == 0
 	}
-	p, err := Open(tg, Options{Version: "3.3.0", LayoutCandidates: cands})
+	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Stopped, Options: Options{Version: "3.3.0", LayoutCandidates: cands}})
 	if err != nil {
 		if hasOwn || !errors.Is(err, ErrNoLayout) {
 			t.Fatalf("order %v: %v", order, err)

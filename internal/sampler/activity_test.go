@@ -92,7 +92,7 @@ func sampleFor(t *testing.T, pid int, blocking bool, rate float64, d time.Durati
 // sampling is about to start.
 func sampleForGo(t *testing.T, pid int, blocking bool, rate float64, d time.Duration, stop func() bool, begin func()) ([]stack.Sample, Stats, pauses) {
 	t.Helper()
-	p, err := OpenRuby(context.Background(), pid, ruby.Options{}, 10*time.Second)
+	p, err := ruby.Open(context.Background(), ruby.Spec{Pid: pid, Wait: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("open Ruby process %d: %v", pid, err)
 	}

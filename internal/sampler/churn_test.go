@@ -137,7 +137,7 @@ func TestNamesNeverStale(t *testing.T) {
 		rb.SetProfilerEnv(t)
 		proc := rb.Start(t, script, "2")
 		ctx := context.Background()
-		p, err := OpenRuby(ctx, proc.Pid, ruby.Options{}, 10*time.Second)
+		p, err := ruby.Open(ctx, ruby.Spec{Pid: proc.Pid, Wait: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

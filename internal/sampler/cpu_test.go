@@ -61,7 +61,7 @@ type cpuRun struct {
 // d passes.
 func sampleCPU(t *testing.T, pid int, blocking bool, rate float64, d time.Duration, stop func() bool) cpuRun {
 	t.Helper()
-	p, err := OpenRuby(context.Background(), pid, ruby.Options{}, 10*time.Second)
+	p, err := ruby.Open(context.Background(), ruby.Spec{Pid: pid, Wait: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("open Ruby process %d: %v", pid, err)
 	}
@@ -282,7 +282,7 @@ func TestModeCPULateFirstTick(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
 		rb.SetProfilerEnv(t)
 		proc := rb.Start(t, "names.rb")
-		p, err := OpenRuby(context.Background(), proc.Pid, ruby.Options{}, 10*time.Second)
+		p, err := ruby.Open(context.Background(), ruby.Spec{Pid: proc.Pid, Wait: 10 * time.Second})
 		if err != nil {
 			t.Fatalf("open Ruby process %d: %v", proc.Pid, err)
 		}

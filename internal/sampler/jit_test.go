@@ -41,7 +41,7 @@ func TestJITLines(t *testing.T) {
 		}
 		proc := rb.StartCmd(t, rb.Command(args...))
 		ctx := context.Background()
-		p, err := OpenRuby(ctx, proc.Pid, ruby.Options{}, 10*time.Second)
+		p, err := ruby.Open(ctx, ruby.Spec{Pid: proc.Pid, Wait: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

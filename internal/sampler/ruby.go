@@ -12,7 +12,6 @@ import (
 	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
-	"github.com/rbscope/rbscope/internal/target"
 )
 
 // Pauser stops a process for the duration of one sample; *target.Pauser
@@ -731,64 +730,12 @@ func (s *RubySource) Close() error {
 	return nil
 }
 
-// OpenRuby opens live process pid as a Ruby process, retrying until Ruby
-// has initialized (a freshly started or exec'd process is not ready at
-// once), the process exits, ctx is done or timeout passes. Inconsistent
-// reads (a race with the running process) are retried a few times even
-// with a zero timeout (see retryInconsistent). It returns the last error
-// on failure.
-func OpenRuby(ctx context.Context, pid int, opts ruby.Options, timeout time.Duration) (*ruby.Process, error) {
-	var p *ruby.Process
-	err := retryInconsistent(ctx, timeout, func() (err error) {
-		p, err = openRubyOnce(pid, opts)
-		return err
-	})
-	return p, err
-}
-
-// inconsistentTries is how many times retryInconsistent tries a read that
-// raced with the running process.
-const inconsistentTries = 12
-
-// retryInconsistent calls try until it succeeds, and returns its last
-// error when it fails for good: any failure once timeout has passed (a
-// process still starting fails in many ways until it is ready), except a
-// read that raced with the running process (Classify says KindUnmapped: a
-// thread being created, a stack that changed while it was read), which is
-// tried up to inconsistentTries times whatever the timeout; never again
-// once the process is gone or the kernel refused. Tries are 5 ms apart at
-// first, doubling up to 100 ms (at most about 0.75 s in all for
-// inconsistent reads), and stop when ctx is done.
-func retryInconsistent(ctx context.Context, timeout time.Duration, try func() error) error {
-	deadline := time.Now().Add(timeout)
-	delay := 5 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := try()
-		if err == nil {
-			return nil
-		}
-		transient := Classify(err) == KindUnmapped && attempt < inconsistentTries
-		if target.IsExited(err) || (time.Now().After(deadline) && !transient) {
-			return err
-		}
-		if errors.Is(err, target.ErrDenied) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 100*time.Millisecond)
-	}
-}
-
 // Snapshot reads every Ruby thread's stack of the running process p,
 // without pausing it. A thread whose stack kept changing while it was read
 // (a busy thread: the walker reads such a stack again and again before it
 // keeps it under a (stack changed while read) frame, see ruby.ErrTorn), or
 // could not be read at all, makes the snapshot be taken again as
-// retryInconsistent retries, until every thread is read whole. It returns
+// ruby.Retry retries, until every thread is read whole. It returns
 // the snapshot that read every thread whole, else the one with the fewest
 // unread threads and then the fewest kept torn, with a *ThreadErrors
 // naming the threads still unread (their Error says why); an error without
@@ -797,7 +744,7 @@ func Snapshot(ctx context.Context, p *ruby.Process) ([]stack.Thread, error) {
 	var best []stack.Thread
 	var bestErr *ThreadErrors
 	bestTorn := 0
-	err := retryInconsistent(ctx, 0, func() error {
+	err := ruby.Retry(ctx, 0, func() error {
 		threads, err := p.Snapshot()
 		if err != nil {
 			return err
@@ -853,32 +800,6 @@ func threadErrors(pid int, threads []stack.Thread) *ThreadErrors {
 		}
 	}
 	return failed
-}
-
-// OpenRubyOnce is one attempt of OpenRuby, for callers that try again on
-// their own schedule (the agent's discovery, at its next scan) rather
-// than wait: a process still starting fails at once.
-func OpenRubyOnce(pid int, opts ruby.Options) (*ruby.Process, error) {
-	return openRubyOnce(pid, opts)
-}
-
-func openRubyOnce(pid int, opts ruby.Options) (*ruby.Process, error) {
-	t, err := target.OpenLive(pid)
-	if err != nil {
-		return nil, err
-	}
-	p, err := ruby.Open(t, opts)
-	if err != nil {
-		t.Close()
-		return nil, err
-	}
-	// A process that is still starting may have a VM without threads
-	// yet: check that a snapshot works.
-	if _, err := p.Snapshot(); err != nil {
-		t.Close()
-		return nil, fmt.Errorf("first snapshot: %w", err)
-	}
-	return p, nil
 }
 
 // offCPUWatch answers ruby.OffCPUWatch from the threads' context-switch

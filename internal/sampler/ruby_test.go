@@ -56,7 +56,7 @@ t1.join
 
 func openRuby(t testing.TB, pid int) *ruby.Process {
 	t.Helper()
-	p, err := OpenRuby(context.Background(), pid, ruby.Options{}, 5*time.Second)
+	p, err := ruby.Open(context.Background(), ruby.Spec{Pid: pid, Wait: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("open ruby %d: %v", pid, err)
 	}
@@ -74,7 +74,7 @@ func startTestdata(t *testing.T, rb testutil.RubyUnderTest, name string, args ..
 	}
 	rb.SetProfilerEnv(t)
 	proc := rb.Start(t, script, args...)
-	p, err := OpenRuby(context.Background(), proc.Pid, ruby.Options{}, 10*time.Second)
+	p, err := ruby.Open(context.Background(), ruby.Spec{Pid: proc.Pid, Wait: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("open ruby %d: %v", proc.Pid, err)
 	}

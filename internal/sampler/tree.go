@@ -179,7 +179,7 @@ func (ts *TreeSource) rescan(now time.Time) error {
 		if tp.src != nil || tp.gaveUp {
 			continue
 		}
-		p, err := openRubyOnce(pid, ts.opts.Open)
+		p, err := ruby.Open(context.Background(), ruby.Spec{Pid: pid, Once: true, Options: ts.opts.Open})
 		if err != nil {
 			tp.lastErr = err
 			if now.Sub(tp.firstSeen) > ts.opts.OpenTimeout {

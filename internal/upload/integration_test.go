@@ -141,7 +141,7 @@ func startRuby(t *testing.T, script string) int {
 func TestRubyToPyroscope(t *testing.T) {
 	pid := startRuby(t, spinScript)
 	srv := pyroscopetest.Start(t)
-	p, err := sampler.OpenRuby(context.Background(), pid, ruby.Options{}, 10*time.Second)
+	p, err := ruby.Open(context.Background(), ruby.Spec{Pid: pid, Wait: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -52,7 +53,7 @@ func run(args []string) error {
 		return err
 	}
 	defer t.Close()
-	p, err := ruby.Open(t, ruby.Options{})
+	p, err := ruby.Open(context.Background(), ruby.Spec{Target: t, Consistency: ruby.Running})
 	if err != nil {
 		return err
 	}

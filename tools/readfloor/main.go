@@ -77,7 +77,7 @@ func run(args []string) error {
 		return err
 	}
 	defer t.Close()
-	p, err := ruby.Open(t, ruby.Options{})
+	p, err := ruby.Open(context.Background(), ruby.Spec{Target: t, Consistency: ruby.Running})
 	if err != nil {
 		return fmt.Errorf("open Ruby process %d: %w", pid, err)
 	}
@@ -158,7 +158,7 @@ func pacedMany(pids []string, rate float64) error {
 			return err
 		}
 		targets = append(targets, t)
-		p, err := ruby.Open(t, ruby.Options{})
+		p, err := ruby.Open(context.Background(), ruby.Spec{Target: t, Consistency: ruby.Running})
 		if err != nil {
 			return fmt.Errorf("open Ruby process %d: %w", pid, err)
 		}
