@@ -19,27 +19,11 @@ import (
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
-// startRuby starts a Debian ruby running script and waits until it prints
-// a line; the process is killed in t.Cleanup.
+// startRuby starts Debian's ruby on script (testutil's one way to start
+// a Ruby: it waits for "ready", and the process dies with the test).
 func startRuby(t testing.TB, script string) *exec.Cmd {
 	t.Helper()
-	ruby := testutil.SystemRuby(t).Exe
-	cmd := exec.Command(ruby, "-e", script)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-		t.Fatalf("ruby did not start: %v", err)
-	}
-	return cmd
+	return testutil.SystemRuby(t).StartSource(t, "two.rb", script).Cmd
 }
 
 // gcoreOf dumps pid with gdb's gcore into a test directory.
@@ -58,7 +42,7 @@ func gcoreOf(t testing.TB, pid int) string {
 	return fmt.Sprintf("%s.%d", prefix, pid)
 }
 
-const twoThreads = `t = Thread.new { sleep }; sleep 0.05; puts RUBY_VERSION; $stdout.flush; sleep`
+const twoThreads = `t = Thread.new { sleep }; sleep 0.05; puts "ready"; $stdout.flush; sleep`
 
 // TestCoreMatchesLive dumps a live Ruby with gcore and checks that the core
 // target says what the live target says: pid, threads, executable, file
