@@ -21,7 +21,7 @@ import (
 func (tr *Tracker) findCounter() {
 	p, err := ruby.Open(context.Background(), ruby.Spec{Target: tr.t, Consistency: ruby.Running})
 	if err != nil {
-		tr.counterNote = fmt.Sprintf("locate the Ruby VM: %v", err)
+		tr.counterNote = err.Error() // "find the Ruby VM in process N: ..."
 		return
 	}
 	tr.rb = p

@@ -521,7 +521,7 @@ func readStacks(path, sysRoot string, maxCore int64, r *Report) (notRuby bool, e
 		if errors.Is(err, ruby.ErrNotRuby) {
 			return true, err
 		}
-		return false, fmt.Errorf("find the Ruby VM: %w", err)
+		return false, err // worded by ruby.Open: the process, and what failed
 	}
 	r.RubyVersion, r.LayoutSource = p.Version(), p.LayoutSource()
 	threads, err := p.Snapshot()
