@@ -18,18 +18,22 @@ const (
 )
 
 // resetMark readies the window mark for the next window, before the
-// probes are attached, with the counter known (not calibrating: a
-// calibration's scale is the growth of its candidates, read once the
-// gate closes, per event counted; a window ended at its mark counted
-// fewer: TestDefaultMode's total came out 4-6 % low), the window's first
-// counted event and the one seen before it become its signature. A
+// probes are attached, with the counter known or, in the default mode,
+// being calibrated (the allocations past a calibrating window's mark are
+// then counted apart: calPoint.past; retained mode marks only with the
+// counter known): the window's first counted event and the one seen
+// before it become its signature. A
 // default-mode window whose first event has no predecessor seen (it
 // opened while the target idled) learns one: the program counts the
 // predecessors of that event's recurrences (first_preds), and armMark
 // takes the rarest, the event that ends a burst where the first began
 // one. Called with mu held.
 func (tr *Tracker) resetMark() error {
-	tr.marking = !tr.opts.Exact && tr.counter != nil && tr.cal == nil
+	if tr.opts.Retained {
+		tr.marking = !tr.opts.Exact && tr.counter != nil && tr.cal == nil
+	} else {
+		tr.marking = !tr.opts.Exact && (tr.counter != nil || tr.cal != nil)
+	}
 	tr.winAtIdle = false
 	m := allocWindowMark{State: markOff}
 	if tr.marking {

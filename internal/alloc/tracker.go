@@ -153,8 +153,11 @@ type Tracker struct {
 	// later ones, whose edges are exact (see calOn).
 	counterEvents uint64
 	calEvents     uint64
-	winCounter    uint64
-	winEvents     uint64
+	// calPast are the allocations past the marks of the calibration's
+	// windows so far (see settleCalibration).
+	calPast    uint64
+	winCounter uint64
+	winEvents  uint64
 	// winLoose: the current window's start is known only to within more
 	// than pairSpread events (see readPair); looseWindows counts the
 	// windows whose growth was extrapolated for a loose edge.

@@ -56,7 +56,7 @@ func (tr *Tracker) findCounter() {
 		return
 	}
 	cal.forVersion(p.Version())
-	tr.cal, tr.calVM, tr.calSize = cal, vm, size
+	tr.cal, tr.calVM, tr.calSize, tr.calPast = cal, vm, size, 0
 }
 
 // statSum reads one statistics slot, summed over CPUs.
@@ -204,11 +204,18 @@ func (tr *Tracker) closeWindow() {
 		tr.counterOn += v - tr.winCounter
 		tr.counterEvents += events
 	case tr.cal != nil:
+		var past uint64
+		if ended {
+			// Allocations past the mark, which Ruby's counter
+			// counted before the gate closed.
+			p, _ := tr.statSum(statPastEnd)
+			past = p - min(p, tr.winPastEnd)
+		}
 		if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-			fmt.Fprintf(os.Stderr, "calibrating window: %v events %d (all %d)\n", d, events, all)
+			fmt.Fprintf(os.Stderr, "calibrating window: %v events %d (all %d) past its mark %d\n", d, events, all, past)
 		}
 		if now, ok := tr.calRead(); ok {
-			tr.calPoints = append(tr.calPoints, calPoint{now: now, sure: events, events: events})
+			tr.calPoints = append(tr.calPoints, calPoint{now: now, sure: events, events: events, past: past})
 		}
 	}
 }
@@ -792,10 +799,11 @@ func (tr *Tracker) checkpoint() {
 
 // calPoint is one read of the calibration's blocks while the probes were
 // attached: events were counted since the previous read, sure of them
-// before this one began.
+// before this one began, and past more came after the window's mark
+// ended it (not counted, yet allocated before the read).
 type calPoint struct {
-	now          [][]uint64
-	sure, events uint64
+	now                [][]uint64
+	sure, events, past uint64
 }
 
 // settleCalibration tests the window's reads against the candidates, in
@@ -811,7 +819,10 @@ func (tr *Tracker) settleCalibration() {
 	for _, p := range pts {
 		if tr.cal != nil {
 			cal := tr.cal
-			if cur, found := tr.calClose(p.now, p.sure, p.events); found {
+			// The candidates grew by the allocations past the mark
+			// too; the scale counts only those counted (adoptCounter).
+			tr.calPast += p.past
+			if cur, found := tr.calClose(p.now, p.sure+p.past, p.events+p.past); found {
 				tr.winCounter, chosen = cur, cal
 			}
 			continue
@@ -864,7 +875,7 @@ func (tr *Tracker) dropCounter(why string) {
 	tr.counterNote = fmt.Sprintf("Ruby's allocation counter (%s) dropped: %s", tr.counter.source, why)
 	tr.counter = nil
 	tr.counterStart, tr.counterEnd, tr.counterOn, tr.winCounter = 0, 0, 0, 0
-	tr.counterEvents, tr.calEvents = 0, 0
+	tr.counterEvents, tr.calEvents, tr.calPast = 0, 0, 0
 	tr.counterEndHow = ""
 	if tr.calVM == 0 || tr.opts.Exact || tr.recalibrations >= maxRecalibrations || tr.exitFired() {
 		return
@@ -924,7 +935,7 @@ func (tr *Tracker) scaling(now time.Time, dur time.Duration) (scale float64, how
 // see calOn). Called with mu held.
 func (tr *Tracker) adoptCounter(c *rubyCounter, start uint64) {
 	tr.counterStart = start
-	tr.calEvents = tr.cal.events
+	tr.calEvents = tr.cal.events - min(tr.cal.events, tr.calPast)
 	tr.counter, tr.cal = c, nil
 }
 
