@@ -58,16 +58,6 @@ func startGroup(t testing.TB, cmd *exec.Cmd, what string) io.ReadCloser {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true
-	if cmd.SysProcAttr.Pdeathsig == 0 {
-		// Killed with the test binary too, which the cleanup below cannot
-		// do when the binary dies (a -timeout panic): a churn script of
-		// the sampler's tests, left spinning at 80 % of a CPU, was a hog
-		// for the next tests on the machine. The signal comes when the
-		// thread that started the child ends, which the Go runtime does
-		// only for a goroutine that exits locked to its thread; the tests
-		// that lock theirs (pausers) unlock them.
-		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
