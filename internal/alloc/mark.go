@@ -51,22 +51,33 @@ func (tr *Tracker) resetMark() error {
 	return nil
 }
 
+// readFirstPreds reads first_preds: the count of each predecessor of the
+// recurrences of the window's first events (the map holds 64 at most).
+// Called with mu held.
+func (tr *Tracker) readFirstPreds() (map[allocPredKey]uint64, error) {
+	var k allocPredKey
+	var v uint64
+	preds := map[allocPredKey]uint64{}
+	it := tr.maps.FirstPreds.Iterate()
+	for it.Next(&k, &v) {
+		preds[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read the first events' predecessors: %w", err)
+	}
+	return preds, nil
+}
+
 // clearFirstPreds empties first_preds for the next window. Called with mu
 // held.
 func (tr *Tracker) clearFirstPreds() error {
-	var k allocPredKey
-	var v uint64
-	var keys []allocPredKey
-	it := tr.maps.FirstPreds.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
+	preds, err := tr.readFirstPreds()
+	if err != nil {
+		return err
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read the first event's predecessors: %w", err)
-	}
-	for _, k := range keys {
+	for k := range preds {
 		if err := tr.maps.FirstPreds.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("clear the first event's predecessors: %w", err)
+			return fmt.Errorf("clear the first events' predecessors: %w", err)
 		}
 	}
 	return nil
@@ -121,10 +132,8 @@ type boundary struct {
 func (tr *Tracker) learnBoundary(m allocWindowMark) (b boundary, ok bool) {
 	type rarest struct{ pred, n, kinds, ties uint64 }
 	var per [len(m.Firsts)]rarest
-	var k allocPredKey
-	var v uint64
-	it := tr.maps.FirstPreds.Iterate()
-	for it.Next(&k, &v) {
+	preds, err := tr.readFirstPreds()
+	for k, v := range preds {
 		if int(k.First) >= len(per) {
 			continue
 		}
@@ -137,7 +146,7 @@ func (tr *Tracker) learnBoundary(m allocWindowMark) (b boundary, ok bool) {
 			r.ties++
 		}
 	}
-	if it.Err() == nil {
+	if err == nil {
 		for i, r := range per {
 			if r.kinds >= 2 && r.ties == 1 {
 				ev, _ := tr.statSum(statObjects)

@@ -454,12 +454,7 @@ func (tr *Tracker) untilBoundary(open uint64) bool {
 	cur, err := tr.activity()
 	armed := err == nil && !tr.opts.Retained && tr.armMark()
 	if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-		var k allocPredKey
-		var v uint64
-		preds := map[allocPredKey]uint64{}
-		for it := tr.maps.FirstPreds.Iterate(); it.Next(&k, &v); {
-			preds[k] = v
-		}
+		preds, _ := tr.readFirstPreds()
 		m, _ := tr.readMark()
 		fmt.Fprintf(os.Stderr, "boundary: at idle %v armed %v preds %v mark %+v\n", tr.winAtIdle, armed, preds, m)
 	}
