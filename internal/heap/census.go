@@ -235,9 +235,7 @@ func (h *Heap) Census(ctx context.Context, opts Options) (c *Census, err error) 
 			return nil, fmt.Errorf("pause process %d: %w", h.t.Pid(), err)
 		}
 		paused := time.Now()
-		h.p.SetStopped(true)
 		defer func() {
-			h.p.SetStopped(false)
 			rerr := resume()
 			cs.Pause = time.Since(paused)
 			if rerr != nil && err == nil {

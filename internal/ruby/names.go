@@ -60,8 +60,9 @@ type caches struct {
 	gcCountAddr          uint64
 	gcCountTried         bool
 
-	// stoppedAll: every Ruby thread is stopped while a snapshot reads
-	// (a core file, or a caller that pauses them: SetStopped).
+	// stoppedAll: every Ruby thread holds still while a snapshot reads,
+	// unless its request says otherwise (Spec.Consistency Stopped: a core
+	// file, a copy).
 	stoppedAll bool
 	tornReads  uint64 // stack reads found torn
 

@@ -19,11 +19,16 @@ type Consistency int
 const (
 	// Running: a live process that runs on while it is read. Reads that
 	// raced with it are detected and taken again; a caller that pauses
-	// every Ruby thread for a snapshot says so with Process.SetStopped.
+	// every Ruby thread for a snapshot asks for that snapshot Stopped
+	// (Process.SnapshotWith).
 	Running Consistency = iota + 1
 	// Stopped: an image that does not change while it is read: a core
-	// file, or a copy of a stack taken when it was consistent.
+	// file, a copy of a stack taken when it was consistent, or a live
+	// process whose Ruby threads the caller paused for one snapshot.
 	Stopped
+	// HolderStopped: for one snapshot, the caller keeps the thread that
+	// holds the GVL stopped, and only it (Req.Holder; see SnapshotWith).
+	HolderStopped
 )
 
 // Spec names what Open opens and how.

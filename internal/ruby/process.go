@@ -141,11 +141,12 @@ func newProcess(t target.Target, opts Options) *Process {
 }
 
 // openTarget locates the Ruby VM in t, whose memory changes while it is
-// read or not as c says (a live process does unless the caller pauses it:
-// SetStopped).
+// read or not as c says (a live process does unless the caller pauses it
+// for a snapshot: SnapshotWith).
 func openTarget(t target.Target, opts Options, c Consistency) (*Process, error) {
 	p := newProcess(t, opts)
-	p.SetStopped(c == Stopped)
+	p.stoppedAll = c == Stopped
+	p.w.stopped = p.stoppedAll
 	op := &opener{p}
 	if err := op.findBinaries(); err != nil {
 		return nil, err

@@ -27,7 +27,7 @@ import (
 // (sameStack). With an OffCPUWatch (Mode cpu, nonblocking), a thread that
 // has not been on a CPU since its frames were last read is not read
 // either (stillStack). More VM words per tick go into the first batch. When the
-// caller stopped only the GVL's holder (SnapshotHolderStopped), the owner
+// caller stopped only the GVL's holder (HolderStopped), the owner
 // read in the first batch must name it (checkHolder) before the regions
 // are read, once, as from a stopped process.
 
@@ -207,7 +207,7 @@ func (p *walker) prefetchHeads(refs []threadRef) {
 }
 
 // checkHolder returns a *HolderError unless thread tid holds the GVL of the
-// process's only ractor (see SnapshotHolderStopped).
+// process's only ractor (see HolderStopped).
 func (p *walker) checkHolder(refs []threadRef, tid int) error {
 	fail := func(holder int, why string, args ...any) error {
 		return &HolderError{Stopped: tid, Holder: holder, Why: fmt.Sprintf(why, args...)}

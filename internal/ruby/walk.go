@@ -68,20 +68,45 @@ func rubyStatus(internal string, toKill bool) string {
 	return StatusUnknown
 }
 
-// Snapshot returns every Ruby thread's stack, innermost frame first.
-func (p *Process) Snapshot() ([]stack.Thread, error) { return p.w.snapshot(0) }
+// Snapshot returns every Ruby thread's stack, innermost frame first,
+// read as the process was opened (Spec.Consistency).
+func (p *Process) Snapshot() ([]stack.Thread, error) { return p.SnapshotWith(Req{}) }
 
-// SnapshotHolderStopped is Snapshot while the caller keeps thread tid
-// stopped, and only it. When tid holds the GVL the snapshot is as exact as
-// one of a stopped process: only the GVL's holder runs Ruby code, so no
-// other thread can change its frames (or any object the walker reads)
-// until the holder lets the lock go, which a stopped thread does not. It
-// returns a *HolderError, having read no frame, when tid does not hold the
-// GVL or that cannot be told (the layout does not locate the GVL's owner,
-// or the process runs several ractors, each with a lock of its own).
-func (p *Process) SnapshotHolderStopped(tid int) ([]stack.Thread, error) { return p.w.snapshot(tid) }
+// Req is how one snapshot may read the target: what holds still while it
+// reads (Consistency; zero: as the process was opened) and, for
+// HolderStopped, the thread the caller keeps stopped.
+type Req struct {
+	Consistency Consistency
+	Holder      int
+}
 
-// HolderError is SnapshotHolderStopped's error when the stopped thread did
+// SnapshotWith is Snapshot read as r says. With HolderStopped the caller
+// keeps thread r.Holder stopped, and only it. When that thread holds the
+// GVL the snapshot is as exact as one of a stopped process: only the
+// GVL's holder runs Ruby code, so no other thread can change its frames
+// (or any object the walker reads) until the holder lets the lock go,
+// which a stopped thread does not. It returns a *HolderError, having read
+// no frame, when r.Holder does not hold the GVL or that cannot be told
+// (the layout does not locate the GVL's owner, or the process runs
+// several ractors, each with a lock of its own).
+func (p *Process) SnapshotWith(r Req) ([]stack.Thread, error) {
+	switch r.Consistency {
+	case 0:
+		return p.w.snapshot(p.stoppedAll, 0)
+	case Running:
+		return p.w.snapshot(false, 0)
+	case Stopped:
+		return p.w.snapshot(true, 0)
+	case HolderStopped:
+		if r.Holder <= 0 {
+			return nil, fmt.Errorf("snapshot of process %d with a stopped GVL holder: no thread named (Req.Holder)", p.t.Pid())
+		}
+		return p.w.snapshot(false, r.Holder)
+	}
+	return nil, fmt.Errorf("snapshot of process %d: unknown consistency %d", p.t.Pid(), r.Consistency)
+}
+
+// HolderError is a HolderStopped snapshot's error when the stopped thread did
 // not hold the GVL.
 type HolderError struct {
 	Stopped int // the thread stopped
@@ -97,15 +122,18 @@ func (e *HolderError) Error() string {
 }
 
 // HolderKnown reports whether a snapshot can tell which thread holds the
-// GVL (SnapshotHolderStopped can then succeed).
+// GVL (a HolderStopped snapshot can then succeed).
 func (p *Process) HolderKnown() bool { return p.act.owner.ok }
 
-func (p *walker) snapshot(holder int) ([]stack.Thread, error) {
+// snapshot reads every thread's stack: stopped says every Ruby thread
+// holds still; a holder (not 0) is the one thread the caller stopped,
+// and the others hold still once it is seen to hold the GVL.
+func (p *walker) snapshot(stopped bool, holder int) ([]stack.Thread, error) {
 	p.scratch.reset()
 	p.gcFresh = false
 	p.regionsAt = 0
 	// Until the holder is seen to hold the GVL, the other threads may run.
-	p.stopped = p.stoppedAll && holder == 0
+	p.stopped = stopped && holder == 0
 	defer func() { p.stopped = p.stoppedAll }()
 	refs, err := p.tickThreads()
 	if err != nil {
@@ -778,12 +806,6 @@ const maxTornWalks = 12
 // slots): on the Rails fixture 12.5 % of samples were still torn after 6,
 // 0.2 to 0.7 % after 24.
 const maxStackReads = 24
-
-// SetStopped tells the walker whether every Ruby thread of the target is
-// stopped while a snapshot reads it (blocking mode, or a core file). A
-// running target's stacks are copied twice and compared (see readFrames);
-// a stopped one's once.
-func (p *Process) SetStopped(stopped bool) { p.stoppedAll, p.w.stopped = stopped, stopped }
 
 // Torn returns how many stack reads found the stack changing (and read it
 // again) since the process was opened.

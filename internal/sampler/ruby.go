@@ -106,9 +106,6 @@ type RubySource struct {
 // NewRubySource samples the Ruby process p.
 func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 	pid := p.Target().Pid()
-	// Stacks of a paused target are read once; of a running one, read
-	// twice and compared (torn reads are detected, never emitted).
-	p.SetStopped(opts.Pauser != nil)
 	s := &RubySource{p: p, pid: pid, pauser: opts.Pauser, noGC: opts.NoGC, states: newTaskStates(pid)}
 	if opts.WatchCPU {
 		// Every thread for now: which are Ruby's is known after the first
@@ -124,6 +121,7 @@ func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 
 // Process is the Ruby process sampled.
 func (s *RubySource) Process() *ruby.Process { return s.p }
+
 
 // Sample takes one sample of every Ruby thread. The returned slice is
 // reused by the next call.
@@ -521,7 +519,7 @@ func unreadThreads(err error) *ThreadErrors {
 // blocking mode. With a ThreadPauser, only the thread that held the GVL in
 // the last sample is stopped when it still holds it: only the holder runs
 // Ruby code, so no other thread's frames can change meanwhile (see
-// ruby.Process.SnapshotHolderStopped). When the GVL has moved on, its new
+// ruby.HolderStopped). When the GVL has moved on, its new
 // holder is stopped instead, once; when no thread holds it (every thread
 // waits on IO, say: any of them may take it) or that cannot be told, the
 // threads that ran Ruby in the last sample are stopped (a Ruby thread
@@ -529,8 +527,10 @@ func unreadThreads(err error) *ThreadErrors {
 // every thread. The process is resumed however the walk ends (a panic
 // included).
 func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
+	// Stacks of a paused target are read once; of a running one, read
+	// twice and compared (torn reads are detected, never emitted).
 	if s.pauser == nil {
-		return s.p.Snapshot()
+		return s.p.SnapshotWith(ruby.Req{Consistency: ruby.Running})
 	}
 	tp, onlyRuby := s.pauser.(ThreadPauser)
 	if onlyRuby && s.holderOffCPU() {
@@ -538,9 +538,7 @@ func (s *RubySource) snapshot() (threads []stack.Thread, err error) {
 		// the deadline: its stack need not hold still. Read without a
 		// pause (stacks checked as in nonblocking mode), unless a GVL
 		// holder turns out to have been running then.
-		s.p.SetStopped(false)
-		threads, err = s.p.Snapshot()
-		s.p.SetStopped(true)
+		threads, err = s.p.SnapshotWith(ruby.Req{Consistency: ruby.Running})
 		if err == nil && !s.holderRan(threads) {
 			s.noteThreads(threads)
 			return threads, nil
@@ -656,8 +654,8 @@ func (s *RubySource) noteThreads(threads []stack.Thread) (missed bool) {
 }
 
 // pausedSnapshot pauses threads tids with tp (every thread with the
-// pauser when tp is nil) and takes a snapshot (SnapshotHolderStopped when
-// holder is not 0), then resumes them however the walk ends (a panic
+// pauser when tp is nil) and takes a snapshot (HolderStopped when holder
+// is not 0), then resumes them however the walk ends (a panic
 // included).
 func (s *RubySource) pausedSnapshot(tp ThreadPauser, tids []int, holder int) (threads []stack.Thread, err error) {
 	var resume func() error
@@ -680,11 +678,11 @@ func (s *RubySource) pausedSnapshot(tp ThreadPauser, tids []int, holder int) (th
 			threads, err = nil, fmt.Errorf("resume: %w", rerr)
 		}
 	}()
+	req := ruby.Req{Consistency: ruby.Stopped}
 	if holder != 0 {
-		threads, err = s.p.SnapshotHolderStopped(holder)
-	} else {
-		threads, err = s.p.Snapshot()
+		req = ruby.Req{Consistency: ruby.HolderStopped, Holder: holder}
 	}
+	threads, err = s.p.SnapshotWith(req)
 	if err == nil {
 		s.stoppedStates(threads, tids, tp == nil)
 	}
