@@ -122,6 +122,22 @@ func NewRubySource(p *ruby.Process, opts RubyOptions) *RubySource {
 // Process is the Ruby process sampled.
 func (s *RubySource) Process() *ruby.Process { return s.p }
 
+// OnCPU reports whether a thread the last tick read is on a CPU now, by
+// its context-switch records (false where they do not tell: no tick yet,
+// or none watched). A thread on a CPU goes on running while a clock of
+// many processes reads the others: it reads these first (see the agent).
+func (s *RubySource) OnCPU() bool {
+	if s.cpu == nil {
+		return false
+	}
+	now := oncpu.Now()
+	for _, tid := range s.sampledTIDs {
+		if st, _ := s.cpu.At(tid, now, now); st == oncpu.Running {
+			return true
+		}
+	}
+	return false
+}
 
 // Sample takes one sample of every Ruby thread. The returned slice is
 // reused by the next call.
