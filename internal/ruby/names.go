@@ -158,6 +158,12 @@ func (p *namer) serialString(serial uint64) (string, error) {
 // scanForSymbols finds ruby_global_symbols in the Ruby binaries' data when
 // it is not exported: a struct whose last_id is plausible and whose ids
 // Array has one chunk per 512 serials, and where serial '+' names "+".
+// A symbol's serial is taken (++last_id) before its entry is stored, and
+// the first serial of a chunk allocates the chunk in between (a GC may
+// run there): the table then holds one chunk fewer than last_id says. A
+// scan that refused that state left every C function that was not named
+// yet "<cfunc>" until the next scan (100 ms later, then longer), seen on a
+// target that interns symbols all the time (TestNamesNeverStale).
 func (p *namer) scanForSymbols() {
 	maps, err := p.t.Mappings()
 	if err != nil {
@@ -173,7 +179,7 @@ func (p *namer) scanForSymbols() {
 			return false
 		}
 		n, _, err := p.rarray(ids)
-		if err != nil || n != uint64(last)/idEntryUnit+1 {
+		if chunks := uint64(last)/idEntryUnit + 1; err != nil || (n != chunks && n+1 != chunks) {
 			return false
 		}
 		p.symbolsAddr = addr
