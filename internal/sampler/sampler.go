@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rbscope/rbscope/internal/oncpu"
 	"github.com/rbscope/rbscope/internal/rtprio"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -551,12 +552,10 @@ func (c threadClock) SleepUntil(ctx context.Context, deadline time.Time) error {
 		if d <= 0 {
 			return nil
 		}
-		var now unix.Timespec
-		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
-			return fmt.Errorf("read CLOCK_MONOTONIC: %w", err)
-		}
+		// CLOCK_MONOTONIC through Go's clock: no system call (see
+		// oncpu.Now).
 		step := min(d, maxSleep)
-		at := unix.NsecToTimespec(now.Nano() + int64(step))
+		at := unix.NsecToTimespec(oncpu.Now() + int64(step))
 		for {
 			var e unix.Errno
 			if c.announced {
