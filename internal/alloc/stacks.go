@@ -124,20 +124,17 @@ func siteKeyOf(e *allocStackEvent) allocSiteKey {
 	return allocSiteKey{Cls: e.Cls, File: e.File, Line: e.Line, Kind: e.Kind}
 }
 
+// walkThread names the stack of thread tid, the one that allocated: the
+// other threads' stacks are not read.
 func walkThread(p *ruby.Process, tid int) ([]stack.Frame, error) {
-	threads, err := p.Snapshot()
-	if err != nil && len(threads) == 0 {
+	th, err := p.SnapshotThread(ruby.Req{}, tid)
+	if err != nil {
 		return nil, err
 	}
-	for _, th := range threads {
-		if th.TID == tid {
-			if th.Error != "" && len(th.Frames) == 0 {
-				return nil, errors.New(th.Error)
-			}
-			return eventFrames(th.Frames), nil
-		}
+	if th.Error != "" && len(th.Frames) == 0 {
+		return nil, errors.New(th.Error)
 	}
-	return nil, fmt.Errorf("thread %d not among the Ruby threads", tid)
+	return eventFrames(th.Frames), nil
 }
 
 // eventFrames drops the activity pseudo-frames the walker puts on top of

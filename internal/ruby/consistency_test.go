@@ -100,3 +100,41 @@ func describe(threads []stack.Thread) string {
 	}
 	return b.String()
 }
+
+// TestSnapshotThread: SnapshotThread reads one thread's stack, the same as
+// a whole snapshot's for that thread, with fewer remote reads than it, and
+// refuses a native thread no Ruby thread runs on.
+func TestSnapshotThread(t *testing.T) {
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		_, all, p, rc := snapshotCounted(t, rb, "threads", "alpha-worker")
+		for _, name := range []string{"alpha-worker", "beta-worker"} {
+			th, ok := findThread(all, name)
+			if !ok {
+				t.Fatalf("no %s thread: %s", name, describe(all))
+			}
+			iov0 := rc.ReadIovecs()
+			whole, err := p.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			iovAll := rc.ReadIovecs() - iov0
+			iov0 = rc.ReadIovecs()
+			one, err := p.SnapshotThread(Req{}, th.TID)
+			if err != nil {
+				t.Fatalf("SnapshotThread(%d): %v", th.TID, err)
+			}
+			iovOne := rc.ReadIovecs() - iov0
+			w, _ := findThread(whole, name)
+			if a, b := describe([]stack.Thread{w}), describe([]stack.Thread{one}); a != b {
+				t.Errorf("%s: SnapshotThread read\n%s, a whole snapshot\n%s", name, b, a)
+			}
+			t.Logf("%s: %d remote iovecs for the thread, %d for every thread", name, iovOne, iovAll)
+			if iovOne >= iovAll {
+				t.Errorf("%s: SnapshotThread read %d iovecs, a whole snapshot %d", name, iovOne, iovAll)
+			}
+		}
+		if _, err := p.SnapshotThread(Req{}, 1<<22+7); !errors.Is(err, ErrNoThread) {
+			t.Errorf("SnapshotThread of a native thread no Ruby thread runs on: %v, want ErrNoThread", err)
+		}
+	})
+}

@@ -54,6 +54,10 @@ type Options struct {
 // ErrNotRuby is returned when the process does not look like Ruby.
 var ErrNotRuby = errors.New("not a Ruby process")
 
+// ErrNoThread is SnapshotThread's error when no Ruby thread runs on the
+// native thread it names.
+var ErrNoThread = errors.New("no Ruby thread on that native thread")
+
 // Binary describes one Ruby binary found in the target.
 type Binary struct {
 	Path      string `json:"path"`

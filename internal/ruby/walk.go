@@ -90,20 +90,48 @@ type Req struct {
 // (the layout does not locate the GVL's owner, or the process runs
 // several ractors, each with a lock of its own).
 func (p *Process) SnapshotWith(r Req) ([]stack.Thread, error) {
+	stopped, err := p.readsStopped(r)
+	if err != nil {
+		return nil, err
+	}
+	return p.w.snapshot(stopped, r.Holder, 0)
+}
+
+// readsStopped checks r and says whether it has every Ruby thread stopped.
+func (p *Process) readsStopped(r Req) (bool, error) {
 	switch r.Consistency {
 	case 0:
-		return p.w.snapshot(p.stoppedAll, 0)
-	case Running:
-		return p.w.snapshot(false, 0)
-	case Stopped:
-		return p.w.snapshot(true, 0)
-	case HolderStopped:
-		if r.Holder <= 0 {
-			return nil, fmt.Errorf("snapshot of process %d with a stopped GVL holder: no thread named (Req.Holder)", p.t.Pid())
+		return p.stoppedAll, nil
+	case Running, HolderStopped:
+		if r.Consistency == HolderStopped && r.Holder <= 0 {
+			return false, fmt.Errorf("snapshot of process %d with a stopped GVL holder: no thread named (Req.Holder)", p.t.Pid())
 		}
-		return p.w.snapshot(false, r.Holder)
+		return false, nil
+	case Stopped:
+		return true, nil
 	}
-	return nil, fmt.Errorf("snapshot of process %d: unknown consistency %d", p.t.Pid(), r.Consistency)
+	return false, fmt.Errorf("snapshot of process %d: unknown consistency %d", p.t.Pid(), r.Consistency)
+}
+
+// SnapshotThread is SnapshotWith for the one Ruby thread whose native
+// thread is tid: the others' stacks are not read (alloc names the stack
+// of the thread that allocated, copied by its probe, at each event).
+func (p *Process) SnapshotThread(r Req, tid int) (stack.Thread, error) {
+	stopped, err := p.readsStopped(r)
+	if err != nil {
+		return stack.Thread{}, err
+	}
+	if tid <= 0 {
+		return stack.Thread{}, fmt.Errorf("snapshot of a thread of process %d: no thread named", p.t.Pid())
+	}
+	ths, err := p.w.snapshot(stopped, r.Holder, tid)
+	if err != nil {
+		return stack.Thread{}, err
+	}
+	if len(ths) != 1 {
+		return stack.Thread{}, fmt.Errorf("thread %d of process %d: %w", tid, p.t.Pid(), ErrNoThread)
+	}
+	return ths[0], nil
 }
 
 // HolderError is a HolderStopped snapshot's error when the stopped thread did
@@ -125,10 +153,11 @@ func (e *HolderError) Error() string {
 // GVL (a HolderStopped snapshot can then succeed).
 func (p *Process) HolderKnown() bool { return p.act.owner.ok }
 
-// snapshot reads every thread's stack: stopped says every Ruby thread
+// snapshot reads every thread's stack (only thread only, when not 0, or
+// none when it is not a Ruby thread): stopped says every Ruby thread
 // holds still; a holder (not 0) is the one thread the caller stopped,
 // and the others hold still once it is seen to hold the GVL.
-func (p *walker) snapshot(stopped bool, holder int) ([]stack.Thread, error) {
+func (p *walker) snapshot(stopped bool, holder, only int) ([]stack.Thread, error) {
 	p.scratch.reset()
 	p.gcFresh = false
 	p.regionsAt = 0
@@ -145,6 +174,9 @@ func (p *walker) snapshot(stopped bool, holder int) ([]stack.Thread, error) {
 			return nil, err
 		}
 		p.stopped = true
+	}
+	if only != 0 {
+		refs = p.onlyThread(refs, only)
 	}
 	p.prefetchRegions(refs)
 	out := make([]stack.Thread, 0, len(refs))
@@ -189,6 +221,19 @@ func (p *walker) snapshot(stopped bool, holder int) ([]stack.Thread, error) {
 		out = append(out, th)
 	}
 	return out, nil
+}
+
+// onlyThread returns the ref of refs whose native thread is tid (none
+// when no Ruby thread runs on it), in scratch of its own.
+func (p *walker) onlyThread(refs []threadRef, tid int) []threadRef {
+	p.onlyRefs = p.onlyRefs[:0]
+	for i := range refs {
+		if p.refTID(&refs[i], refs[i].tb) == tid {
+			p.onlyRefs = append(p.onlyRefs, refs[i])
+			break
+		}
+	}
+	return p.onlyRefs
 }
 
 // StackError is the error of a snapshot whose only thread could not be

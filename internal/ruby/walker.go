@@ -43,6 +43,7 @@ type walker struct {
 	frameCFPs [3][8]byte    // readFrames' cfp reads
 	frameDone bool          // the last frame named is past its last instruction
 	tickReqs  []target.Read
+	onlyRefs  []threadRef // SnapshotThread's thread (see onlyThread)
 	// merged reads the thread list's requests (their order does not
 	// matter) in page spans: fewer remote iovecs per tick.
 	merged target.Coalescer
