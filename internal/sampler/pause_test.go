@@ -83,11 +83,16 @@ func TestPauseOnlyRubyThreads(t *testing.T) {
 		if st.Ticks < 20 || seen["busy"] != st.Ticks || seen["idle"] != st.Ticks {
 			t.Fatalf("ticks %d, samples per thread %v, errors %s", st.Ticks, seen, st.ErrorSummary())
 		}
-		if pz.all != 1 || pz.some != st.Ticks-1 || pz.maxSome != 1 {
-			// Seen once (CI, cold machine, 3.3.8-static): 201 pauses of
-			// at most 3 threads in 200 ticks, cause not known: the
-			// holder's pauses that missed say why.
-			t.Errorf("pauses: %d of every thread, %d of Ruby threads (at most %d), for %d ticks; want 1, %d, 1; holder's pauses that missed: %v", pz.all, pz.some, pz.maxSome, st.Ticks, st.Ticks-1, pz.misses)
+		// A pause that finds the GVL moved on to another thread (the last
+		// sample's holder no longer holds it) stops the new holder instead,
+		// once: one more pause of one thread that tick. The busy thread
+		// holds the GVL nearly all the time, but not always: CI saw it held
+		// by another thread at 2 of 200 ticks (3.4.5-stripped; and once
+		// 201 pauses on 3.3.8-static). Such moves must stay rare.
+		moved := pz.misses["another thread holds the GVL"]
+		if pz.all != 1 || pz.some != st.Ticks-1+moved || pz.maxSome != 1 || moved > st.Ticks/20 {
+			t.Errorf("pauses: %d of every thread, %d of Ruby threads (at most %d), for %d ticks; want 1, %d (one a tick but the first, and one more for each of the %d ticks the GVL had moved on), 1; holder's pauses that missed: %v",
+				pz.all, pz.some, pz.maxSome, st.Ticks, st.Ticks-1+moved, moved, pz.misses)
 		}
 	})
 }
