@@ -83,16 +83,25 @@ func TestPauseOnlyRubyThreads(t *testing.T) {
 		if st.Ticks < 20 || seen["busy"] != st.Ticks || seen["idle"] != st.Ticks {
 			t.Fatalf("ticks %d, samples per thread %v, errors %s", st.Ticks, seen, st.ErrorSummary())
 		}
-		// A pause that finds the GVL moved on to another thread (the last
-		// sample's holder no longer holds it) stops the new holder instead,
-		// once: one more pause of one thread that tick. The busy thread
-		// holds the GVL nearly all the time, but not always: CI saw it held
-		// by another thread at 2 of 200 ticks (3.4.5-stripped; and once
-		// 201 pauses on 3.3.8-static). Such moves must stay rare.
-		moved := pz.misses["another thread holds the GVL"]
-		if pz.all != 1 || pz.some != st.Ticks-1+moved || pz.maxSome != 1 || moved > st.Ticks/20 {
-			t.Errorf("pauses: %d of every thread, %d of Ruby threads (at most %d), for %d ticks; want 1, %d (one a tick but the first, and one more for each of the %d ticks the GVL had moved on), 1; holder's pauses that missed: %v",
-				pz.all, pz.some, pz.maxSome, st.Ticks, st.Ticks-1+moved, moved, pz.misses)
+		// The busy thread holds the GVL nearly all the time, but not
+		// always: Ruby 3.1's gvl_yield (at the timer's interrupts) lets it
+		// go around a sched_yield even with no thread waiting, and on 3.4
+		// another thread had it at times (which one is not known). A tick
+		// whose stopped thread does not hold the GVL pauses once more: the
+		// new holder alone when another thread holds it, every Ruby thread
+		// (three) when none does. CI saw 2 of 200 ticks of the first kind
+		// (3.4.5-stripped) and 1 of the second (Debian's Ruby). Such ticks
+		// must stay rare.
+		moved, none := pz.misses["another thread holds the GVL"], pz.misses["no thread holds the GVL"]
+		extra := 0
+		for _, n := range pz.misses {
+			extra += n
+		}
+		wide := pz.pausedThreads - pz.some // threads stopped beyond one per pause
+		if pz.all != 1 || pz.some != st.Ticks-1+extra || extra > st.Ticks/20 ||
+			(pz.maxSome != 1 && (none == 0 || pz.maxSome > 3)) || wide > 2*none {
+			t.Errorf("pauses: %d of every thread, %d of Ruby threads (at most %d, %d threads in all), for %d ticks; want 1, %d (one a tick but the first, and one more for each of the %d ticks the GVL had moved on and the %d no thread held it), of one thread but at the ticks no thread held the GVL; holder's pauses that missed: %v",
+				pz.all, pz.some, pz.maxSome, pz.pausedThreads, st.Ticks, st.Ticks-1+extra, moved, none, pz.misses)
 		}
 	})
 }
