@@ -90,41 +90,45 @@ type Req struct {
 // (the layout does not locate the GVL's owner, or the process runs
 // several ractors, each with a lock of its own).
 func (p *Process) SnapshotWith(r Req) ([]stack.Thread, error) {
-	stopped, err := p.readsStopped(r)
+	stopped, holder, err := p.readsStopped(r)
 	if err != nil {
 		return nil, err
 	}
-	return p.w.snapshot(stopped, r.Holder, 0)
+	return p.w.snapshot(stopped, holder, 0)
 }
 
-// readsStopped checks r and says whether it has every Ruby thread stopped.
-func (p *Process) readsStopped(r Req) (bool, error) {
+// readsStopped checks r and says whether it has every Ruby thread
+// stopped, and which thread alone is (HolderStopped; 0 otherwise: a
+// Holder named with another consistency is not one).
+func (p *Process) readsStopped(r Req) (stopped bool, holder int, err error) {
 	switch r.Consistency {
 	case 0:
-		return p.stoppedAll, nil
-	case Running, HolderStopped:
-		if r.Consistency == HolderStopped && r.Holder <= 0 {
-			return false, fmt.Errorf("snapshot of process %d with a stopped GVL holder: no thread named (Req.Holder)", p.t.Pid())
-		}
-		return false, nil
+		return p.stoppedAll, 0, nil
+	case Running:
+		return false, 0, nil
 	case Stopped:
-		return true, nil
+		return true, 0, nil
+	case HolderStopped:
+		if r.Holder <= 0 {
+			return false, 0, fmt.Errorf("snapshot of process %d with a stopped GVL holder: no thread named (Req.Holder)", p.t.Pid())
+		}
+		return false, r.Holder, nil
 	}
-	return false, fmt.Errorf("snapshot of process %d: unknown consistency %d", p.t.Pid(), r.Consistency)
+	return false, 0, fmt.Errorf("snapshot of process %d: unknown consistency %d", p.t.Pid(), r.Consistency)
 }
 
 // SnapshotThread is SnapshotWith for the one Ruby thread whose native
 // thread is tid: the others' stacks are not read (alloc names the stack
 // of the thread that allocated, copied by its probe, at each event).
 func (p *Process) SnapshotThread(r Req, tid int) (stack.Thread, error) {
-	stopped, err := p.readsStopped(r)
+	stopped, holder, err := p.readsStopped(r)
 	if err != nil {
 		return stack.Thread{}, err
 	}
 	if tid <= 0 {
 		return stack.Thread{}, fmt.Errorf("snapshot of a thread of process %d: no thread named", p.t.Pid())
 	}
-	ths, err := p.w.snapshot(stopped, r.Holder, tid)
+	ths, err := p.w.snapshot(stopped, holder, tid)
 	if err != nil {
 		return stack.Thread{}, err
 	}
