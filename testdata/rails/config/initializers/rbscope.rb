@@ -9,6 +9,11 @@
 #   wall clock are read. The next SIGWINCH closes it: StackProf stops and
 #   DIR/window.json gets its self and total samples per frame, the
 #   clocks' readings at both ends and the names of the Ruby threads.
+#   While DIR/window-clocks exists, a window only reads the clocks:
+#   StackProf's CPU timer (ITIMER_PROF) makes Linux read the process's
+#   CPU clock from per-process sums that advance at ticks and context
+#   switches only, so GC.stat(:time), which reads that clock at each GC
+#   step's ends, misses or gains whole ticks under it.
 require "json"
 
 module Rbscope
@@ -40,15 +45,17 @@ module Rbscope
   def self.toggle
     if @start.nil?
       @start = clocks
-      StackProf.start(mode: :cpu, interval: 1000)
+      @stackprof = !File.exist?(File.join(DIR, "window-clocks"))
+      StackProf.start(mode: :cpu, interval: 1000) if @stackprof
       return
     end
-    StackProf.stop
+    StackProf.stop if @stackprof
     stop = clocks
     start, @start = @start, nil
     threads = Thread.list.map { |th| th.name.to_s }
+    stackprof = @stackprof
     Thread.new do
-      res = StackProf.results
+      res = stackprof ? StackProf.results : { frames: {} }
       frames = res[:frames].values.map do |f|
         { name: f[:name], file: f[:file], line: f[:line], samples: f[:samples], total_samples: f[:total_samples] }
       end
