@@ -232,7 +232,7 @@ func Attach(pid int, opts Options) (*Tracker, error) {
 // attachPlan loads the program for plan, attaches it to the process
 // behind t and starts the tracker's readers and duty cycle. On an error
 // t is the caller's to close.
-func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
+func attachPlan(t target.Target, plan *Plan, opts Options) (_ *Tracker, err error) {
 	if len(plan.Sites) > maxSpecs {
 		return nil, fmt.Errorf("%d probe sites (at most %d)", len(plan.Sites), maxSpecs)
 	}
@@ -264,29 +264,47 @@ func attachPlan(t target.Target, plan *Plan, opts Options) (*Tracker, error) {
 		cn = tr.rubyClassNames()
 	}
 	tr.names = newNames(t, cn)
+	// What is made from here on is undone, last first, if a later step
+	// fails.
+	var undo closers
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
 	// Memory is charged to the cgroup on current kernels; the memlock
 	// rlimit is not raised (that would need CAP_SYS_RESOURCE).
 	if err := spec.LoadAndAssign(&tr.maps, nil); err != nil {
 		return nil, classifyLoad(err)
 	}
+	undo.push(func() { tr.maps.Close() })
 	if err := tr.storeProbeSpecs(); err != nil {
-		tr.maps.Close()
 		return nil, err
 	}
 	tr.syncExitRanges()
-	var err2 error
-	if tr.bin, tr.exe, err2 = openMapped(t, plan); err2 != nil {
-		tr.maps.Close()
-		return nil, err2
+	if tr.bin, tr.exe, err = openMapped(t, plan); err != nil {
+		return nil, err
 	}
+	undo.push(func() { tr.bin.Close() })
 	tr.start = time.Now()
 	if err := tr.loadAndAttach(spec); err != nil {
-		tr.maps.Close()
-		tr.bin.Close()
 		return nil, err
 	}
 	tr.startReaders(stackPeriod)
 	return tr, nil
+}
+
+// closers is a stack of cleanups, run last first: what a constructor has
+// made so far, undone in one place when a later step fails.
+type closers []func()
+
+func (c *closers) push(f func()) { *c = append(*c, f) }
+
+func (c *closers) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+	*c = nil
 }
 
 // withDefaults returns opts with the defaults of its unset sample
@@ -900,24 +918,26 @@ func (tr *Tracker) Close() error {
 // an inode, which the kernel finds from a path at every attach (every
 // window): a path in the target's file system could by then name another
 // file (a libruby replaced by an upgrade), the descriptor cannot.
-func openMapped(t target.Target, plan *Plan) (target.File, *link.Executable, error) {
+func openMapped(t target.Target, plan *Plan) (_ target.File, _ *link.Executable, err error) {
 	f, err := t.OpenFile(plan.Binary)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open %s of process %d to attach to it: %w", plan.Binary, t.Pid(), err)
 	}
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
 	fd, ok := f.(interface{ Fd() uintptr })
 	if !ok {
-		f.Close()
 		return nil, nil, fmt.Errorf("%s of process %d has no file descriptor to attach to", plan.Binary, t.Pid())
 	}
 	if id, err := elfx.FileBuildID(f); err != nil || id != plan.BuildID {
-		f.Close()
 		return nil, nil, target.ReplacedError{Pid: t.Pid(), Path: plan.Binary,
 			Why: fmt.Sprintf("build id %q when probes were planned, %q now (%v)", plan.BuildID, id, err)}
 	}
 	exe, err := link.OpenExecutable(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd.Fd()))
 	if err != nil {
-		f.Close()
 		return nil, nil, fmt.Errorf("open %s of process %d to attach to it: %w", plan.Binary, t.Pid(), err)
 	}
 	return f, exe, nil
