@@ -357,6 +357,7 @@ func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rec.Process.Kill(); rec.Wait() })
+	// The windows open once rbscope samples (its raw recording exists).
 	waitFor(t, raw, 30*time.Second)
 	time.Sleep(300 * time.Millisecond)
 	wp := railsMeasure(t, srv, true)
@@ -388,9 +389,10 @@ func railsWindowRecord(t *testing.T, rb testutil.RubyUnderTest, bin string, srv 
 				c.unread[act] += float64(n) * float64(len(c.samples)) / float64(max(len(all), 1))
 			}
 		}
-		// On a machine loaded past its cores the GVL's holder spends much
-		// of its time runnable but off a CPU: Ruby says it runs, the
-		// kernel's CPU clock does not count it.
+		// The app's CPU and its threads' wait for a CPU say how loaded the
+		// machine was: loaded past its cores, the GVL's holder spends much
+		// of its time runnable but off a CPU (Ruby says it runs, the
+		// kernel's CPU clock does not count it).
 		secs := float64(w.Stop.RealtimeNs-w.Start.RealtimeNs) / 1e9
 		t.Logf("%s window %.2f s: stackprof %d samples (%d GC, %d missed), rbscope %d samples; process CPU %.0f ms (%.0f%% of a core), its threads waited for a CPU %.0f%% of it; GC.stat(:time) %.0f ms, %d GCs (load average %s)",
 			name, secs, w.Samples, w.GCSamples, w.MissedSamples, len(c.samples), w.Stop.CPUms-w.Start.CPUms, (w.Stop.CPUms-w.Start.CPUms)/secs/10,
