@@ -195,7 +195,7 @@ func filterSamples(next func() (stack.Sample, error), mode stack.Mode, noGC bool
 				continue
 			}
 			if noGC {
-				s.Frames = stack.WithoutGC(s.Frames)
+				s.DropGC()
 			}
 			return s, nil
 		}

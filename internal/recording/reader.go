@@ -251,10 +251,12 @@ func (r *Reader) strRef() (string, error) {
 // maxKeptStacks bounds the threads whose last stack the reader keeps.
 const maxKeptStacks = 4096
 
-// lastStack is a thread's previous stack, as ids and as frames.
+// lastStack is a thread's previous stack, as ids and as frames, and the
+// frames' identity.
 type lastStack struct {
 	ids    []uint64
 	frames []stack.Frame
+	id     stack.ID
 }
 
 // Next returns the next sample. Its Frames may be shared with earlier
@@ -459,7 +461,7 @@ func (r *Reader) sampleRecord() (s stack.Sample, err error) {
 		ids = append(ids, id)
 	}
 	r.ids = ids
-	frames := r.stackOf(ti, ids)
+	frames, id := r.stackOf(ti, ids)
 	t := &r.threads[ti]
 	s = stack.Sample{
 		Time:       time.Unix(0, r.prevNanos),
@@ -471,6 +473,7 @@ func (r *Reader) sampleRecord() (s stack.Sample, err error) {
 		Activity:   activityOf(flags),
 		GVL:        flags&flagGVL != 0,
 		Frames:     frames,
+		Stack:      id,
 	}
 	if t.Samples == 0 {
 		t.First = s.Time
@@ -480,9 +483,10 @@ func (r *Reader) sampleRecord() (s stack.Sample, err error) {
 	return s, nil
 }
 
-// stackOf returns the frames of ids, a sample of thread ti: the thread's
-// last stack when ids are its last ids, else a new slice kept as its last.
-func (r *Reader) stackOf(ti uint64, ids []uint64) []stack.Frame {
+// stackOf returns the frames of ids, a sample of thread ti, and their
+// identity: the thread's last stack when ids are its last ids, else a new
+// slice with a new ID, kept as its last.
+func (r *Reader) stackOf(ti uint64, ids []uint64) ([]stack.Frame, stack.ID) {
 	last := &r.last[ti]
 	frames := last.frames
 	if frames == nil || !slices.Equal(ids, last.ids) {
@@ -500,9 +504,9 @@ func (r *Reader) stackOf(ti uint64, ids []uint64) []stack.Frame {
 			r.kept++
 		}
 		last.ids = append(last.ids[:0], ids...)
-		last.frames = frames
+		last.frames, last.id = frames, stack.NewID()
 	}
-	return frames
+	return frames, last.id
 }
 
 // trailerRecord decodes the trailer; nothing may follow it.

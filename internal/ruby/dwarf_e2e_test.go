@@ -79,6 +79,9 @@ func snapshotWith(t *testing.T, pid int, opts Options) ([]stack.Thread, *Process
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	for i := range ths {
+		ths[i].Stack = 0 // each Process gives its own (TestStackIDs)
+	}
 	return ths, p
 }
 

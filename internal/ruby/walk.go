@@ -209,7 +209,7 @@ func (p *walker) snapshot(stopped bool, holder, only int) ([]stack.Thread, error
 			// One thread changing under us (created or ending) must not
 			// cost the other threads' stacks.
 			th.Error = fmt.Sprintf("read thread 0x%x: %v", ref.addr, err)
-			th.Frames = nil
+			th.Frames, th.Stack = nil, 0
 		}
 		if th.Name != "" {
 			th.NameSource = stack.NameRuby
@@ -307,14 +307,13 @@ func (p *walker) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Threa
 		cfp = ref.regionCFP
 	}
 	if pre != nil {
-		if frames, ok := p.sameStack(ref.addr, cfp, pre, prefix); ok {
+		if k, ok := p.sameStack(ref.addr, cfp, pre, prefix); ok {
 			if !ref.still {
 				// The same bytes, read again by this tick's batch: the
 				// kept copy stands from this batch on (see stillStack).
-				k := p.lastFrames[ref.addr]
 				k.readAt, k.tid = p.regionsAt, th.TID
 			}
-			th.Frames = frames
+			th.Frames, th.Stack = k.frames, k.id
 			return th, nil
 		}
 	}
@@ -346,7 +345,10 @@ func (p *walker) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Threa
 		// stillStack looked.)
 		walked = nil
 	}
-	th.Frames = p.keepFrames(ref.addr, frames, walked, cfp, len(prefix), th.TID)
+	th.Frames, th.Stack = nil, 0
+	if k := p.keepFrames(ref.addr, frames, walked, cfp, len(prefix), th.TID); k != nil {
+		th.Frames, th.Stack = k.frames, k.id
+	}
 	if err != nil {
 		if len(frames) == 0 || target.IsExited(err) {
 			return th, err
@@ -763,6 +765,7 @@ const maxKeptBytes = 4 << 20
 // trusted says that the last two walks named the same region alike.
 type keptStack struct {
 	frames    []stack.Frame
+	id        stack.ID // frames' identity
 	region    []byte
 	regionOK  bool
 	trusted   bool
@@ -776,14 +779,15 @@ type keptStack struct {
 	tid    int
 }
 
-// keepFrames returns a stack of its own for frames (which are scratch):
-// the thread's stack of the last snapshot when it is the same (threads
-// that wait, and most that run, show the same stack tick after tick, and
-// sharing it costs no allocation; nothing modifies a stack once
-// returned), else a copy, remembered for the next snapshot with the
-// region it was named from (nil: none to compare with next time; see
-// sameStack).
-func (p *walker) keepFrames(thread uint64, frames []stack.Frame, region []byte, cfp uint64, prefixLen, tid int) []stack.Frame {
+// keepFrames returns the thread's kept stack, holding frames (which are
+// scratch) in a stack of its own: the thread's stack of the last snapshot,
+// with its ID, when it is the same (threads that wait, and most that run,
+// show the same stack tick after tick, and sharing it costs no allocation;
+// nothing modifies a stack once returned), else a copy with a new ID,
+// remembered for the next snapshot with the region it was named from (nil:
+// none to compare with next time; see sameStack). It returns nil for no
+// frames.
+func (p *walker) keepFrames(thread uint64, frames []stack.Frame, region []byte, cfp uint64, prefixLen, tid int) *keptStack {
 	if len(frames) == 0 {
 		return nil
 	}
@@ -796,9 +800,9 @@ func (p *walker) keepFrames(thread uint64, frames []stack.Frame, region []byte, 
 		k = &keptStack{}
 		p.lastFrames[thread] = k
 	}
-	same := slices.Equal(k.frames, frames)
+	same := k.id != 0 && slices.Equal(k.frames, frames)
 	if !same {
-		k.frames = slices.Clone(frames)
+		k.frames, k.id = slices.Clone(frames), stack.NewID()
 	}
 	k.trusted = region != nil && same && k.holds(region, cfp, p.epoch, prefixLen)
 	k.regionOK = false
@@ -815,10 +819,10 @@ func (p *walker) keepFrames(thread uint64, frames []stack.Frame, region []byte, 
 	if !k.regionOK {
 		k.readAt, k.tid = 0, 0
 	}
-	return k.frames
+	return k
 }
 
-// sameStack returns the thread's stack of the last snapshot when it
+// sameStack returns the thread's kept stack of the last snapshot when it
 // stands as it is: its control frames are the same bytes from the same
 // cfp, no GC ran since (the names read through them are those of the same
 // objects), its pseudo-frames are prefix, and the last two walks of those
@@ -827,12 +831,12 @@ func (p *walker) keepFrames(thread uint64, frames []stack.Frame, region []byte, 
 // environments and method entries it reads after the frames can be a
 // running thread's next frames', and a thread that then waits would show
 // such a name tick after tick.)
-func (p *walker) sameStack(thread, cfp uint64, region []byte, prefix []stack.Frame) ([]stack.Frame, bool) {
+func (p *walker) sameStack(thread, cfp uint64, region []byte, prefix []stack.Frame) (*keptStack, bool) {
 	k := p.lastFrames[thread]
 	if k == nil || !k.trusted || !k.holds(region, cfp, p.epoch, len(prefix)) || !slices.Equal(k.frames[:k.prefixLen], prefix) {
 		return nil, false
 	}
-	return k.frames, true
+	return k, true
 }
 
 // holds reports whether the region kept is region, read from cfp in GC

@@ -291,7 +291,7 @@ func (s *RubySource) tickCPUState(th *stack.Thread) oncpu.State {
 			// waiting for the GVL) left the cpu profile of a thread
 			// that shares the GVL 15-55 % short under load.
 			th.Activity = stack.ActivityRunning
-			th.Frames = th.Frames[1:]
+			th.Frames, th.Stack = th.Frames[1:], 0 // another stack
 		case th.Activity != stack.ActivityGVLWait:
 			// Switched in again (it may have run anywhere since),
 			// or gone to sleep where it is read (Thread::Queue#pop,
@@ -349,11 +349,7 @@ func (s *RubySource) threadSample(now time.Time, i int, th *stack.Thread) stack.
 	case kstate == 0:
 		onCPU = th.Activity == stack.ActivityRunning || th.Activity == stack.ActivityGC
 	}
-	frames := th.Frames
-	if s.noGC {
-		frames = stack.WithoutGC(frames)
-	}
-	return stack.Sample{
+	sm := stack.Sample{
 		Time:       now,
 		Pid:        s.pid,
 		TID:        th.TID,
@@ -362,8 +358,13 @@ func (s *RubySource) threadSample(now time.Time, i int, th *stack.Thread) stack.
 		OnCPU:      onCPU,
 		Activity:   th.Activity,
 		GVL:        th.GVL,
-		Frames:     frames,
+		Frames:     th.Frames,
+		Stack:      th.Stack,
 	}
+	if s.noGC {
+		sm.DropGC()
+	}
+	return sm
 }
 
 // offCPUError returns a failed snapshot's error, unless (Mode cpu) it is

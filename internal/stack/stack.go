@@ -6,6 +6,7 @@ package stack
 import (
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -65,15 +66,37 @@ var Activities = []Activity{ActivityRunning, ActivityGVLWait, ActivityBlocked, A
 // that changed while read) rather than a Ruby or C frame.
 func (f Frame) IsPseudo() bool { return f.Kind == KindGC || f.Kind == KindGVL || f.Kind == KindTorn }
 
-// WithoutGC returns frames without their GC pseudo-frames (--no-gc),
-// reusing the slice when there are none.
-func WithoutGC(frames []Frame) []Frame {
+// DropGC removes the sample's GC pseudo-frames (--no-gc); a stack that
+// had some is another stack, whose ID is not known.
+func (s *Sample) DropGC() {
 	i := 0
-	for i < len(frames) && frames[i].Kind == KindGC {
+	for i < len(s.Frames) && s.Frames[i].Kind == KindGC {
 		i++
 	}
-	return frames[i:]
+	if i > 0 {
+		s.Frames, s.Stack = s.Frames[i:], 0
+	}
 }
+
+// ID is a stack's identity, given by whoever made its frames (the Ruby
+// walker, a recording's reader) and carried by the thread and the sample
+// through the sampler, the recording writer and the outputs: two samples
+// with the same nonzero ID have the same frames, so what one derived from
+// a stack (its frame ids, rows, tree path) serves the other without
+// comparing frames. The frames of a nonzero ID are shared and never
+// modified: a holder may keep them without a copy. The same frames may
+// carry different IDs (made apart); 0 means not known, and frames
+// derived from a stack (a sub-slice, a pseudo-frame dropped) take 0.
+type ID uint64
+
+var lastID atomic.Uint64
+
+// NewID returns an ID no other stack of this process has.
+func NewID() ID { return ID(lastID.Add(1)) }
+
+// Same reports whether a and b are known to be the same stack: both
+// carry the same nonzero ID.
+func Same(a, b ID) bool { return a != 0 && a == b }
 
 // Mode selects which samples a recording keeps.
 type Mode string
@@ -195,6 +218,8 @@ type Thread struct {
 	// ActivityGVLWait, ActivityBlocked, ActivityGC or ActivityUnknown.
 	Activity Activity `json:"activity"`
 	Frames   []Frame  `json:"frames"`
+	// Stack is Frames' identity (see ID); 0 when not known.
+	Stack ID `json:"-"`
 	// Error, when set, says why the stack stops early (frames past it could
 	// not be read, as in a core file that lacks part of the memory).
 	Error string `json:"error,omitempty"`
@@ -229,6 +254,7 @@ type Sample struct {
 	Activity Activity // ActivityRunning, ...; "" in recordings that predate it
 	GVL      bool     // the thread owned the GVL
 	Frames   []Frame  // innermost first
+	Stack    ID       // Frames' identity (see ID); 0 when not known
 }
 
 // ThreadKey identifies a Ruby thread among samples: its process and its
