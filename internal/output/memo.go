@@ -1,8 +1,6 @@
 package output
 
 import (
-	"slices"
-
 	"github.com/rbscope/rbscope/internal/stack"
 )
 
@@ -30,12 +28,11 @@ func (c *memo[K, V]) get(k K) V {
 
 // repeats remembers, per thread, the last stack a format derived
 // something from (its rows, tree path, frame indexes...), so that the next
-// sample of the thread with the same frames reuses it instead of looking
+// sample of the thread with the same stack reuses it instead of looking
 // every frame up again. A thread's stack is often unchanged from one sample
-// to the next (a loop, a wait); read back from a recording, such a stack is
-// even one shared slice, and comparing it costs a pointer check per
-// string. The frames are kept as a private copy: a caller that reuses its
-// slice for another stack cannot make a stale entry match.
+// to the next (a loop, a wait). The same stack is told by its identity
+// (stack.ID, given by the walker or a recording's reader), not by its
+// frames: a sample whose stack has none is derived anew.
 type repeats[V any] struct {
 	last map[stack.ThreadKey]*repeat[V]
 	off  bool // derive every stack anew (Options.noRepeats)
@@ -44,14 +41,14 @@ type repeats[V any] struct {
 // maxRepeats bounds the threads whose last stack a format keeps.
 const maxRepeats = 4096
 
-// repeat is one thread's entry: v was derived from frames.
+// repeat is one thread's entry: v was derived from the stack id.
 type repeat[V any] struct {
-	frames []stack.Frame
-	v      V
+	id stack.ID
+	v  V
 }
 
 // at returns the entry of s's thread and whether its v was derived from
-// s's frames. When not, the caller derives v again (reusing what it
+// s's stack. When not, the caller derives v again (reusing what it
 // holds: nothing else refers to it) and then calls keep.
 func (r *repeats[V]) at(s *stack.Sample) (e *repeat[V], same bool) {
 	if r.last == nil {
@@ -69,10 +66,10 @@ func (r *repeats[V]) at(s *stack.Sample) (e *repeat[V], same bool) {
 		r.last[id] = e
 		return e, false
 	}
-	return e, !r.off && e.frames != nil && slices.Equal(e.frames, s.Frames)
+	return e, !r.off && stack.Same(e.id, s.Stack)
 }
 
-// keep records that e.v is now derived from s's frames.
+// keep records that e.v is now derived from s's stack.
 func (e *repeat[V]) keep(s *stack.Sample) {
-	e.frames = append(e.frames[:0], s.Frames...)
+	e.id = s.Stack
 }

@@ -599,11 +599,20 @@ func deepSample(variant int) stack.Sample {
 func BenchmarkAdd(b *testing.B) { benchAdd(b, func(i int) int { return i }) }
 
 // benchAdd times Add in every format over 1024 deep samples, sample i
-// being deepSample(variant(i)).
+// being deepSample(variant(i)); as from a walker, the samples of one
+// variant share their frames and their stack ID.
 func benchAdd(b *testing.B, variant func(int) int) {
 	samples := make([]stack.Sample, 1024)
+	made := map[int]stack.Sample{}
 	for i := range samples {
-		samples[i] = deepSample(variant(i))
+		v := variant(i)
+		s, ok := made[v]
+		if !ok {
+			s = deepSample(v)
+			s.Stack = stack.NewID()
+			made[v] = s
+		}
+		samples[i] = s
 	}
 	for _, f := range Formats() {
 		b.Run(f, func(b *testing.B) {

@@ -2,6 +2,7 @@ package output
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -9,8 +10,10 @@ import (
 )
 
 // repeatSamples is a sequence in which threads repeat their stacks, share
-// them, change them, get renamed and change activity, and in which the
-// caller reuses one slice for different stacks (as a walker may).
+// them, change them, get renamed and change activity, with the stack IDs a
+// walker gives: one per stack made, 0 for a stack derived from another
+// (a sub-slice) and for a slice the caller reuses for different stacks,
+// and the same frames made twice under two IDs.
 func repeatSamples() []stack.Sample {
 	f := func(name, path string, line int) stack.Frame {
 		return stack.Frame{Name: name, Path: path, Line: line, Kind: stack.KindRuby}
@@ -21,32 +24,35 @@ func repeatSamples() []stack.Sample {
 	reused := make([]stack.Frame, len(b))
 	t0 := time.Unix(1700000000, 0)
 	var out []stack.Sample
-	add := func(tid int, name string, act stack.Activity, fr []stack.Frame) {
+	add := func(tid int, name string, act stack.Activity, fr []stack.Frame, id stack.ID) {
 		out = append(out, stack.Sample{Time: t0.Add(time.Duration(len(out)) * time.Millisecond), Pid: 7, TID: tid,
-			ThreadName: name, Activity: act, OnCPU: act == "running", Frames: fr})
+			ThreadName: name, Activity: act, OnCPU: act == "running", Frames: fr, Stack: id})
 	}
-	add(1, "main", "running", a)
-	add(1, "main", "running", a)
-	add(2, "w", "running", a)
-	add(1, "main", "gvl_wait", a)
-	add(2, "w", "running", b)
-	add(1, "main", "running", b)
-	add(2, "w2", "running", b)
-	add(3, "sleeper", "blocked", c)
-	add(3, "sleeper", "blocked", c)
-	add(1, "main", "running", a[1:])
-	add(1, "main", "running", a)
+	ida, idb, idc := stack.NewID(), stack.NewID(), stack.NewID()
+	add(1, "main", "running", a, ida)
+	add(1, "main", "running", a, ida)
+	add(2, "w", "running", a, ida)
+	add(1, "main", "gvl_wait", a, ida)
+	add(2, "w", "running", b, idb)
+	add(1, "main", "running", b, idb)
+	add(2, "w2", "running", b, idb)
+	add(3, "sleeper", "blocked", c, idc)
+	add(3, "sleeper", "blocked", c, idc)
+	add(1, "main", "running", a[1:], 0)
+	add(1, "main", "running", a, ida)
+	add(1, "main", "running", slices.Clone(a), stack.NewID())
 	copy(reused, b)
-	add(4, "r", "running", reused)
-	add(4, "r", "running", reused)
+	add(4, "r", "running", reused, 0)
+	add(4, "r", "running", reused, 0)
 	// More threads than a format keeps stacks for (thread churn), each
 	// sampled twice, then an early thread again.
 	for tid := 100; tid < 100+maxRepeats+50; tid++ {
 		fr := []stack.Frame{f("Object#job", "/e.rb", tid%5), f("<main>", "/e.rb", 1)}
-		add(tid, "job", "running", fr)
-		add(tid, "job", "running", fr)
+		id := stack.NewID()
+		add(tid, "job", "running", fr, id)
+		add(tid, "job", "running", fr, id)
 	}
-	add(100, "job", "running", []stack.Frame{f("Object#job", "/e.rb", 0), f("<main>", "/e.rb", 1)})
+	add(100, "job", "running", []stack.Frame{f("Object#job", "/e.rb", 0), f("<main>", "/e.rb", 1)}, stack.NewID())
 	return out
 }
 

@@ -104,11 +104,81 @@ func sameSample(t *testing.T, i int, got, want stack.Sample) {
 		t.Fatalf("sample %d: time %v, want %v", i, got.Time, want.Time)
 	}
 	got.Time, want.Time = time.Time{}, time.Time{}
+	got.Stack, want.Stack = 0, 0 // the reader's own (TestStackIDs)
 	if len(got.Frames) == 0 && len(want.Frames) == 0 {
 		got.Frames, want.Frames = nil, nil
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("sample %d:\n got %+v\nwant %+v", i, got, want)
+	}
+}
+
+// TestStackIDs writes stacks with the IDs a walker gives (repeated, changed,
+// back to an earlier one under a new ID, a stack without an ID, one slice
+// shared by two threads), and reads them back: every sample keeps its
+// frames, and the reader gives a thread's sample the ID of its previous
+// one exactly when its frames are the same.
+func TestStackIDs(t *testing.T) {
+	f := func(name string, line int) stack.Frame {
+		return stack.Frame{Name: name, Path: "/s.rb", Line: line, Kind: stack.KindRuby}
+	}
+	a := []stack.Frame{f("Object#a", 1), f("<main>", 9)}
+	b := []stack.Frame{f("Object#b", 2), f("Object#a", 1), f("<main>", 9)}
+	c := []stack.Frame{f("Object#c", 3), f("<main>", 9)}
+	ida, idb := stack.NewID(), stack.NewID()
+	scratch := slices.Clone(c)
+	type in struct {
+		tid    int
+		frames []stack.Frame
+		id     stack.ID
+	}
+	seq := []in{
+		{1, a, ida}, {1, a, ida}, {2, a, ida}, {1, b, idb}, {1, slices.Clone(a), stack.NewID()},
+		{1, scratch, 0}, {2, a, ida}, {2, b, idb}, {1, scratch, 0}, {1, a, ida},
+	}
+	path := filepath.Join(t.TempDir(), "ids.raw.gz")
+	w, err := Create(path, testHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []stack.Sample
+	for i, x := range seq {
+		s := stack.Sample{Time: t0.Add(time.Duration(i) * time.Millisecond), Pid: 5, TID: x.tid, ThreadName: "t", Frames: x.frames, Stack: x.id}
+		want = append(want, s)
+		want[i].Frames = slices.Clone(x.frames)
+		if err := w.Add(s); err != nil {
+			t.Fatal(err)
+		}
+		if x.id == 0 {
+			// The caller reuses its slice: the writer must have kept
+			// a copy of a stack without an ID.
+			copy(scratch, []stack.Frame{f("Object#d", 4), f("<main>", 9)})
+		}
+	}
+	if err := w.Close(Stats{Samples: int64(len(seq))}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	last := map[int]stack.Sample{}
+	for i := range seq {
+		got, err := r.Next()
+		if err != nil {
+			t.Fatalf("sample %d: %v", i, err)
+		}
+		if !slices.Equal(got.Frames, want[i].Frames) {
+			t.Fatalf("sample %d: frames %v, want %v", i, got.Frames, want[i].Frames)
+		}
+		if got.Stack == 0 {
+			t.Errorf("sample %d: no stack ID", i)
+		}
+		if p, ok := last[got.TID]; ok && (p.Stack == got.Stack) != slices.Equal(p.Frames, got.Frames) {
+			t.Errorf("sample %d (tid %d): ID %d after %d, frames %v after %v", i, got.TID, got.Stack, p.Stack, got.Frames, p.Frames)
+		}
+		last[got.TID] = got
 	}
 }
 

@@ -118,10 +118,13 @@ type threadKey struct {
 	name     string
 }
 
-// prevStack is a thread's previous stack and its frame ids.
+// prevStack is a thread's previous stack, its identity and its frame
+// ids.
 type prevStack struct {
-	frames []stack.Frame
+	frames []stack.Frame // the sample's own when id is known, else own
+	id     stack.ID
 	ids    []uint64
+	own    []stack.Frame // a copy of frames whose id is not known
 }
 
 // Writer streams samples into a raw recording. It is safe for use by
@@ -265,6 +268,38 @@ func (w *Writer) thread(s *stack.Sample) uint64 {
 	return id
 }
 
+// frameIDs returns the frame ids of s, a sample of the thread whose
+// previous stack is prev, and makes s's stack the previous one. The ids
+// are prev's until the next call for that thread.
+func (w *Writer) frameIDs(prev *prevStack, s *stack.Sample) []uint64 {
+	if stack.Same(s.Stack, prev.id) {
+		return prev.ids // the same stack: the same ids
+	}
+	// The outer frames of a thread's stack rarely change between samples:
+	// reuse the ids of the frames shared with its previous stack, compared
+	// from the outside in, and look up only the others.
+	n, pn := len(s.Frames), len(prev.frames)
+	ids := slices.Grow(w.ids[:0], n)[:n]
+	j := 0
+	for j < n && j < pn && s.Frames[n-1-j] == prev.frames[pn-1-j] {
+		ids[n-1-j] = prev.ids[pn-1-j]
+		j++
+	}
+	for k := n - 1 - j; k >= 0; k-- {
+		ids[k] = w.frame(s.Frames[k])
+	}
+	if prev.id = s.Stack; prev.id != 0 {
+		prev.frames = s.Frames // shared, never modified (stack.ID)
+	} else {
+		// The caller may reuse its slice: keep a copy.
+		prev.own = append(prev.own[:0], s.Frames...)
+		prev.frames = prev.own
+	}
+	prev.ids = append(prev.ids[:0], ids...)
+	w.ids = ids
+	return prev.ids
+}
+
 // Add appends one sample. The block being built is written to disk when
 // it holds FlushSamples samples, or FlushInterval after its first sample
 // (by a timer if no Add comes). After a write error every call returns it.
@@ -283,23 +318,7 @@ func (w *Writer) Add(s stack.Sample) error {
 	// Interned definitions go into the buffer before the sample that
 	// uses them; collect the frame ids first.
 	tid := w.thread(&s)
-	// The outer frames of a thread's stack rarely change between samples:
-	// reuse the ids of the frames shared with its previous stack, compared
-	// from the outside in, and look up only the others.
-	prev := &w.prev[tid]
-	n, pn := len(s.Frames), len(prev.frames)
-	ids := slices.Grow(w.ids[:0], n)[:n]
-	j := 0
-	for j < n && j < pn && s.Frames[n-1-j] == prev.frames[pn-1-j] {
-		ids[n-1-j] = prev.ids[pn-1-j]
-		j++
-	}
-	for k := n - 1 - j; k >= 0; k-- {
-		ids[k] = w.frame(s.Frames[k])
-	}
-	prev.frames = append(prev.frames[:0], s.Frames...)
-	prev.ids = append(prev.ids[:0], ids...)
-	w.ids = ids
+	ids := w.frameIDs(&w.prev[tid], &s)
 	ns := s.Time.UnixNano()
 	w.buf = append(w.buf, recSample)
 	w.buf = binary.AppendVarint(w.buf, ns-w.prevNanos)

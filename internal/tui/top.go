@@ -48,6 +48,12 @@ type rowKey struct {
 type topThread struct {
 	name string
 	tid  int
+	// The counters of the distinct functions of its last stack, the
+	// all-threads view's and its own, the top frame's first, and that
+	// stack's identity: the next sample of the same stack bumps them
+	// without looking its frames up again.
+	stack    stack.ID
+	all, own []*counts
 }
 
 type counts struct {
@@ -90,12 +96,18 @@ func NewTop(rate float64) *Top {
 		threads: map[stack.ThreadKey]*topThread{}, seen: map[stack.Func]int{}, start: time.Now(), acts: map[stack.Activity]int{}}
 }
 
-func bump(m map[rowKey]*counts, k rowKey, own bool, total bool, activity stack.Activity) {
+// counter returns k's counters in m, made on first use.
+func counter(m map[rowKey]*counts, k rowKey) *counts {
 	c := m[k]
 	if c == nil {
 		c = &counts{}
 		m[k] = c
 	}
+	return c
+}
+
+// bump counts a sample with c's function on the stack, on top when own.
+func bump(c *counts, own bool, activity stack.Activity) {
 	switch activity {
 	case stack.ActivityGVLWait:
 		c.gvlWin++
@@ -106,10 +118,8 @@ func bump(m map[rowKey]*counts, k rowKey, own bool, total bool, activity stack.A
 		c.own++
 		c.ownWin++
 	}
-	if total {
-		c.total++
-		c.totalWin++
-	}
+	c.total++
+	c.totalWin++
 }
 
 // Add counts samples (one per thread). Samples without frames count
@@ -137,18 +147,32 @@ func (t *Top) Add(samples []stack.Sample) {
 		if s.TID != 0 {
 			th.tid = s.TID
 		}
-		// A function counts once per sample in "total" however often it
-		// recurses: mark it with this sample's generation.
-		t.gen++
-		for j := range s.Frames {
-			k := s.Frames[j].Func()
-			if t.seen[k] == t.gen {
-				continue
-			}
-			t.seen[k] = t.gen
-			bump(t.all, rowKey{fn: k}, j == 0, true, s.Activity)
-			bump(t.byThread, rowKey{fn: k, thread: tk}, j == 0, true, s.Activity)
+		if !stack.Same(th.stack, s.Stack) {
+			t.functions(th, tk, s)
 		}
+		for j := range th.all {
+			bump(th.all[j], j == 0, s.Activity)
+			bump(th.own[j], j == 0, s.Activity)
+		}
+	}
+}
+
+// functions makes th's counters those of the distinct functions of s's
+// stack, th being the thread tk.
+func (t *Top) functions(th *topThread, tk stack.ThreadKey, s *stack.Sample) {
+	th.stack = s.Stack
+	th.all, th.own = th.all[:0], th.own[:0]
+	// A function counts once per sample in "total" however often it
+	// recurses: mark it with this stack's generation.
+	t.gen++
+	for j := range s.Frames {
+		k := s.Frames[j].Func()
+		if t.seen[k] == t.gen {
+			continue
+		}
+		t.seen[k] = t.gen
+		th.all = append(th.all, counter(t.all, rowKey{fn: k}))
+		th.own = append(th.own, counter(t.byThread, rowKey{fn: k, thread: tk}))
 	}
 }
 

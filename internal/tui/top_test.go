@@ -1,7 +1,9 @@
 package tui
 
 import (
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -285,4 +287,102 @@ func TestTopMNThreads(t *testing.T) {
 	if got := strings.Join(leafRows, "|"); got != "lonely (no tid)|sp (7002)|sp (7002)" {
 		t.Errorf("per-thread rows of A#leaf: %s, want one per Ruby thread", got)
 	}
+}
+
+// TestTopStackIDs adds samples with the stack IDs a walker gives (a stack
+// repeated by a thread, shared by two, changed, recursive, under several
+// activities, across intervals) and the same samples without IDs: the
+// views must be the same, counted from each thread's last stack or from
+// the frames.
+func TestTopStackIDs(t *testing.T) {
+	root := fr("<main>", "/app/main.rb")
+	a := []stack.Frame{fr("A#leaf", "/app/a.rb"), fr("A#mid", "/app/a.rb"), root}
+	rec := []stack.Frame{fr("Array#each", ""), fr("A#mid", "/app/a.rb"), fr("Array#each", ""), fr("A#mid", "/app/a.rb"), root}
+	gvl := []stack.Frame{{Name: stack.FrameGVLWait, Kind: stack.KindGVL}, fr("A#leaf", "/app/a.rb"), root}
+	ida, idr, idg := stack.NewID(), stack.NewID(), stack.NewID()
+	acts := []stack.Activity{stack.ActivityRunning, stack.ActivityGVLWait, stack.ActivityGC, stack.ActivityBlocked}
+	var batches [][]stack.Sample
+	for round := 0; round < 3; round++ {
+		var b []stack.Sample
+		for i := 0; i < 40; i++ {
+			act := acts[(i/3+round)%len(acts)]
+			switch {
+			case i%7 == 0:
+				b = append(b, stack.Sample{TID: 1, Activity: act, Frames: gvl, Stack: idg})
+			case i%5 == 0:
+				b = append(b, stack.Sample{TID: 1, Activity: act, Frames: rec, Stack: idr})
+			default:
+				b = append(b, stack.Sample{TID: 1, Activity: act, Frames: a, Stack: ida})
+			}
+			b = append(b, stack.Sample{TID: 2, Activity: act, Frames: a, Stack: ida})
+			if i%9 == 0 {
+				b = append(b, stack.Sample{TID: 2, Activity: act}) // no frames
+			}
+		}
+		batches = append(batches, b)
+	}
+	views := func(ids bool) []View {
+		top := NewTop(100)
+		var out []View
+		for _, b := range batches {
+			b = slices.Clone(b)
+			for i := range b {
+				if !ids {
+					b[i].Stack = 0
+				}
+			}
+			top.Add(b)
+			v := top.Snapshot(SortTotalPct)
+			out = append(out, View{Rows: v.Rows, ThreadRows: v.ThreadRows, Samples: v.Samples})
+		}
+		return out
+	}
+	with, without := views(true), views(false)
+	for i := range with {
+		if !reflect.DeepEqual(with[i], without[i]) {
+			t.Errorf("interval %d: with IDs\n%+v\nwithout\n%+v", i, with[i], without[i])
+		}
+	}
+	if len(with[2].Rows) != 5 {
+		t.Errorf("%d rows, want 5: %+v", len(with[2].Rows), with[2].Rows)
+	}
+}
+
+// BenchmarkTopAdd adds ticks of 12 threads with 50-frame stacks, as from a
+// walker: 8 threads wait where they are (the same stack, tick after tick)
+// and 4 run, their stack changing at every tick.
+func BenchmarkTopAdd(b *testing.B) {
+	const threads, depth, variants = 12, 50, 64
+	stacks := make([][]stack.Sample, threads)
+	for th := range stacks {
+		for v := range variants {
+			fr := make([]stack.Frame, depth)
+			for d := range fr {
+				fr[d] = fr0(th, v, d)
+			}
+			stacks[th] = append(stacks[th], stack.Sample{TID: 100 + th, ThreadName: "worker", Frames: fr, Stack: stack.NewID()})
+		}
+	}
+	top := NewTop(100)
+	tick := make([]stack.Sample, threads)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for th := range tick {
+			v := 0
+			if th < 4 {
+				v = i % variants
+			}
+			tick[th] = stacks[th][v]
+		}
+		top.Add(tick)
+	}
+}
+
+// fr0 is frame d of thread th's stack variant v: the 5 innermost frames
+// differ between variants, the rest are the thread's own.
+func fr0(th, v, d int) stack.Frame {
+	if d >= 5 {
+		v = 0
+	}
+	return stack.Frame{Name: "Module" + strconv.Itoa(d%7) + "::Klass#method_" + strconv.Itoa(d*31+v+th%3), Path: "/app/lib/m" + strconv.Itoa(d%7) + ".rb", Line: 10 + d + v, Kind: stack.KindRuby}
 }
