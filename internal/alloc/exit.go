@@ -106,29 +106,6 @@ func (c *exitCopy) sum(addrs []uint64) (uint64, bool) {
 // counter (it was not known, or the ranges were being rewritten).
 var errExitUncopied = errors.New("Ruby's teardown began and its allocation counter was not copied")
 
-// wantExitRanges is what the exit probe should copy now: the counter's
-// words, or the live calibration blocks (all of them before the first
-// check), none when they are too many. Called with mu held.
-func (tr *Tracker) wantExitRanges() []allocExitRange {
-	var out []allocExitRange
-	switch {
-	case tr.counter != nil:
-		for _, a := range tr.counter.addrs {
-			out = append(out, allocExitRange{Addr: a, Len: 8})
-		}
-	case tr.cal != nil:
-		for i, a := range tr.cal.regions {
-			if tr.cal.live == nil || tr.cal.live[i] {
-				out = append(out, allocExitRange{Addr: a, Len: calWords * 8})
-			}
-		}
-	}
-	if len(out) > exitRanges {
-		return nil
-	}
-	return out
-}
-
 // syncExitRanges writes wantExitRanges to the program's map when they
 // changed, between two changes of exit_gen. Called with mu held (or
 // before the tracker is shared).

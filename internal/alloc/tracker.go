@@ -99,70 +99,73 @@ type Options struct {
 	calibrate bool
 }
 
-// Tracker counts one process's allocations until closed.
+// Tracker counts one process's allocations until closed. Besides what it
+// reads from (the target, the program's maps, the Ruby process) it holds
+// three parts, each with its own state: its probes (probeSet: the program
+// and its links), the duty cycle's windows (dutyCycle: when the probes are
+// attached, how long, where a window ends) and the estimator of what the
+// windows did not count (estimator: Ruby's allocation counter, its
+// calibration, the scaling). The methods that open and close a window
+// (window.go) join the three.
 type Tracker struct {
 	pid   int
 	t     target.Target
 	plan  *Plan
 	opts  Options
 	maps  allocMaps
+	start time.Time
+
+	mu        sync.Mutex
+	stop      chan struct{}
+	done      chan struct{}
+	closed    bool
+	stopped   bool
+	end       time.Time // when Stop detached
+	names     *names
+	dutyErr   error
+	rb        *ruby.Process // opened once, for the counter and class names
+	probeSet                // guarded by mu once the duty cycle runs
+	dutyCycle               // guarded by mu once the duty cycle runs
+	estimator               // guarded by mu once the duty cycle runs
+
+	stacks    stackAgg
+	stackRd   *ringbuf.Reader
+	stackDone chan struct{}
+
+	exit exitCapture
+	// namedKeys is statKeys when resolveNames last read the maps.
+	namedKeys uint64
+	// targetExited: the duty cycle found the process gone (or in Ruby's
+	// teardown) and stopped.
+	targetExited bool
+	// stackPeriod is the program's stack period (0: no stacks).
+	stackPeriod uint32
+	// ret is retained mode's state (nil otherwise).
+	ret *retState
+}
+
+// probeSet is a Tracker's probes: the program attached, multi or per
+// site, to the mapped binary, and its links.
+type probeSet struct {
 	prog  *ebpf.Program // the program attached (multi or per-site)
 	multi bool          // one uprobe_multi link instead of one link per site
 	exe   *link.Executable
 	bin   target.File // the mapped binary, which exe names by descriptor
-	start time.Time
-
-	mu sync.Mutex
 	// links hold the allocation probes, attached in windows (unless
 	// Exact); always the GC and exit probes, attached from Attach to
 	// Stop (a few events per GC, one at exit).
 	links    []link.Link
 	always   []link.Link
 	attached bool
-	onSince  time.Time     // when the current attached period began
-	onTotal  time.Duration // attached time before onSince
-	stop     chan struct{}
-	done     chan struct{}
-	closed   bool
-	stopped  bool
-	end      time.Time // when Stop detached
-	names    *names
-	dutyErr  error
+}
 
-	rb *ruby.Process // opened once, for the counter and class names
-	// Ruby's allocation counter: counter (once known), cal (while it is
-	// being found), counterStart its value when counting began,
-	// counterOn its growth inside counting windows, winCounter its value
-	// when the current window opened, winEvents the events then.
-	counter     *rubyCounter
-	cal         *calibration
-	counterNote string
-	// calPoints are the calibration's reads in the current window, tested
-	// once the probes are detached (settleCalibration).
-	calPoints []calPoint
-	// calVM and calSize locate rb_vm_t for calibrating (again): 0 when
-	// the counter came from DWARF.
-	calVM, calSize uint64
-	recalibrations int
-	counterStart   uint64
-	counterEnd     uint64
-	counterOn      uint64
-	// counterEvents are the events counted in the windows counterOn
-	// covers. calEvents are those counted while the counter was being
-	// found: scaling values those windows at the growth per event of the
-	// later ones, whose edges are exact (see calOn).
-	counterEvents uint64
-	calEvents     uint64
-	// calPast are the allocations past the marks of the calibration's
-	// windows so far (see settleCalibration).
-	calPast    uint64
-	winCounter uint64
-	winEvents  uint64
-	// winLoose: the current window's start is known only to within more
-	// than pairSpread events (see readPair); looseWindows counts the
-	// windows whose growth was extrapolated for a loose edge.
-	winLoose     bool
-	looseWindows int
+// dutyCycle is the state of a Tracker's counting windows: how long the
+// probes were attached, the recent windows' rates and lengths for the next
+// one's, and where the current one ends (a quiet moment, a mark, a burst
+// boundary).
+type dutyCycle struct {
+	onSince time.Time     // when the current attached period began
+	onTotal time.Duration // attached time before onSince
 	// winOpenEvents are the events when the window opened (winEvents
 	// moves on at each calibration checkpoint), for winRate.
 	winOpenEvents uint64
@@ -188,23 +191,6 @@ type Tracker struct {
 	winAtIdle    bool
 	seenAtAttach uint64
 	boundary     boundary
-
-	stacks    stackAgg
-	stackRd   *ringbuf.Reader
-	stackDone chan struct{}
-
-	exit exitCapture
-	// counterEndHow says how counterEnd was last read (Report.CounterEnd).
-	counterEndHow string
-	// namedKeys is statKeys when resolveNames last read the maps.
-	namedKeys uint64
-	// targetExited: the duty cycle found the process gone (or in Ruby's
-	// teardown) and stopped.
-	targetExited bool
-	// stackPeriod is the program's stack period (0: no stacks).
-	stackPeriod uint32
-	// ret is retained mode's state (nil otherwise).
-	ret *retState
 }
 
 // Attach loads the program and attaches it to the Ruby process pid.

@@ -228,30 +228,6 @@ func (tr *Tracker) goneError(err error) bool {
 	return errors.Is(err, errExitUncopied) || target.IsExited(err) || !tr.Alive()
 }
 
-// extrapolateWindow closes a window whose end the counter could not be
-// read at (the process exited without Ruby's teardown: exit!, a signal):
-// its growth is taken as the window's events at the growth per event of
-// the windows before, which the totals are scaled by anyway. Called with
-// mu held.
-func (tr *Tracker) extrapolateWindow(events uint64) {
-	tr.counterEnd = tr.winCounter + tr.addGuessed(events)
-	tr.counterEndHow = counterEndLost
-}
-
-// addGuessed adds to the windows' growth a window whose growth of Ruby's
-// counter is unknown, valued at the growth per event of the windows so
-// far (one per event before any), and returns that growth. Called with mu
-// held.
-func (tr *Tracker) addGuessed(events uint64) uint64 {
-	grown := events
-	if tr.counterEvents > 0 {
-		grown = uint64(float64(events) * float64(tr.counterOn) / float64(tr.counterEvents))
-	}
-	tr.counterOn += grown
-	tr.counterEvents += events
-	return grown
-}
-
 // windowEvents is how many events a counting window aims at, and
 // minWindow the shortest window. Past a few hundred events a window
 // adds little to the distribution (a steady load shows its mix in each,
@@ -313,16 +289,6 @@ func (tr *Tracker) offLength(full time.Duration) time.Duration {
 	// A random phase, so that windows cannot alias with a periodic
 	// workload.
 	return time.Duration(float64(mean) * (0.5 + rand.Float64()))
-}
-
-// overrunEvents is how many events a window may count, however long it
-// lasted, before the pause after it grows in proportion (see offLength):
-// what windowLength aims a window at. Called with mu held.
-func (tr *Tracker) overrunEvents() uint64 {
-	if tr.cal != nil {
-		return calMinEvents
-	}
-	return windowEvents
 }
 
 // windowLength returns how long the next window stays attached: full
@@ -801,61 +767,6 @@ type calPoint struct {
 	sure, events, past uint64
 }
 
-// settleCalibration tests the window's reads against the candidates, in
-// order, once the probes are detached: listing and pruning hundreds of
-// thousands of candidates took 54 ms with the gate open, every one of
-// them a millisecond of uprobe traps for a tight loop (arrays ran 1.6
-// times slower). A counter chosen at one of the reads counts the growth
-// of its words in the reads after it. Called with mu held.
-func (tr *Tracker) settleCalibration() {
-	pts := tr.calPoints
-	tr.calPoints = nil
-	var chosen *calibration
-	for _, p := range pts {
-		if tr.cal != nil {
-			cal := tr.cal
-			// The candidates grew by the allocations past the mark
-			// too; the scale counts only those counted (adoptCounter).
-			tr.calPast += p.past
-			if cur, found := tr.calClose(p.now, p.sure+p.past, p.events+p.past); found {
-				tr.winCounter, chosen = cur, cal
-			}
-			continue
-		}
-		if chosen == nil || tr.counter == nil {
-			return
-		}
-		v, ok := chosen.chosenValue(p.now)
-		if !ok || v < tr.winCounter {
-			continue
-		}
-		tr.calEvents += p.events
-		tr.winCounter, tr.counterEnd = v, v
-	}
-}
-
-// calClose feeds one (part of a) window to the calibration; found says
-// whether it chose the counter, whose value in now is cur.
-func (tr *Tracker) calClose(now [][]uint64, sure, events uint64) (cur uint64, found bool) {
-	c, start, _, cur := tr.cal.close(now, sure, events)
-	if os.Getenv("RBSCOPE_ALLOC_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "cal close: sure %d events %d: windows %d events %d cands %d chosen %v\n", sure, events, tr.cal.windows, tr.cal.events, len(tr.cal.cands), c != nil)
-	}
-	if c != nil && tr.recalibrations > 0 {
-		c.source += fmt.Sprintf(", found again since it counts (%s)", tr.counterNote)
-	}
-	if c != nil {
-		tr.adoptCounter(c, start)
-		tr.counterEnd = cur
-		return cur, true
-	}
-	if tr.cal.failed() {
-		tr.cal = nil
-		tr.counterNote += "; calibration: no word of the object space grew with the allocations counted"
-	}
-	return 0, false
-}
-
 // maxRecalibrations bounds how often a calibrated counter that failed
 // the check is looked for again.
 const maxRecalibrations = 3
@@ -923,36 +834,6 @@ func (tr *Tracker) scaling(now time.Time, dur time.Duration) (scale float64, how
 		scale *= float64(dur) / float64(on)
 	}
 	return scale, "time", rubyTotal
-}
-
-// adoptCounter ends the calibration with the counter it chose, its value
-// when counting began (the calibration's windows count for their events,
-// see calOn). Called with mu held.
-func (tr *Tracker) adoptCounter(c *rubyCounter, start uint64) {
-	tr.counterStart = start
-	tr.calEvents = tr.cal.events - min(tr.cal.events, tr.calPast)
-	tr.counter, tr.cal = c, nil
-}
-
-// calOn is what the calibration's windows count for in the counter's
-// growth inside windows: their events at the growth per event of the
-// windows since (Ruby allocates objects no probe reports: 6% more than
-// the events on testdata/mixed.rb), or failing those, their events, the
-// least a true counter grows by over them. Their measured growth is off
-// by their edges: inflated by the reads of the blocks before the gate
-// opens and after it closes (+19 % on a tight loop), short where a read's
-// events were counted after the counter's word was read (-9 % under two
-// CPU hogs); valued at the least of the two, per read, it scaled a 0.3 s
-// job's totals 6-18 % high (TestAllocJobExits, TestExitingJob on Debian's
-// Ruby, which has its counter calibrated). Called with mu held.
-func (tr *Tracker) calOn() uint64 {
-	if tr.calEvents == 0 {
-		return 0
-	}
-	if tr.counterEvents == 0 || tr.counterOn == 0 {
-		return tr.calEvents
-	}
-	return uint64(float64(tr.calEvents) * float64(tr.counterOn) / float64(tr.counterEvents))
 }
 
 // calSlack is how many allocations a window may count beyond the growth of
