@@ -65,7 +65,9 @@ func isQualifiedName(label string) bool {
 	return false
 }
 
-func snapshotLive(t *testing.T, pid int) ([]stack.Thread, *Process) {
+// openRunning opens the running Ruby process pid, closed when the test
+// ends.
+func openRunning(t *testing.T, pid int) *Process {
 	t.Helper()
 	tg, err := target.OpenLive(pid)
 	if err != nil {
@@ -76,6 +78,13 @@ func snapshotLive(t *testing.T, pid int) ([]stack.Thread, *Process) {
 	if err != nil {
 		t.Fatalf("open Ruby process: %v", err)
 	}
+	return p
+}
+
+func snapshotLive(t *testing.T, pid int) ([]stack.Thread, *Process) {
+	t.Helper()
+	p := openRunning(t, pid)
+	var err error
 	// A thread may still be between printing its report and sleeping,
 	// and a running thread's stack may change while it is read (then it
 	// carries an Error and no frames, more often when it runs on another

@@ -1,13 +1,11 @@
 package ruby
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
-	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -30,16 +28,7 @@ sleep
 // another; an ID is never given to other frames, whichever thread.
 func TestStackIDs(t *testing.T) {
 	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
-		proc := rb.StartSource(t, "stackid.rb", stackIDScript)
-		tg, err := target.OpenLive(proc.Pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tg.Close()
-		p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := openRunning(t, rb.StartSource(t, "stackid.rb", stackIDScript).Pid)
 		byID := map[stack.ID][]stack.Frame{}
 		last := map[string]stack.Thread{}
 		kept, changed := map[string]int{}, map[string]int{}
