@@ -121,7 +121,7 @@ type threadKey struct {
 // prevStack is a thread's previous stack, its identity and its frame
 // ids.
 type prevStack struct {
-	frames []stack.Frame // the sample's own when id is known, else own
+	frames []stack.Frame // the sample's own frames when id is known, else own
 	id     stack.ID
 	ids    []uint64
 	own    []stack.Frame // a copy of frames whose id is not known
