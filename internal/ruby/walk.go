@@ -345,7 +345,6 @@ func (p *walker) thread(ref threadRef, ownerKnown bool, gc gcState) (stack.Threa
 		// stillStack looked.)
 		walked = nil
 	}
-	th.Frames, th.Stack = nil, 0
 	if k := p.keepFrames(ref.addr, frames, walked, cfp, len(prefix), th.TID); k != nil {
 		th.Frames, th.Stack = k.frames, k.id
 	}
@@ -800,7 +799,7 @@ func (p *walker) keepFrames(thread uint64, frames []stack.Frame, region []byte, 
 		k = &keptStack{}
 		p.lastFrames[thread] = k
 	}
-	same := k.id != 0 && slices.Equal(k.frames, frames)
+	same := slices.Equal(k.frames, frames) // a new k has no frames: never the same
 	if !same {
 		k.frames, k.id = slices.Clone(frames), stack.NewID()
 	}
