@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rbscope/rbscope/internal/procfs"
 	"github.com/rbscope/rbscope/internal/ruby"
 	"github.com/rbscope/rbscope/internal/sampler"
 	"github.com/rbscope/rbscope/internal/stack"
@@ -58,7 +59,13 @@ func BenchmarkAgentTick(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				c.targets = append(c.targets, &proc{pid: p.Pid, src: sampler.NewRubySource(rp, sampler.RubyOptions{}),
+				ps, err := procfs.ReadStat(p.Pid)
+				if err != nil {
+					b.Fatal(err)
+				}
+				// The identity tells the clock the process is still the
+				// one it opened when a read fails.
+				c.targets = append(c.targets, &proc{pid: p.Pid, ident: ps.Identity(), src: sampler.NewRubySource(rp, sampler.RubyOptions{}),
 					service: "bench", labels: map[string]string{"pid": "1"}})
 			}
 			defer c.finish()
@@ -70,6 +77,9 @@ func BenchmarkAgentTick(b *testing.B) {
 				Duration: time.Duration(b.N) * time.Second}, nil)
 			if err != nil {
 				b.Fatal(err)
+			}
+			if got := len(c.targets); got != n {
+				b.Fatalf("%d of the %d targets were dropped", n-got, n)
 			}
 			pt := float64(a.stats.targetTicks.Load() - n)
 			b.ReportMetric(float64(st.CPU.Nanoseconds())/pt, "cpu-ns/process-tick")
