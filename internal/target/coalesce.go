@@ -23,12 +23,54 @@ type Coalescer struct {
 	spans []Read
 	ends  []uint64 // each span's end: spans[i].Addr + its length
 	buf   []byte
+	all   []Read // ReadBatchThen's spans and then
 }
 
 // ReadBatch reads every request of reqs from t (see Target.ReadBatch),
 // in an order of its choosing. When a span fails the requests are read
 // again as given, so that the error names the address that failed.
 func (c *Coalescer) ReadBatch(t Target, reqs []Read) error {
+	spans, merged := c.plan(reqs)
+	if !merged {
+		return t.ReadBatch(reqs)
+	}
+	if err := t.ReadBatch(spans); err != nil {
+		return t.ReadBatch(reqs)
+	}
+	c.scatter(reqs)
+	return nil
+}
+
+// ReadBatchThen reads reqs as ReadBatch does and, in the same call to t
+// when it can, then's requests after them, in their order and merged with
+// nothing (then may read one address several times, and when matters).
+// err is reqs' error; thenErr is then's alone: a read of then that fails
+// (a guess at memory that is gone) costs reqs nothing but a second call.
+func (c *Coalescer) ReadBatchThen(t Target, reqs, then []Read) (err, thenErr error) {
+	if len(then) == 0 {
+		return c.ReadBatch(t, reqs), nil
+	}
+	spans, merged := c.plan(reqs)
+	if !merged {
+		spans = reqs
+	}
+	c.all = append(append(c.all[:0], spans...), then...)
+	defer clear(c.all) // no buffer of the caller's kept alive
+	if t.ReadBatch(c.all) != nil {
+		if err := c.ReadBatch(t, reqs); err != nil {
+			return err, nil
+		}
+		return nil, t.ReadBatch(then)
+	}
+	if merged {
+		c.scatter(reqs)
+	}
+	return nil, nil
+}
+
+// plan sorts reqs into page spans with buffers of c's own; merged is false
+// when no two requests share a span (read reqs as they are).
+func (c *Coalescer) plan(reqs []Read) (spans []Read, merged bool) {
 	c.order = c.order[:0]
 	for i := range reqs {
 		if len(reqs[i].Buf) > 0 {
@@ -36,7 +78,7 @@ func (c *Coalescer) ReadBatch(t Target, reqs []Read) error {
 		}
 	}
 	if len(c.order) < 2 {
-		return t.ReadBatch(reqs)
+		return nil, false
 	}
 	slices.SortFunc(c.order, func(a, b int) int { return cmp.Compare(reqs[a].Addr, reqs[b].Addr) })
 	// The spans, first as [Addr, end) with their buffers cut afterwards
@@ -46,7 +88,7 @@ func (c *Coalescer) ReadBatch(t Target, reqs []Read) error {
 		r := &reqs[i]
 		end := r.Addr + uint64(len(r.Buf))
 		if end < r.Addr {
-			return t.ReadBatch(reqs) // wraps around: let the target refuse it
+			return nil, false // wraps around: let the target refuse it
 		}
 		if n := len(c.spans); n > 0 && r.Addr <= pageEnd(c.ends[n-1]) {
 			c.ends[n-1] = max(c.ends[n-1], end)
@@ -56,7 +98,7 @@ func (c *Coalescer) ReadBatch(t Target, reqs []Read) error {
 		c.ends = append(c.ends, end)
 	}
 	if len(c.spans) == len(c.order) {
-		return t.ReadBatch(reqs) // nothing to merge: no copies
+		return nil, false // nothing to merge: no copies
 	}
 	// The gaps between merged requests are read too.
 	total := 0
@@ -72,9 +114,12 @@ func (c *Coalescer) ReadBatch(t Target, reqs []Read) error {
 		c.spans[i].Buf = c.buf[off : off+n : off+n]
 		off += n
 	}
-	if err := t.ReadBatch(c.spans); err != nil {
-		return t.ReadBatch(reqs)
-	}
+	return c.spans, true
+}
+
+// scatter copies the spans plan made for reqs, once read, into reqs'
+// buffers.
+func (c *Coalescer) scatter(reqs []Read) {
 	s := 0
 	for _, i := range c.order {
 		r := &reqs[i]
@@ -83,7 +128,6 @@ func (c *Coalescer) ReadBatch(t Target, reqs []Read) error {
 		}
 		copy(r.Buf, c.spans[s].Buf[r.Addr-c.spans[s].Addr:])
 	}
-	return nil
 }
 
 // pageEnd is the end of the page holding the byte before end (end itself

@@ -83,6 +83,59 @@ func TestCoalescer(t *testing.T) {
 	}
 }
 
+// TestCoalescerThen reads merged requests and, in the same system call,
+// ordered ones after them (one address twice, reads across the others'
+// pages), and then ordered reads that fail: the merged requests are still
+// read, and only the ordered ones fail.
+func TestCoalescerThen(t *testing.T) {
+	mem, base, tg := patternPages(t, 4)
+	if err := unix.Mprotect(mem[3*pageSize:], unix.PROT_NONE); err != nil {
+		t.Fatal(err)
+	}
+	rc := tg.(ReadCounter)
+	read := func(offs ...int) []Read {
+		reqs := make([]Read, len(offs))
+		for i, off := range offs {
+			reqs[i] = Read{Addr: base + uint64(off), Buf: make([]byte, 24)}
+		}
+		return reqs
+	}
+	check := func(what string, reqs []Read) {
+		t.Helper()
+		for i, r := range reqs {
+			off := int(r.Addr - base)
+			if !bytes.Equal(r.Buf, mem[off:off+len(r.Buf)]) {
+				t.Errorf("%s request %d (offset %d): wrong bytes", what, i, off)
+			}
+		}
+	}
+	var c Coalescer
+	for _, merge := range [][]int{{100, 10, pageSize + 8, 2 * pageSize}, {8}} {
+		reqs, then := read(merge...), read(pageSize+8, 16, pageSize+8, 2*pageSize+100)
+		calls := rc.ReadCalls()
+		err, thenErr := c.ReadBatchThen(tg, reqs, then)
+		if err != nil || thenErr != nil {
+			t.Fatalf("ReadBatchThen: %v, %v", err, thenErr)
+		}
+		if n := rc.ReadCalls() - calls; n != 1 {
+			t.Errorf("%d process_vm_readv calls, want 1", n)
+		}
+		check("merged", reqs)
+		check("ordered", then)
+	}
+	reqs, then := read(100, 10, pageSize+8), read(16, 3*pageSize+8)
+	err, thenErr := c.ReadBatchThen(tg, reqs, then)
+	if err != nil || thenErr == nil {
+		t.Fatalf("ReadBatchThen with an unreadable ordered read: %v, %v; want nil and an error", err, thenErr)
+	}
+	check("merged", reqs)
+	for _, r := range c.all {
+		if r.Buf != nil {
+			t.Fatalf("the coalescer keeps a caller's buffer")
+		}
+	}
+}
+
 // BenchmarkCoalescer compares a thread list's small reads (as a 4-thread
 // sample makes them: 12 requests on 6 pages) read as given and merged.
 func BenchmarkCoalescer(b *testing.B) {
