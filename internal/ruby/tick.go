@@ -8,14 +8,17 @@ import (
 )
 
 // A sample of every thread costs, in steady state, two process_vm_readv
-// calls however many threads there are, and a third for what changed:
+// calls however many threads there are, and a third for what changed;
+// when the target runs, most often one:
 //
 //  1. the GC count, the VM's ractor count, the main ractor, every thread
 //     struct of the list seen last time (tickThreads), checked to still
 //     form the ractor's thread list, and each thread's execution context
 //     head (vm_stack, size, cfp) and native thread id where they were last
-//     tick (keepHeads);
-//  2. every thread's control-frame region: once when the target is
+//     tick (keepHeads); when the target runs, also each thread's control
+//     frames where they were last tick (guessRegions), which serve as the
+//     next call's when its cfp is still among them;
+//  2. every other thread's control-frame region: once when the target is
 //     stopped, else copied twice from a few slots below the cfp, framed by
 //     reads of the cfp (framedReads; see readFrames for why).
 //
@@ -38,6 +41,7 @@ func (p *walker) tickThreads() ([]threadRef, error) {
 	if refs, ok := p.knownThreadList(); ok {
 		return refs, nil
 	}
+	p.guesses = p.guesses[:0] // made for the list known, not this one
 	p.beginEpoch()
 	refs, err := p.threadList()
 	if err != nil {
@@ -107,8 +111,17 @@ func (p *walker) knownThreadList() ([]threadRef, bool) {
 	}
 	p.refsBuf = refs[:0]
 	p.tickReqs = reqs[:0]
-	if err := p.merged.ReadBatch(p.t, reqs); err != nil {
+	guesses := p.guessRegions(refs, heads)
+	if p.offCPU != nil && len(guesses) > 0 {
+		p.regionsAt = p.offCPU.Now()
+	}
+	err, guessErr := p.merged.ReadBatchThen(p.t, reqs, guesses)
+	p.guessReqs = guesses[:0]
+	if err != nil {
 		return nil, false
+	}
+	if guessErr != nil {
+		clear(p.guesses)
 	}
 	p.gcFresh = gcOK
 	if o.vmRactorCnt.ok {
@@ -151,6 +164,102 @@ func (p *walker) knownThreadList() ([]threadRef, bool) {
 	}
 	p.markWaiters(p.knownRactor, rb, refs)
 	return refs, true
+}
+
+// regionGuess is a thread's control-frame region read with the thread
+// list, where its frames were last tick (guessRegions).
+type regionGuess struct {
+	ec         uint64 // the execution context whose cfp framed the copies
+	start, end uint64 // its VM stack
+	lo         uint64 // the copies start at lo
+	first      []byte // nil: no guess
+	second     []byte
+	cfps       [3][8]byte
+}
+
+// maxGuessMisses is how many guesses in a row may miss a thread's frames
+// before its guesses are made only every guessRetry ticks: a thread whose
+// stack moves by more than frameHeadroom frames from tick to tick (a deep
+// recursion) would have its frames copied twice a tick.
+const (
+	maxGuessMisses = 2
+	guessRetry     = 8
+)
+
+// guessRegions returns, unless the target holds still, the framed reads
+// (framedReads) of the control frames of each known thread that was read
+// last tick, where its frames were then: read in the same system call as
+// the thread list, a thread whose cfp has moved by at most frameHeadroom
+// frames since (most threads that ran: a loop calls and returns) needs no
+// read of its own in prefetchRegions. Threads that have not run since
+// their frames were read (see stillStack) are left out. It fills
+// p.guesses, one per ref; heads says p.knownHeads matches refs.
+func (p *walker) guessRegions(refs []threadRef, heads bool) []target.Read {
+	p.guesses = p.guesses[:0]
+	if !p.guessing || !heads || !p.rt.o.thEC.ok {
+		return nil
+	}
+	p.guessTick++
+	if cap(p.guesses) < len(refs) {
+		p.guesses = make([]regionGuess, len(refs))
+	}
+	p.guesses = p.guesses[:len(refs)]
+	clear(p.guesses)
+	reqs := p.guessReqs[:0]
+	for i := range refs {
+		h := &p.knownHeads[i]
+		if h.ec == 0 || h.cfp < h.start || h.cfp >= h.end || p.likelyStill(refs[i].addr) {
+			continue
+		}
+		if h.misses >= maxGuessMisses && p.guessTick%guessRetry != 0 {
+			continue
+		}
+		lo, n := p.frameSpan(h.start, h.end, h.cfp, true)
+		if n == 0 {
+			continue
+		}
+		g := &p.guesses[i]
+		g.ec, g.start, g.end, g.lo = h.ec, h.start, h.end, lo
+		g.first, g.second = p.scratch.take(int(n)), p.scratch.take(int(n))
+		reqs = framedReads(reqs, h.ec+p.rt.o.ecCFP.off, lo, g.first, g.second, &g.cfps, true)
+	}
+	return reqs
+}
+
+// likelyStill says whether the thread at addr seems not to have run
+// since its frames were last read: stillStack's test before this tick's
+// reads (it is made again on them).
+func (p *walker) likelyStill(addr uint64) bool {
+	if p.offCPU == nil {
+		return false
+	}
+	k := p.lastFrames[addr]
+	return k != nil && k.trusted && k.regionOK && k.readAt != 0 && k.tid != 0 && p.offCPU.OffSince(k.tid, k.readAt)
+}
+
+// guessed returns the region of refs[i] read by guessRegions, if its
+// execution context and VM stack are the ones guessed from and its frames
+// settled in the copies (see settle); it notes the guess's hit or miss.
+func (p *walker) guessed(i int, r *threadRef, start, end uint64) ([]byte, uint64, bool) {
+	if i >= len(p.guesses) || p.guesses[i].first == nil {
+		return nil, 0, false
+	}
+	g := &p.guesses[i]
+	ok := g.ec == r.ebAt && g.start == start && g.end == end
+	var region []byte
+	var at uint64
+	if ok {
+		region, at, ok = p.settle(g.lo, g.end, g.cfps, true, g.first, g.second)
+	}
+	if i < len(p.knownHeads) && p.knownHeads[i].ec == g.ec {
+		h := &p.knownHeads[i]
+		if ok {
+			h.misses = 0
+		} else if h.misses < 255 {
+			h.misses++
+		}
+	}
+	return region, at, ok
 }
 
 // prefetchHeads reads, for every thread at once, the execution context
@@ -273,6 +382,12 @@ func (p *walker) prefetchRegions(refs []threadRef) {
 			r.region, r.regionCFP, r.still = k.region, k.cfp, true
 			continue
 		}
+		if region, at, ok := p.guessed(i, r, start, end); ok {
+			// Read with the thread list, where they were last tick.
+			r.region, r.regionCFP = region, at
+			p.noteCFP(i, at)
+			continue
+		}
 		lo, n := p.frameSpan(start, end, cfp, !p.stopped)
 		if n == 0 {
 			continue
@@ -292,7 +407,9 @@ func (p *walker) prefetchRegions(refs []threadRef) {
 	if len(reqs) == 0 {
 		return
 	}
-	if p.offCPU != nil {
+	if p.offCPU != nil && p.regionsAt == 0 {
+		// (Not when guessRegions' reads, earlier, set it: the kept
+		// stacks then stand from that instant, the earlier one.)
 		p.regionsAt = p.offCPU.Now()
 	}
 	if err := p.t.ReadBatch(reqs); err != nil {
@@ -311,6 +428,7 @@ func (p *walker) prefetchRegions(refs []threadRef) {
 		}
 		if region, at, ok := p.settle(c.lo, c.end, c.cfps, c.mid, c.first, c.r.region); ok {
 			c.r.region, c.r.regionCFP = region, at
+			p.noteCFP(i, at)
 		} else {
 			c.r.region, c.r.regionTorn, c.r.regionCFP = nil, true, le64(c.cfps[2][:], 0)
 		}
@@ -348,8 +466,21 @@ func (p *walker) threadName(nv uint64) string {
 }
 
 // threadHeads is where a thread's execution context and native thread
-// were at the last tick (0: not read there).
-type threadHeads struct{ ec, nt uint64 }
+// were at the last tick (0: not read there), with the VM stack and cfp it
+// held then (for guessRegions).
+type threadHeads struct {
+	ec, nt          uint64
+	start, end, cfp uint64
+	misses          uint8 // guesses in a row that missed its frames
+}
+
+// noteCFP notes where thread refs[i]'s frames were found this tick, for
+// next tick's guess.
+func (p *walker) noteCFP(i int, cfp uint64) {
+	if p.guessing && i < len(p.knownHeads) && p.knownHeads[i].ec != 0 {
+		p.knownHeads[i].cfp = cfp
+	}
+}
 
 // keepHeads notes where each thread of the known thread list had its
 // execution context and native thread this tick, for knownThreadList to
@@ -357,10 +488,16 @@ type threadHeads struct{ ec, nt uint64 }
 // tick. A thread that switched fibers points elsewhere; prefetchHeads then
 // reads its new context.
 func (p *walker) keepHeads(refs []threadRef) {
-	p.knownHeads = p.knownHeads[:0]
 	if len(refs) != len(p.knownThreads) {
+		p.knownHeads = p.knownHeads[:0]
 		return
 	}
+	// The guesses' misses are kept for a thread that stays where it was.
+	old := len(p.knownHeads) == len(refs)
+	if !old {
+		p.knownHeads = append(p.knownHeads[:0], make([]threadHeads, len(refs))...)
+	}
+	o := &p.rt.o
 	for i := range refs {
 		r := &refs[i]
 		if r.addr != p.knownThreads[i] {
@@ -373,8 +510,13 @@ func (p *walker) keepHeads(refs []threadRef) {
 			if r.haveTID {
 				h.nt = r.tidAt
 			}
+			h.start, h.cfp = o.ecVMStack.u64(r.eb), o.ecCFP.u64(r.eb)
+			h.end = h.start + o.ecVMStackSize.u64(r.eb)*8
+			if old && p.knownHeads[i].ec == h.ec {
+				h.misses = p.knownHeads[i].misses
+			}
 		}
-		p.knownHeads = append(p.knownHeads, h)
+		p.knownHeads[i] = h
 	}
 }
 

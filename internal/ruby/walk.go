@@ -168,6 +168,7 @@ func (p *walker) snapshot(stopped bool, holder, only int) ([]stack.Thread, error
 	// Until the holder is seen to hold the GVL, the other threads may run.
 	p.stopped = stopped && holder == 0
 	defer func() { p.stopped = p.stoppedAll }()
+	p.guessing, p.guesses = !stopped && holder == 0 && only == 0, p.guesses[:0]
 	refs, err := p.tickThreads()
 	if err != nil {
 		return nil, err

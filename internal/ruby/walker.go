@@ -51,6 +51,12 @@ type walker struct {
 	scratch   scratch
 	refsBuf   []threadRef
 	checksBuf []regionCheck
+	// guessRegions' reads, one guess per thread of the tick, and whether
+	// this snapshot makes them (the target runs and every thread is read).
+	guessReqs []target.Read
+	guesses   []regionGuess
+	guessing  bool
+	guessTick uint32
 	gcFresh   bool // the GC flags were read with the thread list
 	checkWits []witness
 	checkOK   []bool
