@@ -34,6 +34,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rbscope/rbscope/internal/procfs"
 )
 
 // State is what a thread was doing at an instant.
@@ -237,6 +239,15 @@ type thread struct {
 	// earlier instant is unknown. clock0 is the task clock then.
 	since  int64
 	clock0 uint64
+	// A thread with no switch since the watch began is in the state its
+	// task clock said (quiet), as long as the ring buffer's head is still
+	// quietHead (a switch writes a record): no read of the clock, a
+	// system call, per query of an idle thread.
+	quietHead  uint64
+	quiet      State
+	clockReads int
+	// asleep: /proc said the thread slept just after the watch began.
+	asleep bool
 }
 
 // open watches thread tid of process pid.
@@ -279,6 +290,9 @@ func open(pid, tid int) (*thread, error) {
 		th.close()
 		return nil, fmt.Errorf("read the task clock of thread %d of process %d: %w", tid, pid, err)
 	}
+	// Records begin with the event: a thread asleep after it, with no
+	// record since, has been asleep all along (see at).
+	th.asleep = procfs.TaskState(pid, tid) == 'S'
 	th.since = Now()
 	return th, nil
 }
@@ -286,6 +300,7 @@ func open(pid, tid int) (*thread, error) {
 // clock reads the thread's task clock (nanoseconds on a CPU), brought up
 // to date by the kernel when the thread is running.
 func (th *thread) clock() (uint64, error) {
+	th.clockReads++
 	var b [8]byte
 	n, err := unix.Read(th.fd, b[:])
 	if err != nil {
@@ -311,7 +326,8 @@ func (th *thread) close() {
 // says what came before it, provided the buffer still holds every record
 // since the watch began; with no record at all the thread has not
 // switched since, and its task clock says whether it has been running
-// all along.
+// all along (else it is asleep, if /proc said so when the watch began,
+// or off).
 func (th *thread) at(at, until int64) (State, Since) {
 	if at < th.since {
 		return Unknown, Stayed
@@ -383,14 +399,29 @@ func (th *thread) at(at, until int64) (State, Since) {
 	case seen:
 		return Off, since // switched in after at
 	}
+	if th.quiet != Unknown && th.quietHead == head {
+		return th.quiet, Stayed
+	}
 	c, err := th.clock()
 	if err != nil {
 		return Unknown, Stayed
 	}
-	if c > th.clock0 {
-		return Running, Stayed // ran without a switch since the watch began
+	st := Off
+	switch {
+	case c > th.clock0:
+		st = Running // ran without a switch since the watch began
+	case th.asleep:
+		// Asleep when the watch began and not switched in since:
+		// asleep still, as far as the records can tell (woken, it is
+		// runnable until it is switched in, which writes a record).
+		st = Asleep
 	}
-	return Off, Stayed
+	if atomic.LoadUint64(&th.meta.Data_head) == head {
+		// No switch between the walk and the clock's read: it stands
+		// until one.
+		th.quietHead, th.quiet = head, st
+	}
+	return st, Stayed
 }
 
 func fromRecord(misc uint16) State {

@@ -193,3 +193,43 @@ func TestAtAsleepAndStopped(t *testing.T) {
 		t.Errorf("continued since its first stop, until it ran again: %v, want resumed", since)
 	}
 }
+
+// TestQuietThreadReadOnce: a thread asleep since before the watch began
+// has no switch record; it is asleep (as /proc said when the watch began)
+// while its task clock says it has not run, and that clock is read once,
+// not at every query (a system call per idle thread per tick); once it
+// switches (stopped by SIGSTOP), the records answer again.
+func TestQuietThreadReadOnce(t *testing.T) {
+	sl := exec.Command("sleep", "100")
+	if err := sl.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sl.Process.Kill(); sl.Wait() })
+	pid := sl.Process.Pid
+	time.Sleep(50 * time.Millisecond)
+	w := watch(t, pid)
+	th := w.threads[pid]
+	reads := th.clockReads // the one at the start of the watch
+	for i := 0; i < 20; i++ {
+		time.Sleep(time.Millisecond)
+		if s, since := w.At(pid, Now(), math.MaxInt64); s != Asleep || since != Stayed {
+			t.Fatalf("query %d: %v (since: %v), want asleep (as /proc said when the watch began) and stayed", i, s, since)
+		}
+	}
+	if n := th.clockReads - reads; n != 1 {
+		t.Errorf("%d task clock reads for 20 queries of a thread that never switched, want 1", n)
+	}
+	if err := sl.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; procfs.TaskState(pid, pid) != 'T'; i++ {
+		if i > 1000 {
+			t.Fatalf("process %d not stopped", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if s, _ := w.At(pid, Now(), math.MaxInt64); s != Asleep {
+		t.Errorf("stopped process: %v, want asleep (from its records)", s)
+	}
+}
