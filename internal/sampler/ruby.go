@@ -101,6 +101,9 @@ type RubySource struct {
 	// no longer held (ruby.HolderError), by reason, holder tids left
 	// out: each one costs the tick another pause (diagnostics).
 	holderMisses map[string]int
+	// yielded names the stacks of threads taken as running where they
+	// yielded the GVL (their stack without the wait's frame).
+	yielded stack.Derived
 }
 
 // NewRubySource samples the Ruby process p.
@@ -291,7 +294,7 @@ func (s *RubySource) tickCPUState(th *stack.Thread) oncpu.State {
 			// waiting for the GVL) left the cpu profile of a thread
 			// that shares the GVL 15-55 % short under load.
 			th.Activity = stack.ActivityRunning
-			th.Frames, th.Stack = th.Frames[1:], 0 // another stack
+			th.Frames, th.Stack = th.Frames[1:], s.yielded.Of(th.Stack)
 		case th.Activity != stack.ActivityGVLWait:
 			// Switched in again (it may have run anywhere since),
 			// or gone to sleep where it is read (Thread::Queue#pop,

@@ -86,7 +86,8 @@ func (s *Sample) DropGC() {
 // comparing frames. The frames of a nonzero ID are shared and never
 // modified: a holder may keep them without a copy. The same frames may
 // carry different IDs (made apart); 0 means not known, and frames
-// derived from a stack (a sub-slice, a pseudo-frame dropped) take 0.
+// derived from a stack (a sub-slice, a pseudo-frame dropped) take 0 or an
+// ID from a Derived.
 type ID uint64
 
 var lastID atomic.Uint64
@@ -97,6 +98,33 @@ func NewID() ID { return ID(lastID.Add(1)) }
 // Same reports whether a and b are known to be the same stack: both
 // carry the same nonzero ID.
 func Same(a, b ID) bool { return a != 0 && a == b }
+
+// Derived gives the stacks one derivation makes from others (the same
+// frames cut the same way, say without their innermost one) IDs of their
+// own: the same for every stack derived from one ID, since that ID's
+// frames never change. Its zero value is ready; it is not for concurrent
+// use.
+type Derived struct{ ids map[ID]ID }
+
+// maxDerived bounds a Derived's memory: past it, its IDs are made anew.
+const maxDerived = 1 << 14
+
+// Of returns the ID of the stack derived from the stack of ID parent (0
+// when parent is 0: not known).
+func (d *Derived) Of(parent ID) ID {
+	if parent == 0 {
+		return 0
+	}
+	if id, ok := d.ids[parent]; ok {
+		return id
+	}
+	if d.ids == nil || len(d.ids) >= maxDerived {
+		d.ids = make(map[ID]ID)
+	}
+	id := NewID()
+	d.ids[parent] = id
+	return id
+}
 
 // Mode selects which samples a recording keeps.
 type Mode string
