@@ -20,11 +20,16 @@
 # would compete with the targets for the CPUs).
 #
 # Needs root, ruby, python3, curl. About 3 minutes. WINDOW=seconds per
-# measurement (default 15). Output: a table on stdout.
+# measurement (default 15). With BASELINE_REV=<git revision> the agent of
+# that build is measured too at 100 Hz, right after this one's, on the same
+# targets (a before/after row in one run). Output: a table on stdout.
 source "$(dirname "$0")/lib/bench.sh"
 window=${WINDOW:-15}
 n=20
 go build -o "$work/rbscope" ./cmd/rbscope
+if [ -n "${BASELINE_REV:-}" ]; then
+  build_baseline "$work/rbscope-before"
+fi
 go build -o "$work/readfloor" ./tools/readfloor
 
 cat >"$work/target.rb" <<'EOF'
@@ -111,8 +116,8 @@ metric() { curl -s "http://$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
 echo "rbscope agent benchmark: $n Ruby processes x 4 spinning threads x 50 frames, ${window}s windows, $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg)"
 base1=$(window_rate)
 
-run_agent() { # RATE PORT
-  "$work/rbscope" agent --upload "$url" --rate "$1" --metrics-addr "127.0.0.1:$2" --log-level warn \
+run_agent() { # RATE PORT [BINARY]
+  "${3:-$work/rbscope}" agent --upload "$url" --rate "$1" --metrics-addr "127.0.0.1:$2" --log-level warn \
     --include "$work/target.rb" 2>"$work/agent.$1.log" &
   agent=$!
   pids+=($agent)
@@ -134,6 +139,17 @@ a_e1=$(metric 127.0.0.1:19466 'rbscope_agent_sample_errors_total{kind="inconsist
 a_s1=$(metric 127.0.0.1:19466 rbscope_agent_samples_total)
 a_rss=$(rss_kb VmRSS $agent); a_hwm=$(rss_kb VmHWM $agent)
 kill -TERM $agent; wait $agent || true
+
+# 1b. the baseline's agent at 100 Hz
+z_c=0; z_t=1; rate_base=0
+if [ -n "${BASELINE_REV:-}" ]; then
+  run_agent 100 19468 "$work/rbscope-before"
+  z_c0=$(cpu_ticks $agent); z_t0=$(metric 127.0.0.1:19468 rbscope_agent_process_ticks_total)
+  rate_base=$(window_rate)
+  z_c1=$(cpu_ticks $agent); z_t1=$(metric 127.0.0.1:19468 rbscope_agent_process_ticks_total)
+  z_c=$((z_c1 - z_c0)); z_t=$((z_t1 - z_t0))
+  kill -TERM $agent; wait $agent || true
+fi
 
 # 3. the agent at 20 Hz
 run_agent 20 19467
@@ -169,7 +185,7 @@ awk -v hz="$hz" -v w="$window" -v n="$n" \
   -v arss="$a_rss" -v ahwm="$a_hwm" -v bc="$((b_c1 - b_c0))" \
   -v rc="$((r_c1 - r_c0))" -v rrss="$r_rss" -v rhwm="$r_hwm" \
   -v base1="$base1" -v basem="$base_mid" -v base2="$base2" -v ra="$rate_agent" -v rr="$rate_rec" \
-  -v floor1="$floor1" -v floorn="$floorn" 'BEGIN {
+  -v floor1="$floor1" -v floorn="$floorn" -v zc="$z_c" -v zt="$z_t" -v rz="$rate_base" -v zrev="${BASELINE_REV:-}" 'BEGIN {
   # Each slowdown against the unprofiled windows on either side of it.
   basea = (base1 + basem) / 2; baser = (basem + base2) / 2
   acpu = ac / hz; rcpu = rc / hz
@@ -178,10 +194,15 @@ awk -v hz="$hz" -v w="$window" -v n="$n" \
   for (i = 1; i < length(fn); i += 2) FN[fn[i]] = fn[i+1]
   printf "%-40s %10s %12s %10s %10s %10s\n", "", "% of a core", "µs/due p-tick", "RSS MiB", "peak MiB", "slowdown/cpu-s"
   printf "%-40s %10.2f %12.1f %10.1f %10.1f %9.2f%%\n", "agent, 100 Hz (one process)", 100*acpu/w, 1e6*acpu/(w*100*n), arss/1024, ahwm/1024, 100*(1-ra/basea)
+  if (zrev != "") {
+    zcpu = zc / hz
+    printf "%-40s %10.2f %12.1f %10s %10s %9.2f%%\n", "agent, 100 Hz, baseline " substr(zrev, 1, 12), 100*zcpu/w, 1e6*zcpu/(w*100*n), "", "", 100*(1-rz/basem)
+  }
   printf "%-40s %10.2f %12.1f %10s %10s %10s\n", "agent, 20 Hz", 100*bc/hz/w, 1e6*bc/hz/(w*20*n), "", "", ""
   printf "%-40s %10.2f %12.1f %10.1f %10.1f %9.2f%%\n", "20 x record --nonblocking, 100 Hz", 100*rcpu/w, 1e6*rcpu/(w*100*n), rrss/1024, rhwm/1024, 100*(1-rr/baser)
   printf "%-40s %10.2f %12.1f\n", "paced floor, 1 process (readfloor)", 100*F1["paced_floor_ns"]*100/1e9, F1["paced_floor_ns"]/1e3
   printf "%-40s %10.2f %12.1f\n", "paced floor, 20 processes, one clock", 100*FN["cpu_ns_per_tick"]*100/1e9, FN["cpu_ns_per_tick"]/1e3/n
+  if (zrev != "") printf "\nbaseline agent at 100 Hz: %d process-ticks in %ds, %.1f µs of CPU per process-tick taken; after/before per process-tick taken: %.2f\n", zt, w, 1e6*zc/hz/zt, (acpu/at)/(zc/hz/zt)
   printf "\nagent at 100 Hz: %d process-ticks in %ds (%.0f%% of the %d due: the rest were late on a busy machine), %.1f µs of CPU per process-tick taken, %d samples, %d failed process-ticks (inconsistent)\n", at, w, 100*at/(w*100*n), w*100*n, 1e6*acpu/at, as, ae
   printf "floor of one sample of one process: %s ns (one 8-byte read %s ns); targets unprofiled: %d, %d and %d iterations per CPU second (before, between, after: how much the machine drifts)\n", F1["floor_ns"], F1["one_read_ns"], base1, basem, base2
 }'
