@@ -36,8 +36,10 @@ type Runtimes struct {
 // Runtime is what is true of one Ruby build whichever process runs it: its
 // version, its struct layout, the offsets resolved from that layout, and
 // the capabilities the version implies (named here, rather than compared
-// as versions where they are used). Immutable once made: the processes of
-// one build share one Runtime (see Runtimes), a fork its parent's.
+// as versions where they are used). Immutable once made, but for hints
+// learned from one of its processes that every process checks before it
+// uses them (hiddenHint): the processes of one build share one Runtime
+// (see Runtimes), a fork its parent's.
 type Runtime struct {
 	version       string // "3.1.2"
 	versionSource string // how the version was told
@@ -82,6 +84,14 @@ type Runtime struct {
 	wideArrayLen bool
 	// singletonUser1: 3.4+, FL_SINGLETON is FL_USER1 (FL_USER0 before).
 	singletonUser1 bool
+
+	// hiddenHint is the symbol serials of the hidden ivar names
+	// (__classpath__ in the high 32 bits, __attached__ in the low) one
+	// process of this build found them at (0: none yet). Ruby interns
+	// both while it boots, so they are most often the same in every
+	// process of a build; each process checks them in its own symbol
+	// table (see namer.searchSerials).
+	hiddenHint atomic.Uint64
 }
 
 // newRuntime makes the Runtime of a build of the given version (trimmed;

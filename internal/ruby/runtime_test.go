@@ -92,3 +92,56 @@ func TestForkSharesRuntime(t *testing.T) {
 		t.Errorf("the fork's stack lacks %s: %s", want, strings.Join(got, "; "))
 	})
 }
+
+// TestHiddenSerialsShared: on Rubies that keep class paths in hidden
+// ivars (before 3.2), the second process of a build takes the symbol
+// serials of their names from the first (Runtime.hiddenHint), checked in
+// its own symbol table, instead of searching a few hundred serials; its
+// stacks are still Ruby's own (caller_locations). Later Rubies never
+// search.
+func TestHiddenSerialsShared(t *testing.T) {
+	testutil.NeedRoot(t)
+	testutil.EachRuby(t, func(t *testing.T, rb testutil.RubyUnderTest) {
+		rts := NewRuntimes()
+		var ps [2]*Process
+		for i := range ps {
+			rb.SetProfilerEnv(t)
+			proc := rb.Start(t, "stacks.rb", "nested")
+			want := reports(t, proc)["main"]
+			tg, err := target.OpenLive(proc.Pid)
+			if err != nil {
+				t.Fatalf("open live target %d: %v", proc.Pid, err)
+			}
+			t.Cleanup(func() { tg.Close() })
+			if ps[i], err = Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Runtimes: rts}}); err != nil {
+				t.Fatalf("open Ruby process %d: %v", proc.Pid, err)
+			}
+			ths, err := ps[i].Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, th := range ths {
+				if !th.Main {
+					checkAgainstRuby(t, th, want)
+				}
+			}
+		}
+		first, second := ps[0].n, ps[1].n
+		if ps[0].Runtime() != ps[1].Runtime() {
+			t.Fatal("two processes of one Ruby have Runtimes of their own")
+		}
+		if !first.rt.hiddenIvarNames {
+			if first.serialsSearched != 0 || second.serialsSearched != 0 || first.rt.hiddenHint.Load() != 0 {
+				t.Errorf("Ruby %s keeps no hidden ivar names, but symbol serials were searched (%d, %d)", first.rt.version, first.serialsSearched, second.serialsSearched)
+			}
+			return
+		}
+		if first.classpathSerial == 0 || first.attachedSerial == 0 || first.serialsSearched == 0 {
+			t.Fatalf("first process: serials %d and %d after a search of %d", first.classpathSerial, first.attachedSerial, first.serialsSearched)
+		}
+		if second.serialsSearched != 0 || second.classpathSerial != first.classpathSerial || second.attachedSerial != first.attachedSerial {
+			t.Errorf("second process: serials %d and %d after a search of %d, want the first's %d and %d without a search",
+				second.classpathSerial, second.attachedSerial, second.serialsSearched, first.classpathSerial, first.attachedSerial)
+		}
+	})
+}
