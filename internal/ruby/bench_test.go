@@ -109,14 +109,14 @@ func BenchmarkSnapshotAfterGC(b *testing.B) {
 		b.Fatal("the GC count was not found: every snapshot is an epoch of its own")
 	}
 	rc := tg.(target.ReadCounter)
-	reads := uint64(0)
+	reads, iovecs := uint64(0), uint64(0)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		if err := p.waitForGC(10 * time.Second); err != nil {
 			b.Fatal(err)
 		}
-		before := rc.ReadCalls()
+		before, iovBefore := rc.ReadCalls(), rc.ReadIovecs()
 		b.StartTimer()
 		ths, err := p.Snapshot()
 		if err != nil {
@@ -124,6 +124,7 @@ func BenchmarkSnapshotAfterGC(b *testing.B) {
 		}
 		b.StopTimer()
 		reads += rc.ReadCalls() - before
+		iovecs += rc.ReadIovecs() - iovBefore
 		frames := 0
 		for _, th := range ths {
 			frames += len(th.Frames)
@@ -134,6 +135,7 @@ func BenchmarkSnapshotAfterGC(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(reads)/float64(b.N), "readv/op")
+	b.ReportMetric(float64(iovecs)/float64(b.N), "iovecs/op")
 }
 
 // openScenario starts stacks.rb's scenario and opens it live.

@@ -73,8 +73,12 @@ type namer struct {
 	witReqs  []target.Read
 	witSpans []witSpan
 	witOK    []bool
-	witStack []*witness // scratch witnesses, by nesting depth
-	witOuter []*witness // the recording each one interrupted
+	// witMerged reads the witnesses' spans (their order does not
+	// matter) in page spans: names cached on few pages cost one remote
+	// iovec per page, not per span.
+	witMerged target.Coalescer
+	witStack  []*witness // scratch witnesses, by nesting depth
+	witOuter  []*witness // the recording each one interrupted
 }
 
 // opener finds a process's Ruby (its binaries, version, layout and VM)

@@ -257,7 +257,7 @@ func (p *namer) unchangedAll(ws []witness, ok []bool) []bool {
 	}
 	p.witReqs = reqs[:0]
 	p.witChecks++
-	if len(reqs) == 0 || p.t.ReadBatch(reqs) != nil {
+	if len(reqs) == 0 || p.witMerged.ReadBatch(p.t, reqs) != nil {
 		// One range failing fails the batch: check each witness alone.
 		for _, w := range ws {
 			ok = append(ok, len(ws) > 1 && !w.empty() && p.unchanged(w))
