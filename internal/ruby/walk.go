@@ -1159,13 +1159,15 @@ type slotEntry struct {
 	frOK, frDone bool
 }
 
-// batch reads reqs in one system call where the target allows it; a
-// request that fails (a race with the target) fails the batch.
+// batch reads reqs in one system call where the target allows it, merged
+// by page (environments on the VM stack, headers of objects allocated
+// together: a remote iovec per page rather than per request); a request
+// that fails (a race with the target) fails the batch.
 func (p *walker) batch(reqs []target.Read) error {
 	if len(reqs) == 0 {
 		return nil
 	}
-	return p.t.ReadBatch(reqs)
+	return p.merged.ReadBatch(p.t, reqs)
 }
 
 // frame names one control frame; ok is false for frames Ruby's own
