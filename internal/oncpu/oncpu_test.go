@@ -32,6 +32,25 @@ func spin(t *testing.T, cpu int) *exec.Cmd {
 	return cmd
 }
 
+// stop stops process pid with SIGSTOP and waits until the kernel says it
+// is stopped.
+func stop(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		st := procfs.TaskState(pid, pid)
+		if st == 'T' {
+			return
+		}
+		if i > 1000 {
+			t.Fatalf("process %d not stopped (state %c)", pid, st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // watch watches the one thread of process pid.
 func watch(t *testing.T, pid int) *Threads {
 	t.Helper()
@@ -131,19 +150,7 @@ func TestAtAsleepAndStopped(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond)
 	spinning := Now()
-	if err := sp.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; ; i++ {
-		st := procfs.TaskState(pid, pid)
-		if st == 'T' {
-			break
-		}
-		if i > 1000 {
-			t.Fatalf("process %d not stopped (state %c)", pid, st)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	stop(t, pid)
 	stopped := Now()
 	time.Sleep(10 * time.Millisecond)
 	for _, at := range []int64{stopped, Now()} {
@@ -176,15 +183,7 @@ func TestAtAsleepAndStopped(t *testing.T) {
 	}
 	// Stopped again: switched in since its first stop, and asleep now.
 	running := Now()
-	if err := sp.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; procfs.TaskState(pid, pid) != 'T'; i++ {
-		if i > 1000 {
-			t.Fatalf("process %d not stopped again", pid)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	stop(t, pid)
 	time.Sleep(5 * time.Millisecond)
 	if _, since := w.At(pid, stopped, math.MaxInt64); since != SwitchedIn {
 		t.Errorf("continued and stopped again since its first stop: %v, want switched in", since)
@@ -219,15 +218,7 @@ func TestQuietThreadReadOnce(t *testing.T) {
 	if n := th.clockReads - reads; n != 1 {
 		t.Errorf("%d task clock reads for 20 queries of a thread that never switched, want 1", n)
 	}
-	if err := sl.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; procfs.TaskState(pid, pid) != 'T'; i++ {
-		if i > 1000 {
-			t.Fatalf("process %d not stopped", pid)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	stop(t, pid)
 	time.Sleep(5 * time.Millisecond)
 	if s, _ := w.At(pid, Now(), math.MaxInt64); s != Asleep {
 		t.Errorf("stopped process: %v, want asleep (from its records)", s)
