@@ -43,7 +43,7 @@ func (p *walker) stillStack(r *threadRef, cfp uint64) *keptStack {
 		return nil
 	}
 	k := p.lastFrames[r.addr]
-	if k == nil || !k.trusted || !k.regionOK || k.readAt == 0 || k.tid == 0 || k.epoch != p.epoch || k.cfp != cfp {
+	if !k.readByBatch() || k.epoch != p.epoch || k.cfp != cfp {
 		return nil
 	}
 	if tid := p.refTID(r, r.tb); tid != k.tid || !p.offCPU.OffSince(tid, k.readAt) {
@@ -51,4 +51,11 @@ func (p *walker) stillStack(r *threadRef, cfp uint64) *keptStack {
 	}
 	p.stillSkips++
 	return k
+}
+
+// readByBatch reports whether k (nil: none) is a trusted stack whose
+// region a tick's batch read for a known native thread, at a known
+// instant: one whose thread the switch records can say has not run since.
+func (k *keptStack) readByBatch() bool {
+	return k != nil && k.trusted && k.regionOK && k.readAt != 0 && k.tid != 0
 }

@@ -234,7 +234,7 @@ func (p *walker) likelyStill(addr uint64) bool {
 		return false
 	}
 	k := p.lastFrames[addr]
-	return k != nil && k.trusted && k.regionOK && k.readAt != 0 && k.tid != 0 && p.offCPU.OffSince(k.tid, k.readAt)
+	return k.readByBatch() && p.offCPU.OffSince(k.tid, k.readAt)
 }
 
 // guessed returns the region of refs[i] read by guessRegions, if its
