@@ -67,16 +67,19 @@ func isQualifiedName(label string) bool {
 
 // openRunning opens the running Ruby process pid, closed when the test
 // ends.
-func openRunning(t *testing.T, pid int) *Process {
+func openRunning(t *testing.T, pid int) *Process { return openRunningWith(t, pid, nil) }
+
+// openRunningWith is openRunning with the Runtimes rts (nil: its own).
+func openRunningWith(t *testing.T, pid int, rts *Runtimes) *Process {
 	t.Helper()
 	tg, err := target.OpenLive(pid)
 	if err != nil {
-		t.Fatalf("open live target: %v", err)
+		t.Fatalf("open live target %d: %v", pid, err)
 	}
 	t.Cleanup(func() { tg.Close() })
-	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running})
+	p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Runtimes: rts}})
 	if err != nil {
-		t.Fatalf("open Ruby process: %v", err)
+		t.Fatalf("open Ruby process %d: %v", pid, err)
 	}
 	return p
 }

@@ -1,7 +1,6 @@
 package ruby
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/rbscope/rbscope/internal/stack"
-	"github.com/rbscope/rbscope/internal/target"
 	"github.com/rbscope/rbscope/internal/testutil"
 )
 
@@ -41,20 +39,7 @@ func TestForkSharesRuntime(t *testing.T) {
 			t.Fatalf("the script printed no child pid: %q", proc.Lines)
 		}
 		rts := NewRuntimes()
-		open := func(pid int) *Process {
-			t.Helper()
-			tg, err := target.OpenLive(pid)
-			if err != nil {
-				t.Fatalf("open live target %d: %v", pid, err)
-			}
-			t.Cleanup(func() { tg.Close() })
-			p, err := Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Runtimes: rts}})
-			if err != nil {
-				t.Fatalf("open Ruby process %d: %v", pid, err)
-			}
-			return p
-		}
-		parent, forked := open(proc.Pid), open(child)
+		parent, forked := openRunningWith(t, proc.Pid, rts), openRunningWith(t, child, rts)
 		if parent.Runtime() != forked.Runtime() {
 			t.Errorf("the fork has a Runtime of its own (%p, parent's %p)", forked.Runtime(), parent.Runtime())
 		}
@@ -108,14 +93,7 @@ func TestHiddenSerialsShared(t *testing.T) {
 			rb.SetProfilerEnv(t)
 			proc := rb.Start(t, "stacks.rb", "nested")
 			want := reports(t, proc)["main"]
-			tg, err := target.OpenLive(proc.Pid)
-			if err != nil {
-				t.Fatalf("open live target %d: %v", proc.Pid, err)
-			}
-			t.Cleanup(func() { tg.Close() })
-			if ps[i], err = Open(context.Background(), Spec{Target: tg, Consistency: Running, Options: Options{Runtimes: rts}}); err != nil {
-				t.Fatalf("open Ruby process %d: %v", proc.Pid, err)
-			}
+			ps[i] = openRunningWith(t, proc.Pid, rts)
 			ths, err := ps[i].Snapshot()
 			if err != nil {
 				t.Fatal(err)
